@@ -1,0 +1,23 @@
+# Everyday commands. `make help` lists them.
+.PHONY: help run test fmt lint check-profiles ci
+
+help: ## list the commands
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
+
+run: ## explain what keyward does to an LMEvalJob driver pod
+	cargo run -- explain tests/fixtures/lmeval-driver-pod.json
+
+test: ## the whole test suite (what CI runs, with fmt and clippy)
+	cargo test --workspace --locked
+
+fmt: ## format the code
+	cargo fmt --all
+
+lint: ## clippy, warnings as errors
+	cargo clippy --workspace --all-targets --locked -- -D warnings
+
+check-profiles: ## validate the built-in profiles
+	cargo run -- check-profiles
+
+ci: ## exactly what CI runs
+	bash .ci/run

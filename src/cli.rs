@@ -1,0 +1,94 @@
+//! The command line. Every flag also reads an environment variable (`KEYWARD_…`).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::explain::{self, ExplainOptions};
+use crate::profiles::ProfileSource;
+
+#[derive(Debug, Parser)]
+#[command(name = "keyward", version, about = "Injects control-plane credentials into operator pods on CREATE")]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Show what keyward would do with a Pod or an AdmissionReview, and why.
+    ///
+    /// Exits 0 when the pod would be admitted, 3 when it would be refused, 1 on bad input.
+    Explain(ExplainArgs),
+    /// Validate the profiles and list them; exits non-zero with every problem found.
+    CheckProfiles(ProfileArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ProfileArgs {
+    /// A directory of profile YAML files (*.yaml, *.yml). A profile named like a built-in one
+    /// replaces it; others are added.
+    #[arg(long, env = "KEYWARD_PROFILES", value_name = "DIR")]
+    pub profiles: Option<PathBuf>,
+    /// Use only the profiles from --profiles, not the built-in ones.
+    #[arg(long, env = "KEYWARD_NO_DEFAULT_PROFILES", requires = "profiles")]
+    pub no_default_profiles: bool,
+}
+
+impl ProfileArgs {
+    pub fn source(&self) -> ProfileSource {
+        ProfileSource { dir: self.profiles.clone(), with_builtin: !self.no_default_profiles }
+    }
+}
+
+#[derive(Debug, Args)]
+struct ExplainArgs {
+    #[command(flatten)]
+    profiles: ProfileArgs,
+    /// The namespace the pod is created in (default: the pod's own, else `default`).
+    #[arg(long, short = 'n', env = "KEYWARD_EXPLAIN_NAMESPACE")]
+    namespace: Option<String>,
+    /// The requester (`request.userInfo.username`). Without it, a bare Pod is assumed to come
+    /// from a requester the profile allows.
+    #[arg(long, env = "KEYWARD_EXPLAIN_USER", value_name = "USERNAME")]
+    user: Option<String>,
+    /// How to print the answer.
+    #[arg(long, short = 'o', value_enum, default_value_t = OutputFormat::Text, env = "KEYWARD_EXPLAIN_OUTPUT")]
+    output: OutputFormat,
+    /// A Pod or an AdmissionReview, in YAML or JSON; `-` reads standard input.
+    file: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    /// A readable summary.
+    Text,
+    /// One JSON object: allowed, profile, reason, patch, pod, warnings, message, trace.
+    Json,
+    /// The same object as YAML.
+    Yaml,
+    /// A unified diff of the pod before and after.
+    Diff,
+}
+
+impl Cli {
+    pub fn run(self) -> anyhow::Result<ExitCode> {
+        match self.command {
+            Command::Explain(args) => {
+                let profiles = args.profiles.source().load()?;
+                let options = ExplainOptions { namespace: args.namespace, user: args.user, output: args.output };
+                explain::run(&args.file, &profiles, &options)
+            }
+            Command::CheckProfiles(args) => {
+                let source = args.source();
+                let profiles = source.load()?;
+                println!("{} profiles OK ({}):", profiles.len(), source.describe());
+                for p in profiles.iter() {
+                    println!("  {:<24} {}  {}", p.name, p.source, p.spec.description.as_deref().unwrap_or(""));
+                }
+                Ok(ExitCode::SUCCESS)
+            }
+        }
+    }
+}

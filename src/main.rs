@@ -1,0 +1,22 @@
+//! keyward: a Kubernetes mutating admission webhook that hands operator pods the credentials
+//! they need to call back to their control plane.
+
+mod cli;
+mod explain;
+mod profiles;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    match cli.run() {
+        Ok(code) => code,
+        Err(e) => {
+            // One clear line (or one per problem), never a backtrace.
+            eprintln!("keyward: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

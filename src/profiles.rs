@@ -1,0 +1,60 @@
+//! Where the profiles come from: the built-in set, a directory, or both.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use keyward_webhooks::ProfileSet;
+
+/// Which profiles to load. Built-ins first; a directory's profile replaces the built-in of the
+/// same name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProfileSource {
+    pub dir: Option<PathBuf>,
+    pub with_builtin: bool,
+}
+
+impl ProfileSource {
+    pub fn load(&self) -> anyhow::Result<ProfileSet> {
+        let builtin = if self.with_builtin { ProfileSet::builtin()? } else { ProfileSet::default() };
+        let Some(dir) = &self.dir else { return Ok(builtin) };
+        let files = read_dir(dir)?;
+        let user = ProfileSet::from_sources(files)?;
+        Ok(builtin.overlay(user))
+    }
+
+    pub fn describe(&self) -> String {
+        match (&self.dir, self.with_builtin) {
+            (None, _) => "built-in".into(),
+            (Some(d), true) => format!("built-in + {}", d.display()),
+            (Some(d), false) => d.display().to_string(),
+        }
+    }
+}
+
+/// Reads every `*.yaml` / `*.yml` in `dir`, sorted by name. Entries starting with `..` are the
+/// kubelet's own (`..data`, `..2024_…`) when the directory is a mounted ConfigMap; they are
+/// skipped, and the top-level symlinks into them are read.
+fn read_dir(dir: &Path) -> anyhow::Result<Vec<(String, String)>> {
+    let entries =
+        std::fs::read_dir(dir).with_context(|| format!("--profiles {}: cannot read the directory", dir.display()))?;
+    let mut paths = Vec::new();
+    for entry in entries {
+        let path = entry.with_context(|| format!("--profiles {}: cannot list the directory", dir.display()))?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        let is_yaml = name.ends_with(".yaml") || name.ends_with(".yml");
+        if is_yaml && !name.starts_with("..") && path.is_file() {
+            paths.push(path);
+        }
+    }
+    if paths.is_empty() {
+        bail!("--profiles {}: no *.yaml or *.yml files in the directory", dir.display());
+    }
+    paths.sort();
+    paths
+        .into_iter()
+        .map(|p| {
+            let text = std::fs::read_to_string(&p).with_context(|| format!("{}: cannot read", p.display()))?;
+            Ok((p.display().to_string(), text))
+        })
+        .collect()
+}

@@ -1,0 +1,190 @@
+//! Black-box tests of `keyward explain` and `keyward check-profiles`: the real binary, real files.
+#![allow(clippy::unwrap_used)] // a panic is the test failure report
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+const OPERATOR: &str = "system:serviceaccount:opendatahub:trustyai-service-operator-controller-manager";
+
+fn keyward(args: &[&str], stdin: Option<&str>) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_keyward"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env_remove("KEYWARD_PROFILES")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut pipe = child.stdin.take().unwrap();
+    pipe.write_all(stdin.unwrap_or_default().as_bytes()).unwrap();
+    drop(pipe);
+    child.wait_with_output().unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8(o.stderr.clone()).unwrap()
+}
+
+/// A failure is one clear line on stderr, exit 1, no panic.
+fn assert_one_line_error(o: &Output, expected: &str) {
+    assert_eq!(o.status.code(), Some(1), "stdout: {}\nstderr: {}", stdout(o), stderr(o));
+    let err = stderr(o);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with("keyward: error: "), "{err}");
+    assert!(err.contains(expected), "expected {expected:?} in {err}");
+    assert!(!err.contains("panicked") && !err.contains("backtrace"), "{err}");
+}
+
+#[test]
+fn explain_json_on_a_pod() {
+    let o = keyward(&["explain", "--user", OPERATOR, "-o", "json", "tests/fixtures/lmeval-driver-pod.json"], None);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["allowed"], true);
+    assert_eq!(v["profile"], "lmeval-job");
+    assert_eq!(v["reason"], "injected");
+    assert_eq!(v["message"], Value::Null);
+    assert_eq!(v["warnings"], serde_json::json!([]));
+    assert_eq!(v["patch"].as_array().unwrap().len(), 25);
+    assert_eq!(v["pod"]["spec"]["serviceAccountName"], "keyward-lmeval-job");
+    assert_eq!(v["pod"]["metadata"]["annotations"]["keyward.io/original-service-account"], "default");
+    assert_eq!(v["injected"]["containers"], serde_json::json!(["driver", "main"]));
+    assert_eq!(v["trace"][0]["profile"], "lmeval-job");
+    assert_eq!(v["trace"][0]["selected"], true);
+
+    // Applying the printed patch to the input gives the printed pod.
+    let mut pod: Value =
+        serde_json::from_str(&std::fs::read_to_string("tests/fixtures/lmeval-driver-pod.json").unwrap()).unwrap();
+    let patch: json_patch::Patch = serde_json::from_value(v["patch"].clone()).unwrap();
+    json_patch::patch(&mut pod, &patch).unwrap();
+    assert_eq!(pod, v["pod"]);
+}
+
+#[test]
+fn explain_an_admission_review_from_stdin_as_yaml() {
+    let review = std::fs::read_to_string("tests/fixtures/admissionreview-lmeval.json").unwrap();
+    let o = keyward(&["explain", "-o", "yaml", "-"], Some(&review));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: Value = serde_yaml::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["allowed"], true);
+    assert_eq!(v["profile"], "lmeval-job");
+    // The requester comes from request.userInfo, so nothing is assumed.
+    assert_eq!(v["warnings"], serde_json::json!([]));
+}
+
+#[test]
+fn explain_a_refused_pod_exits_3_with_the_reason() {
+    let o = keyward(&["explain", "--user", "alice", "-o", "json", "tests/fixtures/lmeval-driver-pod.json"], None);
+    assert_eq!(o.status.code(), Some(3));
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["allowed"], false);
+    assert_eq!(v["reason"], "requester-denied");
+    assert!(v["message"].as_str().unwrap().contains("not alice"), "{}", v["message"]);
+    assert_eq!(v["patch"], serde_json::json!([]));
+}
+
+#[test]
+fn explain_diff_shows_the_swap() {
+    let o = keyward(&["explain", "-o", "diff", "tests/fixtures/lmeval-driver-pod.json"], None);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.starts_with("--- pod (as submitted)\n+++ pod (as admitted)\n"), "{out}");
+    assert!(out.contains("\n-  serviceAccountName: default\n"), "{out}");
+    assert!(out.contains("\n+  serviceAccountName: keyward-lmeval-job\n"), "{out}");
+    assert!(out.contains("\n-  - name: kube-api-access-7xq2m\n"), "{out}");
+}
+
+#[test]
+fn explain_text_lists_every_profile_and_why() {
+    let o = keyward(&["explain", "tests/fixtures/kuberay-worker-pod.json"], None);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("profile:    kuberay-node (builtin:kuberay.yaml)\n"), "{out}");
+    assert!(out.contains("containers: wait-gcs-ready, log-shipper, ray-worker\n"), "{out}");
+    assert!(
+        out.contains(
+            "  lmeval-job               label app.kubernetes.io/name=\"kuberay\", the profile wants \"ta-lmes\"\n"
+        ),
+        "{out}"
+    );
+}
+
+#[test]
+fn explain_bad_input_is_one_clear_line() {
+    assert_one_line_error(&keyward(&["explain", "-"], Some("key: [unclosed")), "<stdin>: not valid YAML or JSON");
+    assert_one_line_error(
+        &keyward(&["explain", "-"], Some("apiVersion: apps/v1\nkind: Deployment\n")),
+        "<stdin>: kind Deployment is not a Pod or an AdmissionReview",
+    );
+    assert_one_line_error(&keyward(&["explain", "-"], Some("just a string")), "<stdin>: no `kind`");
+    assert_one_line_error(&keyward(&["explain", "does-not-exist.yaml"], None), "does-not-exist.yaml: cannot read");
+    assert_one_line_error(
+        &keyward(&["explain", "-"], Some(r#"{"apiVersion":"admission.k8s.io/v1beta1","kind":"AdmissionReview"}"#)),
+        "expected admission.k8s.io/v1 AdmissionReview",
+    );
+    assert_one_line_error(
+        &keyward(&["explain", "--profiles", "no-such-dir", "tests/fixtures/lmeval-driver-pod.json"], None),
+        "--profiles no-such-dir: cannot read the directory",
+    );
+}
+
+#[test]
+fn explain_reports_an_invalid_pod_as_a_refusal() {
+    let o = keyward(
+        &["explain", "-o", "json", "-"],
+        Some("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: nope}\n"),
+    );
+    assert_eq!(o.status.code(), Some(3));
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["reason"], "invalid-pod");
+}
+
+#[test]
+fn check_profiles_lists_the_builtins() {
+    let o = keyward(&["check-profiles"], None);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.starts_with("4 profiles OK (built-in):\n"), "{out}");
+    for name in ["lmeval-job", "kuberay-node", "rayjob-submitter", "kserve-inferencegraph"] {
+        assert!(out.contains(name), "{out}");
+    }
+}
+
+#[test]
+fn check_profiles_reports_every_problem_with_file_and_field() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::write(
+        dir.join("bad.yaml"),
+        "apiVersion: keyward.io/v1alpha1\nkind: InjectionProfile\nmetadata: {name: bad}\nspec:\n  selector: {matchLabels: {app: x}}\n  requesters: {usernames: [bot]}\n  inject:\n    serviceAccountToken: {audience: a, expirationSeconds: 60, mountPath: relative}\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("README.txt"), "not a profile").unwrap();
+    let o = keyward(&["check-profiles", "--profiles", dir.to_str().unwrap()], None);
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    let path = dir.join("bad.yaml").display().to_string();
+    assert_eq!(
+        err,
+        format!(
+            "keyward: error: {path}: profile \"bad\": spec.inject.serviceAccountToken.expirationSeconds: is 60; the apiserver refuses projected tokens under 600 seconds (10 minutes): use 600 or more (3600 is usual)\n\
+             {path}: profile \"bad\": spec.inject.serviceAccountToken.mountPath: \"relative\" must be an absolute path (start with /)\n"
+        )
+    );
+
+    // A directory profile named like a built-in replaces it.
+    std::fs::write(dir.join("bad.yaml"), std::fs::read_to_string("webhooks/profiles/lmeval-job.yaml").unwrap())
+        .unwrap();
+    let o = keyward(&["check-profiles", "--profiles", dir.to_str().unwrap()], None);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).contains(&format!("lmeval-job               {path}")), "{}", stdout(&o));
+    let o = keyward(&["check-profiles", "--no-default-profiles", "--profiles", dir.to_str().unwrap()], None);
+    assert!(stdout(&o).starts_with("1 profiles OK"), "{}", stdout(&o));
+}

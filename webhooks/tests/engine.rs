@@ -1,0 +1,442 @@
+//! The engine on pods shaped like what the apiserver sends: after defaulting, with the
+//! `kube-api-access-*` volume the ServiceAccount admission plugin adds.
+
+mod support;
+
+use keyward_webhooks::engine::Reason;
+use keyward_webhooks::{decide, RequestFacts, Requester, ANNOTATION_INJECTED, ANNOTATION_ORIGINAL_SA};
+use serde_json::{json, Value};
+use support::*;
+
+const LMEVAL_AUDIT: &str = r#"{"profile":"lmeval-job","injected":[{"kind":"clientCertificate","secret":"evaljob-sample-keyward-client","volume":"keyward-client-cert","mountPath":"/var/run/secrets/keyward/client"},{"kind":"serverCA","configMap":"keyward-server-ca","volume":"keyward-server-ca","mountPath":"/var/run/secrets/keyward/ca"},{"kind":"serviceAccountToken","audience":"keyward.io/control-plane","expirationSeconds":3600,"volume":"keyward-sa-token","mountPath":"/var/run/secrets/keyward/sa-token"},{"kind":"serviceAccount","name":"keyward-lmeval-job","apiToken":"remove"}],"containers":["driver","main"]}"#;
+
+fn mounts_and_env(prefix: &str, env_exists: bool) -> Vec<Value> {
+    let env_first = if env_exists {
+        json!({"op": "add", "path": format!("{prefix}/env/-"), "value": {"name": "KEYWARD_CLIENT_CERT_FILE", "value": "/var/run/secrets/keyward/client/tls.crt"}})
+    } else {
+        json!({"op": "add", "path": format!("{prefix}/env"), "value": [{"name": "KEYWARD_CLIENT_CERT_FILE", "value": "/var/run/secrets/keyward/client/tls.crt"}]})
+    };
+    vec![
+        json!({"op": "add", "path": format!("{prefix}/volumeMounts/-"), "value": {"name": "keyward-client-cert", "mountPath": "/var/run/secrets/keyward/client", "readOnly": true}}),
+        env_first,
+        json!({"op": "add", "path": format!("{prefix}/env/-"), "value": {"name": "KEYWARD_CLIENT_KEY_FILE", "value": "/var/run/secrets/keyward/client/tls.key"}}),
+        json!({"op": "add", "path": format!("{prefix}/volumeMounts/-"), "value": {"name": "keyward-server-ca", "mountPath": "/var/run/secrets/keyward/ca", "readOnly": true}}),
+        json!({"op": "add", "path": format!("{prefix}/env/-"), "value": {"name": "KEYWARD_CA_FILE", "value": "/var/run/secrets/keyward/ca/ca.crt"}}),
+        json!({"op": "add", "path": format!("{prefix}/volumeMounts/-"), "value": {"name": "keyward-sa-token", "mountPath": "/var/run/secrets/keyward/sa-token", "readOnly": true}}),
+        json!({"op": "add", "path": format!("{prefix}/env/-"), "value": {"name": "KEYWARD_SA_TOKEN_FILE", "value": "/var/run/secrets/keyward/sa-token/token"}}),
+    ]
+}
+
+#[test]
+fn lmeval_driver_pod_gets_the_exact_patch() {
+    let pod = fixture("lmeval-driver-pod.json");
+    let (decision, after) = admit(&create("team-a", LMEVAL_OPERATOR), &pod, &builtin());
+    assert_eq!(decision.reason, Reason::Injected);
+    assert_eq!(decision.profile.as_deref(), Some("lmeval-job"));
+
+    let mut expected = vec![
+        json!({"op": "replace", "path": "/spec/serviceAccountName", "value": "keyward-lmeval-job"}),
+        json!({"op": "replace", "path": "/spec/serviceAccount", "value": "keyward-lmeval-job"}),
+        json!({"op": "add", "path": "/spec/automountServiceAccountToken", "value": false}),
+        json!({"op": "remove", "path": "/spec/containers/0/volumeMounts/1"}),
+        json!({"op": "remove", "path": "/spec/initContainers/0/volumeMounts/1"}),
+        json!({"op": "remove", "path": "/spec/volumes/1"}),
+        json!({"op": "add", "path": "/spec/volumes/-", "value": {"name": "keyward-client-cert", "secret": {"secretName": "evaljob-sample-keyward-client", "defaultMode": 420}}}),
+        json!({"op": "add", "path": "/spec/volumes/-", "value": {"name": "keyward-server-ca", "configMap": {"name": "keyward-server-ca", "items": [{"key": "ca.crt", "path": "ca.crt"}], "defaultMode": 420}}}),
+        json!({"op": "add", "path": "/spec/volumes/-", "value": {"name": "keyward-sa-token", "projected": {"defaultMode": 420, "sources": [{"serviceAccountToken": {"audience": "keyward.io/control-plane", "expirationSeconds": 3600, "path": "token"}}]}}}),
+    ];
+    expected.extend(mounts_and_env("/spec/initContainers/0", false));
+    expected.extend(mounts_and_env("/spec/containers/0", true));
+    expected
+        .push(json!({"op": "add", "path": "/metadata/annotations", "value": {"keyward.io/injected": LMEVAL_AUDIT}}));
+    expected.push(
+        json!({"op": "add", "path": "/metadata/annotations/keyward.io~1original-service-account", "value": "default"}),
+    );
+    assert_eq!(patch_json(&decision), Value::Array(expected));
+
+    // The resulting pod, field by field.
+    let spec = &after["spec"];
+    assert_eq!(spec["serviceAccountName"], "keyward-lmeval-job");
+    assert_eq!(spec["serviceAccount"], "keyward-lmeval-job");
+    assert_eq!(spec["automountServiceAccountToken"], false);
+    let volume_names: Vec<&str> =
+        spec["volumes"].as_array().unwrap().iter().map(|v| v["name"].as_str().unwrap()).collect();
+    assert_eq!(volume_names, ["shared", "keyward-client-cert", "keyward-server-ca", "keyward-sa-token"]);
+    for c in [&spec["initContainers"][0], &spec["containers"][0]] {
+        let paths: Vec<&str> =
+            c["volumeMounts"].as_array().unwrap().iter().map(|m| m["mountPath"].as_str().unwrap()).collect();
+        assert_eq!(
+            paths,
+            [
+                "/opt/app-root/src/bin",
+                "/var/run/secrets/keyward/client",
+                "/var/run/secrets/keyward/ca",
+                "/var/run/secrets/keyward/sa-token"
+            ]
+        );
+    }
+    assert_eq!(
+        spec["containers"][0]["env"][0],
+        json!({"name": "HF_HOME", "value": "/tmp/hf"}),
+        "the user's env comes first, untouched"
+    );
+    assert_eq!(after["metadata"]["annotations"][ANNOTATION_INJECTED], LMEVAL_AUDIT);
+    assert_eq!(after["metadata"]["annotations"][ANNOTATION_ORIGINAL_SA], "default");
+    assert_eq!(
+        serde_json::to_value(&decision.audit_annotations).unwrap(),
+        json!({"profile": "lmeval-job", "injected": "clientCertificate,serverCA,serviceAccountToken,serviceAccount", "original-service-account": "default"})
+    );
+    assert!(decision.warnings.is_empty(), "{:?}", decision.warnings);
+}
+
+#[test]
+fn kuberay_worker_native_sidecar_and_init_containers_get_mounts() {
+    let pod = fixture("kuberay-worker-pod.json");
+    let (decision, after) = admit(&create("ray", KUBERAY_OPERATOR), &pod, &builtin());
+    assert_eq!(decision.profile.as_deref(), Some("kuberay-node"));
+    let audit: Value =
+        serde_json::from_str(after["metadata"]["annotations"][ANNOTATION_INJECTED].as_str().unwrap()).unwrap();
+    assert_eq!(audit["containers"], json!(["wait-gcs-ready", "log-shipper", "ray-worker"]));
+    for c in ["initContainers", "containers"] {
+        for container in after["spec"][c].as_array().unwrap() {
+            let mounts = container["volumeMounts"].as_array().unwrap();
+            assert!(mounts.iter().any(|m| m["mountPath"] == "/var/run/secrets/keyward/sa-token"), "{container:#}");
+            assert!(
+                mounts.iter().any(|m| m["mountPath"] == "/var/run/secrets/kubernetes.io/serviceaccount"),
+                "no swap: the API token stays"
+            );
+        }
+    }
+    // No swap in this profile: the service account and token are the pod's own.
+    assert_eq!(after["spec"]["serviceAccountName"], "default");
+    assert!(after["spec"].get("automountServiceAccountToken").is_none());
+    // The existing annotations map is extended, not replaced; the key is escaped.
+    assert_eq!(after["metadata"]["annotations"]["ray.io/ft-enabled"], "false");
+    assert!(patch_json(&decision)
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|op| op["path"] == "/metadata/annotations/keyward.io~1injected" && op["op"] == "add"));
+    assert_eq!(after["metadata"]["generateName"], "raycluster-sample-worker-small-group-");
+    assert!(after["metadata"].get("name").is_none());
+    assert_eq!(
+        after["spec"]["volumes"][2]["secret"]["secretName"], "raycluster-sample-keyward-client",
+        "the Secret is named after the controller owner"
+    );
+}
+
+#[test]
+fn inferencegraph_router_swaps_to_auth_verifier_and_keeps_api_token() {
+    let pod = fixture("inferencegraph-router-pod.json");
+    let (decision, after) = admit(&create("models", REPLICASET_CONTROLLER), &pod, &builtin());
+    assert_eq!(decision.profile.as_deref(), Some("kserve-inferencegraph"));
+    let ops = patch_json(&decision);
+    assert_eq!(ops[0], json!({"op": "replace", "path": "/spec/serviceAccountName", "value": "my-graph-auth-verifier"}));
+    assert_eq!(ops[1], json!({"op": "replace", "path": "/spec/serviceAccount", "value": "my-graph-auth-verifier"}));
+    assert!(ops.as_array().unwrap().iter().all(|op| op["op"] != "remove"), "keep: nothing removed");
+    assert_eq!(after["spec"]["volumes"][0]["name"], "kube-api-access-zt5wq");
+    assert_eq!(after["metadata"]["annotations"][ANNOTATION_ORIGINAL_SA], "default");
+    // The user's SERVICE_ACCOUNT env var is theirs: we add ours after it.
+    assert_eq!(after["spec"]["containers"][0]["env"][0]["name"], "SERVICE_ACCOUNT");
+}
+
+#[test]
+fn only_pod_create_is_mutated() {
+    let pod = fixture("lmeval-driver-pod.json");
+    let set = builtin();
+    let base = create("team-a", LMEVAL_OPERATOR);
+    for facts in [
+        RequestFacts { operation: "UPDATE".into(), ..base.clone() },
+        RequestFacts { operation: "DELETE".into(), ..base.clone() },
+        RequestFacts { sub_resource: "ephemeralcontainers".into(), operation: "UPDATE".into(), ..base.clone() },
+        RequestFacts { sub_resource: "binding".into(), ..base.clone() },
+        RequestFacts { resource: "deployments".into(), group: "apps".into(), ..base.clone() },
+    ] {
+        let d = decide(&facts, &pod, &set);
+        assert!(d.allowed());
+        assert_eq!(d.reason, Reason::NotPodCreate, "{facts:?}");
+        assert!(d.patch().is_empty());
+    }
+}
+
+#[test]
+fn unselected_pod_is_admitted_unchanged_and_explained() {
+    let mut pod = fixture("lmeval-driver-pod.json");
+    pod["metadata"]["labels"]["app.kubernetes.io/name"] = json!("something-else");
+    let d = decide(&create("team-a", LMEVAL_OPERATOR), &pod, &builtin());
+    assert_eq!(d.reason, Reason::NoProfile);
+    assert!(d.patch().is_empty());
+    assert_eq!(d.trace[0].why, "label app.kubernetes.io/name=\"something-else\", the profile wants \"ta-lmes\"");
+    assert_eq!(d.trace[1].why, "label ray.io/is-ray-node is missing (the profile wants ray.io/is-ray-node=\"yes\")");
+}
+
+#[test]
+fn labels_alone_do_not_grant_credentials() {
+    // A user copies the operator's labels and owner reference onto their own pod.
+    let pod = fixture("lmeval-driver-pod.json");
+    let d = decide(&create("team-a", "alice@example.com"), &pod, &builtin());
+    assert!(!d.allowed());
+    assert_eq!(d.reason, Reason::RequesterDenied);
+    assert_eq!(
+        d.message().unwrap(),
+        "keyward: profile \"lmeval-job\" selects this pod, and only system:serviceaccount:*:trustyai-service-operator-controller-manager may create such pods, not alice@example.com; let the operator create it, or change the pod's labels so the profile does not select it"
+    );
+
+    // rayjob-submitter says `otherwise: skip`: admitted unchanged, with a warning.
+    let mut pod = fixture("kuberay-worker-pod.json");
+    let labels = pod["metadata"]["labels"].as_object_mut().unwrap();
+    labels.remove("ray.io/is-ray-node");
+    labels.insert("ray.io/originated-from-crd".into(), json!("RayJob"));
+    pod["metadata"]["ownerReferences"][0] =
+        json!({"apiVersion": "batch/v1", "kind": "Job", "name": "rayjob-sample", "uid": "u", "controller": true});
+    let d = decide(&create("ray", "bob"), &pod, &builtin());
+    assert!(d.allowed());
+    assert_eq!(d.reason, Reason::RequesterSkipped);
+    assert!(d.patch().is_empty());
+    assert_eq!(d.warnings.len(), 1);
+    assert!(
+        d.warnings[0].starts_with(
+            "keyward: profile \"rayjob-submitter\" selects this pod, but bob may not receive its credentials"
+        ),
+        "{}",
+        d.warnings[0]
+    );
+
+    // The same pod from the Job controller is injected.
+    let (d, after) = admit(&create("ray", JOB_CONTROLLER), &pod, &builtin());
+    assert_eq!(d.profile.as_deref(), Some("rayjob-submitter"));
+    assert_eq!(after["spec"]["volumes"][2]["secret"]["secretName"], "rayjob-sample-keyward-client");
+}
+
+#[test]
+fn a_ray_node_of_a_rayjob_matches_only_the_node_profile() {
+    let mut pod = fixture("kuberay-worker-pod.json");
+    pod["metadata"]["labels"]["ray.io/originated-from-crd"] = json!("RayJob");
+    let (d, _) = admit(&create("ray", KUBERAY_OPERATOR), &pod, &builtin());
+    assert_eq!(d.profile.as_deref(), Some("kuberay-node"));
+}
+
+#[test]
+fn two_profiles_selecting_one_pod_deny_naming_both() {
+    let extra = profiles(
+        r#"
+apiVersion: keyward.io/v1alpha1
+kind: InjectionProfile
+metadata: {name: lmeval-extra}
+spec:
+  selector: {matchLabels: {app.kubernetes.io/part-of: lm-eval}}
+  requesters: {usernames: ["system:serviceaccount:*:trustyai-service-operator-controller-manager"]}
+  inject:
+    token: {secretName: api-key, mountPath: /var/run/secrets/keyward/token}
+"#,
+    );
+    let set = builtin().overlay(extra);
+    let d = decide(&create("team-a", LMEVAL_OPERATOR), &fixture("lmeval-driver-pod.json"), &set);
+    assert_eq!(d.reason, Reason::Ambiguous);
+    assert!(d.profile.is_none());
+    assert_eq!(
+        d.message().unwrap(),
+        "keyward: profiles \"lmeval-job\" (builtin:lmeval-job.yaml) and \"lmeval-extra\" (test.yaml) all select this pod, and keyward will not guess which credentials it should get; narrow their selectors (spec.selector, spec.controllerOwners, spec.namespaces) so that one profile selects it"
+    );
+}
+
+#[test]
+fn conflicts_deny_naming_container_field_profile_and_fix() {
+    let mut pod = fixture("lmeval-driver-pod.json");
+    pod["spec"]["volumes"].as_array_mut().unwrap().push(json!({"name": "keyward-server-ca", "emptyDir": {}}));
+    pod["spec"]["containers"][0]["volumeMounts"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "shared", "mountPath": "/var/run/secrets/keyward/client"}));
+    pod["spec"]["containers"][0]["env"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "KEYWARD_CA_FILE", "value": "/etc/ssl/ca.pem"}));
+    let d = decide(&create("team-a", LMEVAL_OPERATOR), &pod, &builtin());
+    assert_eq!(d.reason, Reason::Conflict);
+    assert!(d.patch().is_empty());
+    assert_eq!(
+        d.message().unwrap(),
+        "keyward: profile \"lmeval-job\" cannot inject into this pod: \
+spec.volumes[2] is a volume named \"keyward-server-ca\" that differs from the one profile \"lmeval-job\" injects; rename your volume (names starting with keyward- are reserved for keyward); \
+container \"main\" already mounts volume \"shared\" at \"/var/run/secrets/keyward/client\" (spec.containers[0].volumeMounts[2]), where profile \"lmeval-job\" mounts \"keyward-client-cert\"; move that mount to another path, or list the containers that need credentials in the profile's spec.containers; \
+container \"main\" already sets KEYWARD_CA_FILE (spec.containers[0].env[1]) to \"/etc/ssl/ca.pem\", profile \"lmeval-job\" sets it to \"/var/run/secrets/keyward/ca/ca.crt\"; remove it from the container, or set spec.onEnvConflict: keepUser in the profile"
+    );
+}
+
+const MINIMAL_PROFILE: &str = r#"
+apiVersion: keyward.io/v1alpha1
+kind: InjectionProfile
+metadata: {name: minimal}
+spec:
+  selector: {matchLabels: {app: minimal}}
+  requesters: {usernames: [ci-bot]}
+  onEnvConflict: keepUser
+  inject:
+    token:
+      secretName: "{label:team}-api-key"
+      key: api-key
+      mountPath: /var/run/secrets/keyward/token
+      fileEnv: API_KEY_FILE
+      valueEnv: API_KEY
+"#;
+
+#[test]
+fn env_conflict_keeps_the_users_value_when_the_profile_allows() {
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p", "labels": {"app": "minimal", "team": "blue"}},
+        "spec": {"containers": [{"name": "c", "image": "busybox", "env": [{"name": "API_KEY", "value": "mine"}]}]}
+    });
+    let (d, after) = admit(&create("default", "ci-bot"), &pod, &profiles(MINIMAL_PROFILE));
+    assert_eq!(
+        d.warnings,
+        ["keyward: container \"c\" already sets API_KEY (spec.containers[0].env[0]) to \"mine\", profile \"minimal\" sets it to secretKeyRef blue-api-key/api-key; keeping the container's value"]
+    );
+    assert_eq!(
+        after["spec"]["containers"][0]["env"],
+        json!([{"name": "API_KEY", "value": "mine"}, {"name": "API_KEY_FILE", "value": "/var/run/secrets/keyward/token/api-key"}])
+    );
+}
+
+#[test]
+fn bare_pod_gets_whole_arrays_and_maps() {
+    // No volumes, no annotations, no env, no mounts, automount off (so no kube-api-access-*).
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"generateName": "job-", "labels": {"app": "minimal", "team": "blue"}},
+        "spec": {"automountServiceAccountToken": false, "containers": [{"name": "c", "image": "busybox"}]}
+    });
+    let (d, _) = admit(&create("default", "ci-bot"), &pod, &profiles(MINIMAL_PROFILE));
+    let audit = r#"{"profile":"minimal","injected":[{"kind":"token","secret":"blue-api-key","key":"api-key","volume":"keyward-token","mountPath":"/var/run/secrets/keyward/token"}],"containers":["c"]}"#;
+    assert_eq!(
+        patch_json(&d),
+        json!([
+            {"op": "add", "path": "/spec/volumes", "value": [{"name": "keyward-token", "secret": {"secretName": "blue-api-key", "items": [{"key": "api-key", "path": "api-key"}], "defaultMode": 420}}]},
+            {"op": "add", "path": "/spec/containers/0/volumeMounts", "value": [{"name": "keyward-token", "mountPath": "/var/run/secrets/keyward/token", "readOnly": true}]},
+            {"op": "add", "path": "/spec/containers/0/env", "value": [{"name": "API_KEY_FILE", "value": "/var/run/secrets/keyward/token/api-key"}]},
+            {"op": "add", "path": "/spec/containers/0/env/-", "value": {"name": "API_KEY", "valueFrom": {"secretKeyRef": {"name": "blue-api-key", "key": "api-key"}}}},
+            {"op": "add", "path": "/metadata/annotations", "value": {"keyward.io/injected": audit}}
+        ])
+    );
+}
+
+#[test]
+fn keys_with_slash_and_tilde_are_escaped() {
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p", "labels": {"app": "minimal", "team": "blue"}, "annotations": {"a~b/c": "x"}},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]}
+    });
+    let (_, after) = admit(&create("default", "ci-bot"), &pod, &profiles(MINIMAL_PROFILE));
+    assert_eq!(after["metadata"]["annotations"]["a~b/c"], "x");
+    assert!(after["metadata"]["annotations"][ANNOTATION_INJECTED].is_string());
+}
+
+#[test]
+fn reinvocation_after_another_webhook_adds_a_container_mounts_only_that_container() {
+    let pod = fixture("lmeval-driver-pod.json");
+    let facts = create("team-a", LMEVAL_OPERATOR);
+    let set = builtin();
+    let (_, mut after) = admit(&facts, &pod, &set);
+    // Another webhook (say, a service mesh) adds a sidecar after us.
+    after["spec"]["containers"].as_array_mut().unwrap().push(json!({
+        "name": "istio-proxy", "image": "istio/proxyv2:1.24.0",
+        "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File", "imagePullPolicy": "IfNotPresent"
+    }));
+    let (d, again) = admit(&facts, &after, &set);
+    let ops = patch_json(&d);
+    let touched: Vec<&str> = ops.as_array().unwrap().iter().map(|op| op["path"].as_str().unwrap()).collect();
+    assert_eq!(
+        touched,
+        [
+            "/spec/containers/1/volumeMounts",
+            "/spec/containers/1/env",
+            "/spec/containers/1/env/-",
+            "/spec/containers/1/volumeMounts/-",
+            "/spec/containers/1/env/-",
+            "/spec/containers/1/volumeMounts/-",
+            "/spec/containers/1/env/-",
+            "/metadata/annotations/keyward.io~1injected",
+        ]
+    );
+    assert_eq!(ops[7]["op"], "replace");
+    let audit: Value =
+        serde_json::from_str(again["metadata"]["annotations"][ANNOTATION_INJECTED].as_str().unwrap()).unwrap();
+    assert_eq!(audit["containers"], json!(["driver", "main", "istio-proxy"]));
+    assert_eq!(
+        again["metadata"]["annotations"][ANNOTATION_ORIGINAL_SA], "default",
+        "the original account is not overwritten"
+    );
+}
+
+#[test]
+fn reinvocation_after_apiserver_defaulting_is_a_no_op() {
+    // Between webhook calls the apiserver defaults the object; our volumes must still compare equal.
+    let set = profiles(MINIMAL_PROFILE);
+    let facts = create("default", "ci-bot");
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p", "labels": {"app": "minimal", "team": "blue"}},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]}
+    });
+    let (_, mut after) = admit(&facts, &pod, &set);
+    after["spec"]["volumes"][0]["secret"].as_object_mut().unwrap().remove("defaultMode");
+    assert!(decide(&facts, &after, &set).patch().is_empty());
+}
+
+#[test]
+fn unresolvable_template_denies_with_the_field() {
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p", "labels": {"app": "minimal"}},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]}
+    });
+    let d = decide(&create("default", "ci-bot"), &pod, &profiles(MINIMAL_PROFILE));
+    assert_eq!(d.reason, Reason::Unresolvable);
+    assert_eq!(
+        d.message().unwrap(),
+        "keyward: profile \"minimal\" cannot name this pod's credentials: spec.inject.token.secretName: \"{label:team}-api-key\" needs the pod label \"team\", which the pod does not have; give the pod what the profile needs, or fix the profile"
+    );
+}
+
+#[test]
+fn an_object_that_is_not_a_pod_is_refused() {
+    let d = decide(
+        &create("default", "ci-bot"),
+        &json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": "nope"}}),
+        &builtin(),
+    );
+    assert_eq!(d.reason, Reason::InvalidPod);
+    assert!(
+        d.message().unwrap().starts_with("keyward: request.object is not a valid Pod: invalid type: string \"nope\""),
+        "{:?}",
+        d.message()
+    );
+}
+
+#[test]
+fn explain_without_a_requester_assumes_and_says_so() {
+    let pod = fixture("lmeval-driver-pod.json");
+    let d = decide(&RequestFacts::pod_create("team-a", Requester::Assumed), &pod, &builtin());
+    assert_eq!(d.reason, Reason::Injected);
+    assert_eq!(
+        d.warnings,
+        ["requester not given: assumed to be one of system:serviceaccount:*:trustyai-service-operator-controller-manager"]
+    );
+}
+
+#[test]
+fn named_containers_only() {
+    let set = profiles(&MINIMAL_PROFILE.replace("  onEnvConflict: keepUser\n", "  containers: [app, missing]\n"));
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p", "labels": {"app": "minimal", "team": "blue"}},
+        "spec": {"initContainers": [{"name": "init", "image": "busybox"}], "containers": [{"name": "app", "image": "busybox"}, {"name": "other", "image": "busybox"}]}
+    });
+    let (d, after) = admit(&create("default", "ci-bot"), &pod, &set);
+    assert!(after["spec"]["initContainers"][0].get("volumeMounts").is_none());
+    assert!(after["spec"]["containers"][1].get("volumeMounts").is_none());
+    assert_eq!(after["spec"]["containers"][0]["volumeMounts"][0]["name"], "keyward-token");
+    assert_eq!(d.warnings, ["keyward: profile \"minimal\" lists container \"missing\", which this pod does not have"]);
+}
