@@ -1,5 +1,6 @@
 //! Property tests over generated pods: whatever shape the pod has, the patch applies strictly,
 //! the result passes validation, and a second call on the result changes nothing.
+#![allow(clippy::unwrap_used)] // a panic is the test failure report
 
 mod support;
 

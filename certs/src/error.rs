@@ -1,0 +1,35 @@
+use std::path::PathBuf;
+use std::time::SystemTime;
+
+/// Everything that can go wrong with a certificate. Each message names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{}: cannot read: {source}", path.display())]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{}: cannot write: {source}", path.display())]
+    Write { path: PathBuf, source: std::io::Error },
+    #[error("{}: no PEM certificate in the file", path.display())]
+    NoCertificate { path: PathBuf },
+    #[error("{}: no PEM private key (PKCS#8, PKCS#1 or SEC1) in the file: {reason}", path.display())]
+    NoKey { path: PathBuf, reason: String },
+    #[error("{}: {reason}", path.display())]
+    BadCertificate { path: PathBuf, reason: String },
+    #[error("{}: unsupported private key: {reason}", path.display())]
+    UnsupportedKey { path: PathBuf, reason: String },
+    #[error("{}: the private key does not match the certificate in {}", key.display(), cert.display())]
+    KeyMismatch { cert: PathBuf, key: PathBuf },
+    #[error("{}: the certificate is not valid until {}", path.display(), rfc3339(*not_before))]
+    NotYetValid { path: PathBuf, not_before: SystemTime },
+    #[error("{}: the certificate expired at {}", path.display(), rfc3339(*not_after))]
+    Expired { path: PathBuf, not_after: SystemTime },
+    #[error("cannot mint a certificate: {0}")]
+    Mint(String),
+    #[error("cannot watch {}: {reason}", path.display())]
+    Watch { path: PathBuf, reason: String },
+}
+
+/// RFC 3339 in UTC, for messages.
+pub fn rfc3339(t: SystemTime) -> String {
+    let dt = time::OffsetDateTime::from(t);
+    dt.format(&time::format_description::well_known::Rfc3339).unwrap_or_else(|_| format!("{dt}"))
+}

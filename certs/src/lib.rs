@@ -1,0 +1,23 @@
+//! keyward's certificates: the PKI it mints with rcgen, the checks every PEM pair goes through
+//! before it is served, and the hot-reloading store behind the rustls server.
+//!
+//! - [`pem`]: parse `tls.crt` + `tls.key`, check the key matches the leaf, the chain order and
+//!   the validity window.
+//! - [`pki`]: mint a development CA and serving certificate (ECDSA P-256), and keep them in a
+//!   directory, reusing them while they are valid.
+//! - [`store`]: the certificate rustls serves, swapped atomically when the directory changes
+//!   (watched and polled), never replaced by a bad one.
+
+mod error;
+pub mod pem;
+pub mod pki;
+pub mod store;
+
+pub use error::Error;
+pub use pem::{CertInfo, ServingCert};
+pub use store::{watch, CertStore, ReloadEvent, ReloadOutcome, Trigger};
+
+/// The file names of a cert-manager (`kubernetes.io/tls`) Secret mounted as a volume.
+pub const CERT_FILE: &str = "tls.crt";
+pub const KEY_FILE: &str = "tls.key";
+pub const CA_FILE: &str = "ca.crt";

@@ -1,0 +1,178 @@
+//! A serving certificate pair, parsed and checked before it may be served.
+
+use std::net::IpAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::sign::CertifiedKey;
+use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
+
+use crate::error::Error;
+
+/// What an admin (and the metrics) want to know about a certificate. Never key material.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertInfo {
+    pub subject: String,
+    pub issuer: String,
+    pub serial: String,
+    /// SHA-256 of the leaf's DER, hex: what `openssl x509 -fingerprint -sha256` prints.
+    pub sha256: String,
+    pub not_before: SystemTime,
+    pub not_after: SystemTime,
+    pub dns_names: Vec<String>,
+    pub ip_addresses: Vec<IpAddr>,
+    /// Certificates in `tls.crt`, leaf included.
+    pub chain_len: usize,
+}
+
+/// A checked pair, ready for rustls.
+#[derive(Debug, Clone)]
+pub struct ServingCert {
+    pub key: Arc<CertifiedKey>,
+    pub info: CertInfo,
+}
+
+impl CertInfo {
+    /// Whether the certificate is valid at `now`, and if not, why (naming `path`).
+    pub fn check_valid_at(&self, path: &Path, now: SystemTime) -> Result<(), Error> {
+        if now < self.not_before {
+            Err(Error::NotYetValid { path: path.to_path_buf(), not_before: self.not_before })
+        } else if now >= self.not_after {
+            Err(Error::Expired { path: path.to_path_buf(), not_after: self.not_after })
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Whether the certificate names `host` (a DNS name or an IP address), exactly.
+    pub fn covers(&self, host: &str) -> bool {
+        match host.parse::<IpAddr>() {
+            Ok(ip) => self.ip_addresses.contains(&ip),
+            Err(_) => self.dns_names.iter().any(|d| d.eq_ignore_ascii_case(host)),
+        }
+    }
+}
+
+/// Parses `tls.crt` (leaf first, then any intermediates) and `tls.key` (PKCS#8, PKCS#1 or
+/// SEC1), and checks that the key belongs to the leaf and that the chain is in order. The
+/// paths are only for messages.
+pub fn load_pair(cert_pem: &[u8], key_pem: &[u8], cert_path: &Path, key_path: &Path) -> Result<ServingCert, Error> {
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
+        .collect::<Result<_, _>>()
+        .map_err(|e| Error::BadCertificate { path: cert_path.to_path_buf(), reason: format!("not valid PEM: {e}") })?;
+    if chain.is_empty() {
+        return Err(Error::NoCertificate { path: cert_path.to_path_buf() });
+    }
+    let key = PrivateKeyDer::from_pem_slice(key_pem)
+        .map_err(|e| Error::NoKey { path: key_path.to_path_buf(), reason: e.to_string() })?;
+
+    let info = inspect_chain(&chain, cert_path)?;
+    let signing_key = rustls::crypto::ring::sign::any_supported_type(&key)
+        .map_err(|e| Error::UnsupportedKey { path: key_path.to_path_buf(), reason: e.to_string() })?;
+    let certified = CertifiedKey::new(chain, signing_key);
+    certified.keys_match().map_err(|e| match e {
+        rustls::Error::InconsistentKeys(_) => {
+            Error::KeyMismatch { cert: cert_path.to_path_buf(), key: key_path.to_path_buf() }
+        }
+        other => Error::BadCertificate { path: cert_path.to_path_buf(), reason: other.to_string() },
+    })?;
+    Ok(ServingCert { key: Arc::new(certified), info })
+}
+
+/// Parses a PEM certificate chain (no key), e.g. a `ca.crt`.
+pub fn cert_info(cert_pem: &[u8], path: &Path) -> Result<CertInfo, Error> {
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
+        .collect::<Result<_, _>>()
+        .map_err(|e| Error::BadCertificate { path: path.to_path_buf(), reason: format!("not valid PEM: {e}") })?;
+    if chain.is_empty() {
+        return Err(Error::NoCertificate { path: path.to_path_buf() });
+    }
+    inspect_chain(&chain, path)
+}
+
+/// Reads and checks `dir/tls.crt` and `dir/tls.key`.
+pub fn read_pair(dir: &Path) -> Result<ServingCert, Error> {
+    let cert_path = dir.join(crate::CERT_FILE);
+    let key_path = dir.join(crate::KEY_FILE);
+    let cert = std::fs::read(&cert_path).map_err(|source| Error::Read { path: cert_path.clone(), source })?;
+    let key = std::fs::read(&key_path).map_err(|source| Error::Read { path: key_path.clone(), source })?;
+    load_pair(&cert, &key, &cert_path, &key_path)
+}
+
+fn parse<'a>(der: &'a CertificateDer<'_>, path: &Path, index: usize) -> Result<X509Certificate<'a>, Error> {
+    X509Certificate::from_der(der.as_ref()).map(|(_, c)| c).map_err(|e| Error::BadCertificate {
+        path: path.to_path_buf(),
+        reason: format!("certificate {} in the file is not valid X.509: {e}", index + 1),
+    })
+}
+
+fn inspect_chain(chain: &[CertificateDer<'_>], path: &Path) -> Result<CertInfo, Error> {
+    let leaf = parse(&chain[0], path, 0)?;
+    if leaf.is_ca() && chain.len() > 1 {
+        return Err(Error::BadCertificate {
+            path: path.to_path_buf(),
+            reason: "the first certificate is a CA; put the leaf (serving) certificate first, then its chain".into(),
+        });
+    }
+    // Each certificate must be issued by the next one: a shuffled chain fails in clients.
+    for i in 0..chain.len() - 1 {
+        let child = parse(&chain[i], path, i)?;
+        let parent = parse(&chain[i + 1], path, i + 1)?;
+        if child.issuer().as_raw() != parent.subject().as_raw() {
+            return Err(Error::BadCertificate {
+                path: path.to_path_buf(),
+                reason: format!(
+                    "certificate {} (issuer {}) is not issued by certificate {} ({}); order the chain leaf first, each followed by its issuer",
+                    i + 1,
+                    child.issuer(),
+                    i + 2,
+                    parent.subject()
+                ),
+            });
+        }
+    }
+    let mut dns_names = Vec::new();
+    let mut ip_addresses = Vec::new();
+    if let Ok(Some(san)) = leaf.subject_alternative_name() {
+        for name in &san.value.general_names {
+            match name {
+                GeneralName::DNSName(d) => dns_names.push(d.to_string()),
+                GeneralName::IPAddress(bytes) => {
+                    if let Ok(b) = <[u8; 4]>::try_from(*bytes) {
+                        ip_addresses.push(IpAddr::from(b));
+                    } else if let Ok(b) = <[u8; 16]>::try_from(*bytes) {
+                        ip_addresses.push(IpAddr::from(b));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    let validity = leaf.validity();
+    Ok(CertInfo {
+        subject: leaf.subject().to_string(),
+        issuer: leaf.issuer().to_string(),
+        serial: leaf.raw_serial_as_string(),
+        sha256: hex(ring::digest::digest(&ring::digest::SHA256, chain[0].as_ref()).as_ref()),
+        not_before: to_system_time(validity.not_before.timestamp()),
+        not_after: to_system_time(validity.not_after.timestamp()),
+        dns_names,
+        ip_addresses,
+        chain_len: chain.len(),
+    })
+}
+
+fn to_system_time(unix: i64) -> SystemTime {
+    if unix >= 0 {
+        UNIX_EPOCH + Duration::from_secs(unix.unsigned_abs())
+    } else {
+        UNIX_EPOCH - Duration::from_secs(unix.unsigned_abs())
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -1,0 +1,258 @@
+//! The serving certificate, hot-reloaded.
+//!
+//! [`CertStore`] is what rustls asks for a certificate on every handshake. It holds the last
+//! good pair and swaps in a new one atomically (`arc-swap`), so a handshake never sees half a
+//! rotation and connections in flight are untouched. A pair that fails any check (missing or
+//! half-written file, key that does not match, not yet valid, expired) is refused: the last
+//! good one keeps serving, the error is logged with the file and the reason, and the next
+//! change or poll tries again.
+//!
+//! [`watch`] drives it: the *directory* is watched (the kubelet rotates a mounted Secret by
+//! swapping the `..data` symlink, and a watch on `tls.crt` itself goes deaf after the first
+//! rotation), and it is also polled, for filesystems that send no events.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use arc_swap::ArcSwapOption;
+use notify::Watcher as _;
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use tokio::sync::{broadcast, Notify};
+
+use crate::error::{rfc3339, Error};
+use crate::pem::{read_pair, CertInfo, ServingCert};
+use crate::CERT_FILE;
+
+/// What one reload attempt did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReloadOutcome {
+    /// A new certificate is now served.
+    Loaded(Box<CertInfo>),
+    /// The files hold the certificate already served.
+    Unchanged,
+    /// The files were refused; the previous certificate (if any) keeps serving.
+    Failed(String),
+}
+
+impl ReloadOutcome {
+    /// `loaded`, `unchanged` or `failed`: a metrics label.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Loaded(_) => "loaded",
+            Self::Unchanged => "unchanged",
+            Self::Failed(_) => "failed",
+        }
+    }
+}
+
+/// What set off a reload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    Startup,
+    Watch,
+    Poll,
+}
+
+/// Sent to subscribers after every reload attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReloadEvent {
+    pub trigger: Trigger,
+    pub outcome: ReloadOutcome,
+}
+
+type Observer = Box<dyn Fn(&ReloadOutcome) + Send + Sync>;
+
+/// The certificate rustls serves. Cheap to share (`Arc`); see the module docs.
+pub struct CertStore {
+    dir: PathBuf,
+    current: ArcSwapOption<ServingCert>,
+    last_error: Mutex<Option<String>>,
+    attempts: AtomicU64,
+    events: broadcast::Sender<ReloadEvent>,
+    observer: Option<Observer>,
+}
+
+impl fmt::Debug for CertStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CertStore")
+            .field("dir", &self.dir)
+            .field("serving", &self.current.load().as_ref().map(|c| c.info.sha256.clone()))
+            .finish_non_exhaustive()
+    }
+}
+
+impl CertStore {
+    /// A store for `dir/tls.crt` and `dir/tls.key`. Nothing is served until [`Self::reload`]
+    /// succeeds once.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: dir.into(),
+            current: ArcSwapOption::empty(),
+            last_error: Mutex::new(None),
+            attempts: AtomicU64::new(0),
+            events: broadcast::channel(64).0,
+            observer: None,
+        }
+    }
+
+    /// Calls `observer` after every reload attempt (for metrics).
+    pub fn with_observer(mut self, observer: impl Fn(&ReloadOutcome) + Send + Sync + 'static) -> Self {
+        self.observer = Some(Box::new(observer));
+        self
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Every reload attempt from now on, in order.
+    pub fn subscribe(&self) -> broadcast::Receiver<ReloadEvent> {
+        self.events.subscribe()
+    }
+
+    /// The certificate now served, if any.
+    pub fn current(&self) -> Option<Arc<ServingCert>> {
+        self.current.load_full()
+    }
+
+    /// Reload attempts so far.
+    pub fn attempts(&self) -> u64 {
+        self.attempts.load(Ordering::Relaxed)
+    }
+
+    /// `Ok` when a certificate is served and valid at `now`; otherwise why not.
+    pub fn ready(&self, now: SystemTime) -> Result<(), String> {
+        match self.current() {
+            None => Err(match self.last_error.lock().ok().and_then(|e| e.clone()) {
+                Some(e) => format!("no valid serving certificate loaded yet: {e}"),
+                None => "no serving certificate loaded yet".to_string(),
+            }),
+            Some(c) => c.info.check_valid_at(&self.dir.join(CERT_FILE), now).map_err(|e| e.to_string()),
+        }
+    }
+
+    /// Reads, checks and (if new) swaps in the pair on disk. Never replaces a good certificate
+    /// with a bad one.
+    pub fn reload(&self, trigger: Trigger) -> ReloadOutcome {
+        self.attempts.fetch_add(1, Ordering::Relaxed);
+        let checked = read_pair(&self.dir).and_then(|pair| {
+            pair.info.check_valid_at(&self.dir.join(CERT_FILE), SystemTime::now())?;
+            Ok(pair)
+        });
+        let outcome = match checked {
+            Ok(pair) if self.current().is_some_and(|c| c.info.sha256 == pair.info.sha256) => ReloadOutcome::Unchanged,
+            Ok(pair) => {
+                let info = pair.info.clone();
+                self.current.store(Some(Arc::new(pair)));
+                ReloadOutcome::Loaded(Box::new(info))
+            }
+            Err(e) => ReloadOutcome::Failed(e.to_string()),
+        };
+        self.log(trigger, &outcome);
+        if let Some(observer) = &self.observer {
+            observer(&outcome);
+        }
+        // No subscriber is fine: nobody is waiting.
+        let _ = self.events.send(ReloadEvent { trigger, outcome: outcome.clone() });
+        outcome
+    }
+
+    fn log(&self, trigger: Trigger, outcome: &ReloadOutcome) {
+        let mut last = self.last_error.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        match outcome {
+            ReloadOutcome::Loaded(info) => {
+                *last = None;
+                tracing::info!(
+                    ?trigger,
+                    dir = %self.dir.display(),
+                    subject = %info.subject,
+                    serial = %info.serial,
+                    sha256 = %info.sha256,
+                    not_after = %rfc3339(info.not_after),
+                    dns_names = ?info.dns_names,
+                    "serving certificate loaded"
+                );
+            }
+            ReloadOutcome::Unchanged => {
+                *last = None;
+                tracing::debug!(?trigger, dir = %self.dir.display(), "serving certificate unchanged");
+            }
+            ReloadOutcome::Failed(error) => {
+                let serving = self.current().map(|c| c.info.sha256.clone());
+                // Say it once per distinct error; every attempt is still counted in metrics.
+                if last.as_deref() != Some(error.as_str()) {
+                    tracing::error!(
+                        ?trigger,
+                        %error,
+                        still_serving = serving.as_deref().unwrap_or("nothing"),
+                        "serving certificate refused; keeping the last good one"
+                    );
+                }
+                *last = Some(error.clone());
+            }
+        }
+    }
+}
+
+impl ResolvesServerCert for CertStore {
+    fn resolve(&self, _client_hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        self.current.load().as_ref().map(|c| c.key.clone())
+    }
+}
+
+/// Keeps the directory watch alive; dropping it stops watching and polling.
+pub struct Watch {
+    _watcher: notify::RecommendedWatcher,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// How long to let a burst of file events settle before reading (the kubelet's rotation is
+/// several events; `cp` writes two files one after the other).
+const SETTLE: Duration = Duration::from_millis(100);
+
+/// Watches the store's directory and polls it every `poll`, reloading on each change. Must be
+/// called inside a tokio runtime.
+pub fn watch(store: Arc<CertStore>, poll: Duration) -> Result<Watch, Error> {
+    let changed = Arc::new(Notify::new());
+    let signal = changed.clone();
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        if event.is_ok_and(|e| !e.kind.is_access()) {
+            signal.notify_one();
+        }
+    })
+    .map_err(|e| Error::Watch { path: store.dir().to_path_buf(), reason: e.to_string() })?;
+    watcher
+        .watch(store.dir(), notify::RecursiveMode::NonRecursive)
+        .map_err(|e| Error::Watch { path: store.dir().to_path_buf(), reason: e.to_string() })?;
+
+    let task = tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(poll);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticker.tick().await; // the first tick is immediate; start-up already loaded
+        loop {
+            let trigger = tokio::select! {
+                _ = changed.notified() => {
+                    tokio::time::sleep(SETTLE).await;
+                    Trigger::Watch
+                }
+                _ = ticker.tick() => Trigger::Poll,
+            };
+            let store = store.clone();
+            // Reading files blocks; keep it off the async workers.
+            if tokio::task::spawn_blocking(move || store.reload(trigger)).await.is_err() {
+                tracing::error!("certificate reload task panicked");
+            }
+        }
+    });
+    Ok(Watch { _watcher: watcher, task })
+}
