@@ -1,10 +1,13 @@
 # Everyday commands. `make help` lists them.
-.PHONY: help run test fmt lint check-profiles ci
+.PHONY: help run explain test fmt lint check-profiles ci
 
 help: ## list the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
-run: ## explain what keyward does to an LMEvalJob driver pod
+run: ## keyward serve on the embedded default (a dev CA in .keyward-dev/)
+	cargo run -- serve
+
+explain: ## explain what keyward does to an LMEvalJob driver pod
 	cargo run -- explain tests/fixtures/lmeval-driver-pod.json
 
 test: ## the whole test suite (what CI runs, with fmt and clippy)

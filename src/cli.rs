@@ -7,6 +7,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::explain::{self, ExplainOptions};
 use crate::profiles::ProfileSource;
+use crate::serve::ServeArgs;
 
 #[derive(Debug, Parser)]
 #[command(name = "keyward", version, about = "Injects control-plane credentials into operator pods on CREATE")]
@@ -17,6 +18,10 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Serve the webhook over HTTPS: POST /mutate, GET /healthz, GET /readyz, and /metrics.
+    ///
+    /// Without --tls-dir it mints a development CA and certificate into --dev-cert-dir.
+    Serve(Box<ServeArgs>),
     /// Show what keyward would do with a Pod or an AdmissionReview, and why.
     ///
     /// Exits 0 when the pod would be admitted, 3 when it would be refused, 1 on bad input.
@@ -75,6 +80,10 @@ pub enum OutputFormat {
 impl Cli {
     pub fn run(self) -> anyhow::Result<ExitCode> {
         match self.command {
+            Command::Serve(args) => {
+                crate::serve::run(args.into_config()?)?;
+                Ok(ExitCode::SUCCESS)
+            }
             Command::Explain(args) => {
                 let profiles = args.profiles.source().load()?;
                 let options = ExplainOptions { namespace: args.namespace, user: args.user, output: args.output };

@@ -3,7 +3,10 @@
 
 mod cli;
 mod explain;
+mod logging;
+mod metrics;
 mod profiles;
+mod serve;
 
 use std::process::ExitCode;
 

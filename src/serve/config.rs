@@ -1,0 +1,184 @@
+//! `keyward serve` settings: the flags (each with a `KEYWARD_…` env var), and the one
+//! validated [`ServeConfig`] the server runs on, which tests build directly.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Args;
+
+use crate::cli::ProfileArgs;
+use crate::logging::LogFormat;
+use crate::profiles::ProfileSource;
+
+/// Bodies above this get HTTP 413. The apiserver caps request bodies at 3 MiB, and a pod
+/// in an AdmissionReview is well under that; 7 MiB leaves room for `oldObject` on UPDATE.
+pub const MAX_BODY_BYTES: usize = 7 * 1024 * 1024;
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// HTTPS address for /mutate, /healthz and /readyz.
+    #[arg(long, env = "KEYWARD_LISTEN", default_value = "0.0.0.0:8443")]
+    listen: SocketAddr,
+    /// A directory holding tls.crt (leaf first, chain allowed) and tls.key (PKCS#8, PKCS#1 or
+    /// SEC1): a cert-manager Secret mounted as a volume. Without it, keyward mints a
+    /// development CA and certificate into --dev-cert-dir.
+    #[arg(long, env = "KEYWARD_TLS_DIR", value_name = "DIR")]
+    tls_dir: Option<PathBuf>,
+    /// Where the development CA and certificate live when --tls-dir is not given.
+    #[arg(long, env = "KEYWARD_DEV_CERT_DIR", default_value = ".keyward-dev", value_name = "DIR")]
+    dev_cert_dir: PathBuf,
+    /// Extra DNS names (or IPs) for the development certificate; repeat or comma-separate.
+    #[arg(long = "dns-name", env = "KEYWARD_DNS_NAMES", value_delimiter = ',', value_name = "NAME")]
+    dns_names: Vec<String>,
+    #[command(flatten)]
+    profiles: ProfileArgs,
+    /// Plain-HTTP address for GET /metrics (Prometheus text format); `off` disables it.
+    #[arg(long, env = "KEYWARD_METRICS_LISTEN", default_value = "0.0.0.0:9090")]
+    metrics_listen: String,
+    /// Log format.
+    #[arg(long, env = "KEYWARD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    /// How often to re-read the certificate directory besides watching it (e.g. 10s, 1m).
+    #[arg(long, env = "KEYWARD_CERT_POLL_INTERVAL", default_value = "10s", value_parser = parse_duration)]
+    cert_poll_interval: Duration,
+    /// How long a client may take to send request headers, and a request body.
+    #[arg(long, env = "KEYWARD_REQUEST_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    request_read_timeout: Duration,
+    /// On SIGTERM, how long to let in-flight requests finish. Keep it under the pod's
+    /// terminationGracePeriodSeconds.
+    #[arg(long, env = "KEYWARD_SHUTDOWN_GRACE", default_value = "20s", value_parser = parse_duration)]
+    shutdown_grace: Duration,
+}
+
+/// Where the serving certificate comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TlsSource {
+    /// A directory kept up to date by someone else (cert-manager via the kubelet).
+    Dir(PathBuf),
+    /// keyward's own development PKI, minted into this directory.
+    Dev { dir: PathBuf, extra_names: Vec<String> },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServeConfig {
+    pub listen: SocketAddr,
+    pub metrics_listen: Option<SocketAddr>,
+    pub tls: TlsSource,
+    pub profiles: ProfileSource,
+    pub log_format: LogFormat,
+    pub cert_poll_interval: Duration,
+    pub request_read_timeout: Duration,
+    pub shutdown_grace: Duration,
+    pub max_body_bytes: usize,
+}
+
+impl ServeArgs {
+    pub fn into_config(self) -> anyhow::Result<ServeConfig> {
+        let metrics_listen =
+            match self.metrics_listen.as_str() {
+                "off" | "" => None,
+                addr => Some(addr.parse().with_context(|| {
+                    format!("--metrics-listen {addr:?}: not an address like 0.0.0.0:9090 (or `off`)")
+                })?),
+            };
+        if self.cert_poll_interval < Duration::from_secs(1) {
+            bail!("--cert-poll-interval {:?}: must be at least 1s", self.cert_poll_interval);
+        }
+        if self.request_read_timeout.is_zero() {
+            bail!("--request-read-timeout: must be more than 0s");
+        }
+        if metrics_listen.is_some_and(|m: SocketAddr| m == self.listen && m.port() != 0) {
+            bail!("--metrics-listen {}: must differ from --listen", self.listen);
+        }
+        let tls = match self.tls_dir {
+            Some(dir) => {
+                if !self.dns_names.is_empty() {
+                    bail!("--dns-name: only for the development certificate; with --tls-dir the certificate's names are the issuer's");
+                }
+                TlsSource::Dir(dir)
+            }
+            None => TlsSource::Dev { dir: self.dev_cert_dir, extra_names: self.dns_names },
+        };
+        Ok(ServeConfig {
+            listen: self.listen,
+            metrics_listen,
+            tls,
+            profiles: self.profiles.source(),
+            log_format: self.log_format,
+            cert_poll_interval: self.cert_poll_interval,
+            request_read_timeout: self.request_read_timeout,
+            shutdown_grace: self.shutdown_grace,
+            max_body_bytes: MAX_BODY_BYTES,
+        })
+    }
+}
+
+/// `500ms`, `10s`, `2m`, `1h`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let n: u64 = number.parse().map_err(|_| format!("{s:?}: expected a number with a unit, like 10s or 500ms"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        "h" => Ok(Duration::from_secs(n * 3600)),
+        _ => Err(format!("{s:?}: unknown unit {unit:?}; use ms, s, m or h")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Wrapper {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    fn config(args: &[&str]) -> anyhow::Result<ServeConfig> {
+        let mut argv = vec!["keyward"];
+        argv.extend_from_slice(args);
+        Wrapper::try_parse_from(argv)?.serve.into_config()
+    }
+
+    #[test]
+    fn defaults_are_the_embedded_dev_setup() {
+        let c = config(&[]).unwrap();
+        assert_eq!(c.listen, "0.0.0.0:8443".parse().unwrap());
+        assert_eq!(c.metrics_listen, Some("0.0.0.0:9090".parse().unwrap()));
+        assert_eq!(c.tls, TlsSource::Dev { dir: ".keyward-dev".into(), extra_names: vec![] });
+        assert_eq!(c.cert_poll_interval, Duration::from_secs(10));
+        assert_eq!(c.max_body_bytes, 7 * 1024 * 1024);
+        assert_eq!(c.profiles, ProfileSource { dir: None, with_builtin: true });
+    }
+
+    #[test]
+    fn flags_are_validated_with_clear_errors() {
+        let c = config(&["--tls-dir", "/tls", "--metrics-listen", "off", "--cert-poll-interval", "30s"]).unwrap();
+        assert_eq!(c.tls, TlsSource::Dir("/tls".into()));
+        assert_eq!(c.metrics_listen, None);
+        assert_eq!(c.cert_poll_interval, Duration::from_secs(30));
+        let err = config(&["--metrics-listen", "nine"]).unwrap_err().to_string();
+        assert_eq!(err, "--metrics-listen \"nine\": not an address like 0.0.0.0:9090 (or `off`)");
+        let err = config(&["--tls-dir", "/tls", "--dns-name", "x"]).unwrap_err().to_string();
+        assert!(err.starts_with("--dns-name: only for the development certificate"), "{err}");
+        let err = config(&["--cert-poll-interval", "10"]).unwrap_err().to_string();
+        assert!(err.contains("unknown unit \"\""), "{err}");
+        let err =
+            config(&["--listen", "127.0.0.1:9090", "--metrics-listen", "127.0.0.1:9090"]).unwrap_err().to_string();
+        assert_eq!(err, "--metrics-listen 127.0.0.1:9090: must differ from --listen");
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("s").is_err());
+        assert!(parse_duration("5d").is_err());
+    }
+}

@@ -1,0 +1,369 @@
+//! `keyward serve` end to end: the real binary on loopback, real TLS with a verified CA and
+//! the in-cluster server name, AdmissionReviews shaped like the apiserver's.
+#![allow(clippy::unwrap_used)] // a panic is the test failure report
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use keyward_webhooks::review::AdmissionReview;
+use serde_json::{json, Value};
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn decode_patch(response: &Value) -> Value {
+    let review: AdmissionReview = serde_json::from_value(response.clone()).unwrap();
+    let patch = review.response.unwrap().patch.unwrap();
+    serde_json::from_slice(&patch.0).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_matching_pod_gets_the_patch_and_others_pass_untouched() {
+    let tls = TlsDir::new();
+    let server = tls.start(&[]);
+    let (mut client, peer) = server.connect().await.unwrap();
+    assert_eq!(peer, leaf_sha(&tls.first));
+
+    let review = fixture("admissionreview-lmeval.json");
+    let response = client.mutate(&review).await.unwrap();
+    assert_eq!(response["apiVersion"], "admission.k8s.io/v1");
+    assert_eq!(response["kind"], "AdmissionReview");
+    let r = &response["response"];
+    assert_eq!(r["uid"], "705ab4f5-6393-11e8-b7cc-42010a800002");
+    assert_eq!(r["allowed"], true);
+    assert_eq!(r["patchType"], "JSONPatch");
+    assert_eq!(r["auditAnnotations"]["profile"], "lmeval-job");
+    // The patch on the wire is the engine's, and applies to the pod the apiserver sent.
+    let patch = decode_patch(&response);
+    let request: Value = serde_json::from_slice(&review).unwrap();
+    let expected = keyward_webhooks::decide(
+        &AdmissionReview::parse_request(&review).unwrap().facts(),
+        &request["request"]["object"],
+        &keyward_webhooks::ProfileSet::builtin().unwrap(),
+    );
+    assert_eq!(patch, serde_json::to_value(expected.patch()).unwrap());
+    assert_eq!(patch[0], json!({"op": "replace", "path": "/spec/serviceAccountName", "value": "keyward-lmeval-job"}));
+    let mut pod = request["request"]["object"].clone();
+    json_patch::patch(&mut pod, &serde_json::from_value::<json_patch::Patch>(patch).unwrap()).unwrap();
+    assert_eq!(pod["spec"]["automountServiceAccountToken"], false);
+
+    // Not selected: allowed, no patch, no patchType.
+    let response = client
+        .mutate(&review_of("kuberay-worker-pod.json", "ray", "system:serviceaccount:ray:someone", "u-2"))
+        .await
+        .unwrap();
+    let r = &response["response"];
+    assert_eq!(r["uid"], "u-2");
+    assert_eq!(r["allowed"], false, "kuberay-node denies other requesters: {r}");
+    assert_eq!(r["status"]["code"], 403);
+    assert!(r["status"]["message"].as_str().unwrap().contains("not system:serviceaccount:ray:someone"), "{r}");
+    let response = client.mutate(&review_of("inferencegraph-router-pod.json", "models", "alice", "u-3")).await.unwrap();
+    let r = &response["response"];
+    assert_eq!(r["allowed"], true);
+    assert!(r.get("patch").is_none() && r.get("patchType").is_none(), "{r}");
+    assert_eq!(r["warnings"].as_array().unwrap().len(), 1, "{r}");
+
+    let mut unselected: Value = serde_json::from_slice(&review).unwrap();
+    unselected["request"]["object"]["metadata"]["labels"] = json!({"app": "web"});
+    unselected["request"]["uid"] = json!("u-4");
+    let response = client.mutate(&serde_json::to_vec(&unselected).unwrap()).await.unwrap();
+    assert_eq!(response["response"], json!({"uid": "u-4", "allowed": true}));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_requests_get_clear_errors() {
+    let tls = TlsDir::new();
+    let server = tls.start(&[]);
+    let (mut client, _) = server.connect().await.unwrap();
+
+    let (status, body) = client.request("POST", "/mutate", b"{\"kind\": 42".to_vec()).await.unwrap();
+    assert_eq!(status, 400);
+    let body = String::from_utf8(body).unwrap();
+    assert!(body.starts_with("body is not an AdmissionReview: ") && body.lines().count() == 1, "{body}");
+
+    let (status, body) = client
+        .request("POST", "/mutate", br#"{"apiVersion":"admission.k8s.io/v1beta1","kind":"AdmissionReview"}"#.to_vec())
+        .await
+        .unwrap();
+    assert_eq!(status, 400);
+    assert!(String::from_utf8(body).unwrap().contains("set admissionReviewVersions: [v1]"));
+
+    // The envelope parses but the object is not a valid Pod: allowed: false with the reason.
+    let mut review: Value = serde_json::from_slice(&fixture("admissionreview-lmeval.json")).unwrap();
+    review["request"]["object"]["spec"]["containers"] = json!("nope");
+    let response = client.mutate(&serde_json::to_vec(&review).unwrap()).await.unwrap();
+    assert_eq!(response["response"]["allowed"], false);
+    let message = response["response"]["status"]["message"].as_str().unwrap();
+    assert!(message.starts_with("keyward: request.object is not a valid Pod: "), "{message}");
+
+    let (status, _) = client.request("GET", "/mutate", Vec::new()).await.unwrap();
+    assert_eq!(status, 405);
+    let (status, _) = client.request("POST", "/validate", Vec::new()).await.unwrap();
+    assert_eq!(status, 404);
+    let (status, _) = client.request("POST", "/mutate", vec![b' '; 7 * 1024 * 1024 + 1]).await.unwrap();
+    assert_eq!(status, 413);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_alive_serves_many_requests_on_one_connection() {
+    let tls = TlsDir::new();
+    let server = tls.start(&[]);
+    let (mut client, _) = server.connect().await.unwrap();
+    let review = fixture("admissionreview-lmeval.json");
+    for _ in 0..200 {
+        let response = client.mutate(&review).await.unwrap();
+        assert_eq!(response["response"]["allowed"], true);
+    }
+    let (status, body) = client.request("GET", "/readyz", Vec::new()).await.unwrap();
+    assert_eq!((status, body.as_slice()), (200, &b"ok\n"[..]));
+
+    let metrics = reqwest_metrics(&server).await;
+    assert!(
+        metrics.contains(
+            "keyward_admission_requests_total{profile=\"lmeval-job\",decision=\"allowed\",reason=\"injected\"} 200"
+        ),
+        "{metrics}"
+    );
+    assert!(metrics.contains("keyward_certificate_reloads_total{result=\"loaded\"} 1"), "{metrics}");
+    assert!(metrics.contains("keyward_certificate_not_after_timestamp_seconds "), "{metrics}");
+}
+
+/// GET /metrics over plain HTTP/1.1.
+async fn reqwest_metrics(server: &Server) -> String {
+    let mut tcp = tokio::net::TcpStream::connect(server.metrics).await.unwrap();
+    tcp.write_all(b"GET /metrics HTTP/1.1\r\nhost: metrics\r\nconnection: close\r\n\r\n").await.unwrap();
+    let mut out = String::new();
+    tcp.read_to_string(&mut out).await.unwrap();
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alpn_offers_h2_and_http11() {
+    let tls = TlsDir::new();
+    let server = tls.start(&[]);
+    for (offer, expected) in
+        [(vec![&b"h2"[..], &b"http/1.1"[..]], &b"h2"[..]), (vec![&b"http/1.1"[..]], &b"http/1.1"[..])]
+    {
+        let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+        let stream = server
+            .connector(&offer)
+            .connect(rustls::pki_types::ServerName::try_from(SERVER_NAME).unwrap(), tcp)
+            .await
+            .unwrap();
+        assert_eq!(stream.get_ref().1.alpn_protocol(), Some(expected));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_client_is_cut_off_after_the_header_timeout() {
+    let tls = TlsDir::new();
+    let server = tls.start(&["--request-read-timeout", "1s"]);
+    let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let mut stream = server
+        .connector(&[b"http/1.1"])
+        .connect(rustls::pki_types::ServerName::try_from(SERVER_NAME).unwrap(), tcp)
+        .await
+        .unwrap();
+    stream.write_all(b"POST /mutate HTTP/1.1\r\nhost: keyward\r\n").await.unwrap();
+    // Never finish the headers. The server must close the connection by itself.
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(EVENT_TIMEOUT, stream.read_to_end(&mut buf)).await;
+    assert!(read.is_ok(), "the server kept a stalled connection open");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_kubelet_rotations_under_load_fail_no_request() {
+    let mut tls = TlsDir::new();
+    let mut server = tls.start(&[]);
+    let review = Arc::new(fixture("admissionreview-lmeval.json"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let ok = Arc::new(AtomicU64::new(0));
+
+    // Two clients: one keeps a connection alive, one opens a new connection per request.
+    let mut clients = Vec::new();
+    for fresh_connections in [false, true] {
+        let (review, stop, ok, target) = (review.clone(), stop.clone(), ok.clone(), server.endpoint.clone());
+        clients.push(tokio::spawn(async move {
+            let mut failures = Vec::new();
+            let mut conn = None;
+            while !stop.load(Ordering::Relaxed) {
+                if conn.is_none() || fresh_connections {
+                    match target.connect().await {
+                        Ok((c, _)) => conn = Some(c),
+                        Err(e) => {
+                            failures.push(e);
+                            continue;
+                        }
+                    }
+                }
+                let Some(client) = conn.as_mut() else { continue };
+                match client.mutate(&review).await {
+                    Ok(r) if r["response"]["allowed"] == true => {
+                        ok.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(r) => failures.push(format!("unexpected response {r}")),
+                    Err(e) => failures.push(e),
+                }
+            }
+            failures
+        }));
+    }
+
+    for round in 0..20 {
+        let next = mint_leaf(&tls.ca);
+        let sha = leaf_sha(&next);
+        tls.volume.rotate(&next, &tls.ca);
+        server.wait_log(|v| v["message"] == "serving certificate loaded" && v["sha256"] == sha.as_str());
+        // New connections see the new certificate from now on.
+        let (_, peer) = server.connect().await.unwrap();
+        assert_eq!(peer, sha, "round {round}: a new connection got an old certificate");
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut failures = Vec::new();
+    for c in clients {
+        failures.extend(c.await.unwrap());
+    }
+    assert!(failures.is_empty(), "{} failed requests, e.g. {:?}", failures.len(), &failures[..failures.len().min(5)]);
+    assert!(ok.load(Ordering::Relaxed) >= 20, "too few requests ran during the rotations");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_bad_certificate_keeps_the_old_one_serving() {
+    let tls = TlsDir::new();
+    let mut server = tls.start(&[]);
+    let good = leaf_sha(&tls.first);
+    // Replace the kubelet's symlinks with plain files we can break in place, as `cp` would.
+    let dir = tls.tmp.path();
+    for f in ["tls.crt", "tls.key"] {
+        let content = std::fs::read(dir.join(f)).unwrap();
+        std::fs::remove_file(dir.join(f)).unwrap();
+        std::fs::write(dir.join(f), content).unwrap();
+    }
+    let other = mint_leaf(&tls.ca);
+    let now = std::time::SystemTime::now();
+    let old_ca = keyward_certs::pki::Ca::mint("old CA", now - 10 * DAY, 30 * DAY).unwrap();
+    let expired = old_ca.issue_serving(&[SERVER_NAME.to_string()], now - 5 * DAY, DAY).unwrap();
+
+    type Break<'a> = Box<dyn Fn() + 'a>;
+    let cases: Vec<(&str, Break, &str)> = vec![
+        ("missing key", Box::new(|| std::fs::remove_file(dir.join("tls.key")).unwrap()), "tls.key: cannot read"),
+        (
+            "half-written certificate",
+            Box::new(|| {
+                std::fs::write(dir.join("tls.key"), &other.key_pem).unwrap();
+                std::fs::write(dir.join("tls.crt"), &other.cert_pem[..200]).unwrap();
+            }),
+            "tls.crt",
+        ),
+        (
+            "key that does not match",
+            Box::new(|| {
+                std::fs::write(dir.join("tls.crt"), &other.cert_pem).unwrap();
+                std::fs::write(dir.join("tls.key"), &tls.first.key_pem).unwrap();
+            }),
+            "the private key does not match the certificate",
+        ),
+        (
+            "expired leaf",
+            Box::new(|| {
+                std::fs::write(dir.join("tls.key"), &expired.key_pem).unwrap();
+                std::fs::write(dir.join("tls.crt"), &expired.cert_pem).unwrap();
+            }),
+            "the certificate expired at",
+        ),
+    ];
+    for (what, break_it, expected) in cases {
+        break_it();
+        let line = server.wait_log(|v| {
+            v["message"] == "serving certificate refused; keeping the last good one"
+                && v["error"].as_str().is_some_and(|e| e.contains(expected))
+        });
+        assert_eq!(line["still_serving"], good.as_str(), "{what}");
+        assert_eq!(line["level"], "ERROR", "{what}");
+        let (mut client, peer) = server.connect().await.unwrap();
+        assert_eq!(peer, good, "{what}: the old certificate must keep serving");
+        let (status, _) = client.request("GET", "/readyz", Vec::new()).await.unwrap();
+        assert_eq!(status, 200, "{what}: still ready on the good certificate");
+        assert_eq!(client.mutate(&fixture("admissionreview-lmeval.json")).await.unwrap()["response"]["allowed"], true);
+    }
+    // Repaired in place, as `cp` would: the new pair is picked up.
+    std::fs::write(dir.join("tls.key"), &other.key_pem).unwrap();
+    std::fs::write(dir.join("tls.crt"), &other.cert_pem).unwrap();
+    let sha = leaf_sha(&other);
+    server.wait_log(|v| v["message"] == "serving certificate loaded" && v["sha256"] == sha.as_str());
+    assert_eq!(server.connect().await.unwrap().1, sha);
+    let metrics = reqwest_metrics(&server).await;
+    let failed: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("keyward_certificate_reloads_total{result=\"failed\"} "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(failed >= 4, "{metrics}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn not_serving_until_a_certificate_arrives() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ca = mint_ca();
+    let mut server = Server::start(&["--tls-dir", tmp.path().to_str().unwrap()], ca.cert_pem().as_bytes().to_vec());
+    // Started without a certificate (cert-manager has not issued it yet): no handshake succeeds.
+    assert!(server.connect().await.is_err());
+    let leaf = mint_leaf(&ca);
+    let _volume = KubeletVolume::new(tmp.path(), &leaf, &ca);
+    let sha = leaf_sha(&leaf);
+    server.wait_log(|v| v["message"] == "serving certificate loaded" && v["sha256"] == sha.as_str());
+    let (mut client, peer) = server.connect().await.unwrap();
+    assert_eq!(peer, sha);
+    assert_eq!(client.request("GET", "/readyz", Vec::new()).await.unwrap().0, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_embedded_default_mints_a_dev_ca_and_serves() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dev = tmp.path().join("dev");
+    let server =
+        Server::start(&["--dev-cert-dir", dev.to_str().unwrap(), "--dns-name", "keyward.example.test"], Vec::new());
+    let line = server.seen(|v| v["message"].as_str().is_some_and(|m| m.starts_with("try: curl --cacert "))).unwrap();
+    assert!(line["message"].as_str().unwrap().contains("https://localhost:"), "{line}");
+    let mut endpoint = server.endpoint.clone();
+    endpoint.ca_pem = std::fs::read(dev.join("ca.crt")).unwrap();
+    let (mut client, _) = endpoint.connect().await.unwrap();
+    let response = client.mutate(&fixture("admissionreview-lmeval.json")).await.unwrap();
+    assert_eq!(response["response"]["allowed"], true);
+    let info = keyward_certs::pem::read_pair(&dev).unwrap().info;
+    assert!(info.covers("keyward.example.test") && info.covers("127.0.0.1") && info.covers(SERVER_NAME));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_finishes_the_request_in_flight() {
+    let tls = TlsDir::new();
+    let mut server = tls.start(&[]);
+    let review = fixture("admissionreview-lmeval.json");
+    let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let mut stream = server
+        .connector(&[b"http/1.1"])
+        .connect(rustls::pki_types::ServerName::try_from(SERVER_NAME).unwrap(), tcp)
+        .await
+        .unwrap();
+    // Headers and half the body, then SIGTERM, then the rest.
+    let head = format!(
+        "POST /mutate?timeout=10s HTTP/1.1\r\nhost: {SERVER_NAME}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        review.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(&review[..review.len() / 2]).await.unwrap();
+    stream.flush().await.unwrap();
+    std::process::Command::new("kill").args(["-TERM", &server.pid().to_string()]).status().unwrap();
+    server.wait_log(|v| v["message"] == "shutting down: no new connections; finishing requests in flight");
+    stream.write_all(&review[review.len() / 2..]).await.unwrap();
+    stream.flush().await.unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await.unwrap();
+    let text = String::from_utf8_lossy(&response);
+    assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
+    assert!(text.contains("\"allowed\":true"), "{text}");
+    let status = server.terminate();
+    assert!(status.success(), "{status:?}");
+}

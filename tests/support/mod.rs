@@ -1,0 +1,302 @@
+//! Black-box harness: start the real `keyward serve` on loopback with certificates in a temp
+//! dir, talk to it over real TLS, and wait on its log lines (never on fixed sleeps).
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)] // test helpers: a panic is the failure report
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
+use keyward_certs::pki::{Ca, Minted};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use serde_json::Value;
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+
+pub const SERVER_NAME: &str = "keyward.keyward-system.svc";
+pub const DAY: Duration = Duration::from_secs(24 * 3600);
+/// Only turns a hang into a failure; tests proceed the moment the event arrives.
+pub const EVENT_TIMEOUT: Duration = Duration::from_secs(60);
+
+pub fn fixture(name: &str) -> Vec<u8> {
+    std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)).unwrap()
+}
+
+pub fn mint_ca() -> Ca {
+    Ca::mint("keyward test CA", SystemTime::now(), 30 * DAY).unwrap()
+}
+
+pub fn mint_leaf(ca: &Ca) -> Minted {
+    ca.issue_serving(&[SERVER_NAME.to_string(), "localhost".to_string()], SystemTime::now(), DAY).unwrap()
+}
+
+pub fn sha256(der: &[u8]) -> String {
+    ring::digest::digest(&ring::digest::SHA256, der).as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub fn leaf_sha(minted: &Minted) -> String {
+    sha256(CertificateDer::from_pem_slice(minted.cert_pem.as_bytes()).unwrap().as_ref())
+}
+
+/// Writes `tls.crt`/`tls.key` the way the kubelet does: a timestamped directory, a
+/// `..data_tmp` symlink renamed over `..data`, and top-level symlinks through `..data`.
+pub struct KubeletVolume {
+    pub dir: PathBuf,
+    generation: u32,
+}
+
+impl KubeletVolume {
+    pub fn new(dir: &Path, minted: &Minted, ca: &Ca) -> Self {
+        let mut v = Self { dir: dir.to_path_buf(), generation: 0 };
+        v.rotate(minted, ca);
+        for f in ["tls.crt", "tls.key", "ca.crt"] {
+            std::os::unix::fs::symlink(format!("..data/{f}"), dir.join(f)).unwrap();
+        }
+        v
+    }
+
+    pub fn rotate(&mut self, minted: &Minted, ca: &Ca) {
+        self.generation += 1;
+        let ts = format!("..2026_11_30_08_00_00.{:09}", self.generation);
+        let new = self.dir.join(&ts);
+        std::fs::create_dir(&new).unwrap();
+        std::fs::write(new.join("tls.crt"), &minted.cert_pem).unwrap();
+        std::fs::write(new.join("tls.key"), &minted.key_pem).unwrap();
+        std::fs::write(new.join("ca.crt"), ca.cert_pem()).unwrap();
+        let old = std::fs::read_link(self.dir.join("..data")).ok();
+        std::os::unix::fs::symlink(&ts, self.dir.join("..data_tmp")).unwrap();
+        std::fs::rename(self.dir.join("..data_tmp"), self.dir.join("..data")).unwrap();
+        if let Some(old) = old {
+            std::fs::remove_dir_all(self.dir.join(old)).unwrap();
+        }
+    }
+}
+
+/// A running `keyward serve`, killed on drop.
+pub struct Server {
+    child: Child,
+    logs: mpsc::Receiver<Value>,
+    history: Vec<Value>,
+    pub endpoint: Endpoint,
+}
+
+/// How to reach a running server; cheap to clone into client tasks.
+#[derive(Clone)]
+pub struct Endpoint {
+    pub addr: SocketAddr,
+    pub metrics: SocketAddr,
+    pub ca_pem: Vec<u8>,
+}
+
+impl Server {
+    /// Starts keyward with `args` added to the loopback listeners and JSON logs, and waits
+    /// until both listeners are up.
+    pub fn start(args: &[&str], ca_pem: Vec<u8>) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_keyward"))
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--log-format", "json"])
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .env("RUST_LOG", "info")
+            .env_remove("KEYWARD_PROFILES")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, logs) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                match serde_json::from_str::<Value>(&line) {
+                    Ok(v) => {
+                        if tx.send(v).is_err() {
+                            return;
+                        }
+                    }
+                    Err(_) => eprintln!("keyward (not JSON): {line}"),
+                }
+            }
+        });
+        let unbound: SocketAddr = ([0, 0, 0, 0], 0).into();
+        let mut server =
+            Server { child, logs, history: Vec::new(), endpoint: Endpoint { addr: unbound, metrics: unbound, ca_pem } };
+        let webhook = server
+            .wait_log(|v| v["message"].as_str().is_some_and(|m| m.starts_with("listening")) && v["role"] == "webhook");
+        server.endpoint.addr = webhook["addr"].as_str().unwrap().parse().unwrap();
+        server
+    }
+
+    /// Waits for a log line matching `pred`, returning it; earlier lines are consumed.
+    pub fn wait_log(&mut self, pred: impl Fn(&Value) -> bool) -> Value {
+        let deadline = std::time::Instant::now() + EVENT_TIMEOUT;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.logs.recv_timeout(left) {
+                Ok(v) => {
+                    if v["role"] == "metrics" && v["addr"].is_string() {
+                        self.endpoint.metrics = v["addr"].as_str().unwrap().parse().unwrap();
+                    }
+                    self.history.push(v.clone());
+                    if pred(&v) {
+                        return v;
+                    }
+                }
+                Err(e) => panic!("no matching log line from keyward: {e}"),
+            }
+        }
+    }
+
+    /// A log line already received (by any earlier wait) that matches `pred`.
+    pub fn seen(&self, pred: impl Fn(&Value) -> bool) -> Option<&Value> {
+        self.history.iter().find(|v| pred(v))
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends SIGTERM and waits for the exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
+        self.child.wait().unwrap()
+    }
+}
+
+impl Endpoint {
+    pub fn connector(&self, alpn: &[&[u8]]) -> TlsConnector {
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(&self.ca_pem) {
+            roots.add(cert.unwrap()).unwrap();
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        TlsConnector::from(Arc::new(config))
+    }
+
+    /// A new TLS connection (verifying the CA, SNI keyward.keyward-system.svc, ALPN http/1.1,
+    /// as the apiserver does) with an HTTP/1.1 client on it. Returns the client and the
+    /// SHA-256 of the certificate the server presented.
+    pub async fn connect(&self) -> Result<(Http1, String), String> {
+        let tcp = TcpStream::connect(self.addr).await.map_err(|e| format!("connect: {e}"))?;
+        let tls = self
+            .connector(&[b"http/1.1"])
+            .connect(ServerName::try_from(SERVER_NAME).unwrap(), tcp)
+            .await
+            .map_err(|e| format!("TLS: {e}"))?;
+        let (_, session) = tls.get_ref();
+        let peer = sha256(session.peer_certificates().and_then(|c| c.first()).map(|c| c.as_ref()).unwrap_or_default());
+        assert_eq!(session.alpn_protocol(), Some(&b"http/1.1"[..]));
+        let (send, conn) = http1::handshake(TokioIo::new(tls)).await.map_err(|e| format!("HTTP: {e}"))?;
+        tokio::spawn(conn);
+        Ok((Http1 { send }, peer))
+    }
+}
+
+impl std::ops::Deref for Server {
+    type Target = Endpoint;
+    fn deref(&self) -> &Endpoint {
+        &self.endpoint
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub struct Http1 {
+    send: http1::SendRequest<Full<Bytes>>,
+}
+
+impl Http1 {
+    pub async fn request(&mut self, method: &str, path: &str, body: Vec<u8>) -> Result<(u16, Vec<u8>), String> {
+        self.send.ready().await.map_err(|e| format!("not ready: {e}"))?;
+        let req = hyper::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", SERVER_NAME)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap();
+        let resp = self.send.send_request(req).await.map_err(|e| format!("request: {e}"))?;
+        let status = resp.status().as_u16();
+        let body = resp.into_body().collect().await.map_err(|e| format!("body: {e}"))?.to_bytes().to_vec();
+        Ok((status, body))
+    }
+
+    /// POSTs an AdmissionReview to /mutate?timeout=10s, as the apiserver does.
+    pub async fn mutate(&mut self, review: &[u8]) -> Result<Value, String> {
+        let (status, body) = self.request("POST", "/mutate?timeout=10s", review.to_vec()).await?;
+        if status != 200 {
+            return Err(format!("status {status}: {}", String::from_utf8_lossy(&body)));
+        }
+        serde_json::from_slice(&body).map_err(|e| format!("response is not JSON: {e}"))
+    }
+}
+
+/// A review of `pod` (a fixture name) from `user` in `namespace`.
+pub fn review_of(pod: &str, namespace: &str, user: &str, uid: &str) -> Vec<u8> {
+    let object: Value = serde_json::from_slice(&fixture(pod)).unwrap();
+    serde_json::to_vec(&serde_json::json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": namespace,
+            "operation": "CREATE",
+            "userInfo": {"username": user, "groups": ["system:serviceaccounts", "system:authenticated"]},
+            "object": object,
+            "oldObject": null,
+            "dryRun": false,
+            "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"}
+        }
+    }))
+    .unwrap()
+}
+
+/// A TLS directory with a fresh CA and leaf, laid out by the kubelet.
+pub struct TlsDir {
+    pub tmp: tempfile::TempDir,
+    pub ca: Ca,
+    pub volume: KubeletVolume,
+    pub first: Minted,
+}
+
+impl TlsDir {
+    pub fn new() -> Self {
+        let tmp = tempfile::tempdir().unwrap();
+        let ca = mint_ca();
+        let first = mint_leaf(&ca);
+        let volume = KubeletVolume::new(tmp.path(), &first, &ca);
+        Self { tmp, ca, volume, first }
+    }
+
+    pub fn path(&self) -> &str {
+        self.tmp.path().to_str().unwrap()
+    }
+
+    pub fn start(&self, extra: &[&str]) -> Server {
+        let mut args = vec!["--tls-dir", self.path()];
+        args.extend_from_slice(extra);
+        Server::start(&args, self.ca.cert_pem().as_bytes().to_vec())
+    }
+}
