@@ -1,5 +1,5 @@
 # Everyday commands. `make help` lists them.
-.PHONY: help run explain test fmt lint check-profiles ci
+.PHONY: help run explain bench test fmt lint check-profiles ci
 
 help: ## list the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -12,6 +12,9 @@ explain: ## explain what keyward does to an LMEvalJob driver pod
 
 test: ## the whole test suite (what CI runs, with fmt and clippy)
 	cargo test --workspace --locked
+
+bench: ## the benchmarks behind BENCHMARKS.md
+	scripts/bench.sh
 
 fmt: ## format the code
 	cargo fmt --all

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use json_patch::PatchOperation;
 use k8s_openapi::api::core::v1::Pod;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::audit::{AuditRecord, InjectedItem, ANNOTATION_INJECTED, ANNOTATION_ORIGINAL_SA};
@@ -187,7 +187,7 @@ pub fn decide(facts: &RequestFacts, object: &Value, profiles: &ProfileSet) -> De
     if !facts.is_pod_create() {
         return Decision::unchanged(Reason::NotPodCreate);
     }
-    let pod: Pod = match serde_json::from_value(object.clone()) {
+    let pod = match Pod::deserialize(object) {
         Ok(pod) => pod,
         Err(e) => {
             return Decision::deny(Reason::InvalidPod, format!("keyward: request.object is not a valid Pod: {e}"))
@@ -351,7 +351,9 @@ fn inject_profile(facts: &RequestFacts, pod: &Pod, object: &Value, profile: &Pro
     }
 
     let (patch, patched) = b.finish();
-    check_still_valid(pod, &patched)?;
+    if !patch.is_empty() {
+        check_still_valid(pod, &patched)?;
+    }
 
     let mut audit_annotations = BTreeMap::from([
         ("profile".to_string(), profile.name.clone()),
@@ -369,8 +371,8 @@ fn inject_profile(facts: &RequestFacts, pod: &Pod, object: &Value, profile: &Pro
 
 /// Refuses to hand back a pod that breaks a validation rule the input did not already break.
 fn check_still_valid(before: &Pod, after: &Value) -> Result<(), Error> {
-    let after: Pod = serde_json::from_value(after.clone())
-        .map_err(|e| Error::Internal(format!("the patched object is not a Pod: {e}")))?;
+    let after =
+        Pod::deserialize(after).map_err(|e| Error::Internal(format!("the patched object is not a Pod: {e}")))?;
     let old = violations(before);
     let new: Vec<String> = violations(&after).into_iter().filter(|v| !old.contains(v)).collect();
     if new.is_empty() {
