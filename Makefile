@@ -1,5 +1,5 @@
 # Everyday commands. `make help` lists them.
-.PHONY: help run explain bench test fmt lint check-profiles ci
+.PHONY: help run explain bench manifests deploy-check e2e test fmt lint check-profiles ci
 
 help: ## list the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -21,6 +21,15 @@ fmt: ## format the code
 
 lint: ## clippy, warnings as errors
 	cargo clippy --workspace --all-targets --locked -- -D warnings
+
+manifests: ## regenerate deploy/base/webhook.yaml from the profiles
+	cargo run -q -- manifests webhook > deploy/base/webhook.yaml
+
+deploy-check: ## render the cert-manager overlay and validate it strictly (as CI does)
+	kubectl kustomize deploy/overlays/cert-manager | target/ci-venv/bin/python deploy/validate.py -
+
+e2e: ## kind + cert-manager + keyward end to end (needs docker and kind)
+	deploy/e2e/kind.sh
 
 check-profiles: ## validate the built-in profiles
 	cargo run -- check-profiles

@@ -28,6 +28,24 @@ enum Command {
     Explain(ExplainArgs),
     /// Validate the profiles and list them; exits non-zero with every problem found.
     CheckProfiles(ProfileArgs),
+    /// Print Kubernetes manifests generated from the profiles.
+    #[command(subcommand)]
+    Manifests(ManifestsCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum ManifestsCommand {
+    /// The MutatingWebhookConfiguration, with matchConditions from the profiles' selectors.
+    Webhook {
+        #[command(flatten)]
+        profiles: ProfileArgs,
+        /// The namespace keyward runs in (excluded from the webhook).
+        #[arg(long, default_value = "keyward-system")]
+        namespace: String,
+        /// The Service in front of keyward.
+        #[arg(long, default_value = "keyward")]
+        service: String,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -88,6 +106,12 @@ impl Cli {
                 let profiles = args.profiles.source().load()?;
                 let options = ExplainOptions { namespace: args.namespace, user: args.user, output: args.output };
                 explain::run(&args.file, &profiles, &options)
+            }
+            Command::Manifests(ManifestsCommand::Webhook { profiles, namespace, service }) => {
+                let set = profiles.source().load()?;
+                let options = crate::manifests::WebhookOptions { namespace, service };
+                print!("{}", crate::manifests::webhook_yaml(&set, &options)?);
+                Ok(ExitCode::SUCCESS)
             }
             Command::CheckProfiles(args) => {
                 let source = args.source();

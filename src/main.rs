@@ -4,6 +4,7 @@
 mod cli;
 mod explain;
 mod logging;
+mod manifests;
 mod metrics;
 mod profiles;
 mod serve;

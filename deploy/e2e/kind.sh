@@ -1,0 +1,206 @@
+#!/usr/bin/env bash
+# End to end on a real cluster: kind + cert-manager + keyward, for a person with Docker.
+#
+#   deploy/e2e/kind.sh            # create, test, delete
+#   KEEP=1 deploy/e2e/kind.sh     # keep the cluster afterwards to poke at it
+#
+# Needs: docker, kind, kubectl. Pulls kindest/node and cert-manager from the internet.
+# Exits non-zero on the first failure, and deletes the cluster either way (unless KEEP=1).
+set -euo pipefail
+
+CLUSTER="${CLUSTER:-keyward-e2e}"
+KIND_NODE_IMAGE="${KIND_NODE_IMAGE:-kindest/node:v1.32.2}"    # matchConditions: Kubernetes >= 1.30
+CERT_MANAGER_VERSION="${CERT_MANAGER_VERSION:-v1.16.2}"
+IMAGE="keyward:e2e"
+NS="keyward-e2e-jobs"
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+CTX="kind-${CLUSTER}"
+K=(kubectl --context "$CTX")
+WORK="$(mktemp -d)"
+
+say() { printf '\n==> %s\n' "$*"; }
+fail() { printf '\nFAIL: %s\n' "$*" >&2; exit 1; }
+
+cleanup() {
+  status=$?
+  if [[ $status -ne 0 ]]; then
+    echo "--- keyward logs ---" >&2
+    "${K[@]}" -n keyward-system logs -l app.kubernetes.io/name=keyward --tail=50 >&2 || true
+  fi
+  rm -rf "$WORK"
+  if [[ "${KEEP:-0}" == "1" ]]; then
+    echo "cluster kept: kubectl --context $CTX ..."
+  else
+    kind delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
+  fi
+  exit $status
+}
+trap cleanup EXIT
+
+for tool in docker kind kubectl; do
+  command -v "$tool" >/dev/null || fail "$tool is not installed"
+done
+
+# expect LABEL ACTUAL EXPECTED
+expect() {
+  if [[ "$2" != "$3" ]]; then fail "$1: got '$2', expected '$3'"; fi
+  echo "ok: $1 = $3"
+}
+
+# expect_contains LABEL HAYSTACK NEEDLE
+expect_contains() {
+  if [[ "$2" != *"$3"* ]]; then fail "$1: '$3' not in '$2'"; fi
+  echo "ok: $1 has $3"
+}
+
+say "kind cluster $CLUSTER ($KIND_NODE_IMAGE)"
+kind create cluster --name "$CLUSTER" --image "$KIND_NODE_IMAGE" --wait 120s
+
+say "cert-manager $CERT_MANAGER_VERSION"
+"${K[@]}" apply -f "https://github.com/cert-manager/cert-manager/releases/download/${CERT_MANAGER_VERSION}/cert-manager.yaml"
+"${K[@]}" -n cert-manager rollout status deploy/cert-manager deploy/cert-manager-webhook deploy/cert-manager-cainjector --timeout=180s
+
+say "build and load $IMAGE"
+docker build -t "$IMAGE" --build-arg VERSION=e2e "$ROOT"
+kind load docker-image "$IMAGE" --name "$CLUSTER"
+
+say "apply deploy/overlays/cert-manager with the e2e image"
+cat > "$WORK/kustomization.yaml" <<YAML
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - $ROOT/deploy/overlays/cert-manager
+images:
+  - name: ghcr.io/keyward/keyward
+    newName: keyward
+    newTag: e2e
+YAML
+# cert-manager's own webhook may need a moment before it admits Certificates.
+for attempt in 1 2 3 4 5 6; do
+  if "${K[@]}" apply -k "$WORK"; then break; fi
+  [[ $attempt == 6 ]] && fail "kubectl apply -k failed"
+  sleep 10
+done
+"${K[@]}" -n keyward-system wait certificate/keyward-serving --for=condition=Ready --timeout=120s
+"${K[@]}" -n keyward-system rollout status deploy/keyward --timeout=180s
+ca_bundle="$("${K[@]}" get mutatingwebhookconfiguration keyward -o jsonpath='{.webhooks[0].clientConfig.caBundle}')"
+[[ -n "$ca_bundle" ]] || fail "cainjector did not fill caBundle"
+echo "ok: caBundle injected"
+
+say "a namespace that opts in, with what the profiles refer to"
+"${K[@]}" create namespace "$NS"
+"${K[@]}" label namespace "$NS" keyward.io/inject=enabled
+"${K[@]}" -n "$NS" create configmap keyward-server-ca --from-literal=ca.crt="$(echo "$ca_bundle" | base64 -d)"
+for sa in keyward-lmeval-job my-graph-auth-verifier trustyai-service-operator-controller-manager kuberay-operator; do
+  "${K[@]}" -n "$NS" create serviceaccount "$sa"
+done
+# The operators' service accounts may create pods here (we impersonate them below).
+"${K[@]}" -n "$NS" create role pod-creator --verb=create --resource=pods
+"${K[@]}" -n "$NS" create rolebinding operators-create-pods --role=pod-creator \
+  --serviceaccount="$NS:trustyai-service-operator-controller-manager" --serviceaccount="$NS:kuberay-operator"
+
+# Server-side dry run: the apiserver runs every admission webhook (keyward is sideEffects:
+# None) and returns the pod it would store. Owner references need no real owner.
+dry_create() { # USER FILE JSONPATH
+  "${K[@]}" --as="$1" --as-group=system:serviceaccounts create --dry-run=server -n "$NS" -f "$2" -o jsonpath="$3"
+}
+
+say "an LMEvalJob driver pod, created by the TrustyAI operator's service account"
+cat > "$WORK/lmeval.yaml" <<YAML
+apiVersion: v1
+kind: Pod
+metadata:
+  name: evaljob-sample
+  labels: {app.kubernetes.io/name: ta-lmes, app.kubernetes.io/component: lm-eval}
+  ownerReferences:
+    - {apiVersion: trustyai.opendatahub.io/v1alpha1, kind: LMEvalJob, name: evaljob-sample, uid: 4b7a8a1e-9f7e-4c1b-9d52-3c0e4d1c2a11, controller: true}
+spec:
+  restartPolicy: Never
+  initContainers:
+    - {name: driver, image: registry.k8s.io/pause:3.10}
+  containers:
+    - {name: main, image: registry.k8s.io/pause:3.10}
+YAML
+LMEVAL_USER="system:serviceaccount:$NS:trustyai-service-operator-controller-manager"
+expect "lmeval serviceAccountName" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.spec.serviceAccountName}')" keyward-lmeval-job
+expect "lmeval automountServiceAccountToken" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.spec.automountServiceAccountToken}')" false
+expect "lmeval volumes" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.spec.volumes[*].name}')" "keyward-client-cert keyward-server-ca keyward-sa-token"
+expect "lmeval client Secret" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.spec.volumes[0].secret.secretName}')" evaljob-sample-keyward-client
+expect "lmeval driver mounts" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.spec.initContainers[0].volumeMounts[*].mountPath}')" \
+  "/var/run/secrets/keyward/client /var/run/secrets/keyward/ca /var/run/secrets/keyward/sa-token"
+expect_contains "lmeval audit annotation" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.metadata.annotations.keyward\.io/injected}')" '"profile":"lmeval-job"'
+if out="$("${K[@]}" create --dry-run=server -n "$NS" -f "$WORK/lmeval.yaml" 2>&1)"; then
+  fail "a user copying the operator's labels was admitted: $out"
+fi
+expect_contains "lmeval from another user" "$out" 'profile "lmeval-job" selects this pod, and only'
+
+say "a KubeRay worker pod, created by the kuberay-operator's service account"
+cat > "$WORK/ray.yaml" <<YAML
+apiVersion: v1
+kind: Pod
+metadata:
+  generateName: raycluster-sample-worker-
+  labels: {ray.io/is-ray-node: "yes", ray.io/cluster: raycluster-sample, ray.io/node-type: worker}
+  ownerReferences:
+    - {apiVersion: ray.io/v1, kind: RayCluster, name: raycluster-sample, uid: 0d3c2f4e-1111-4a2b-8c3d-5e6f7a8b9c0d, controller: true}
+spec:
+  containers:
+    - {name: ray-worker, image: registry.k8s.io/pause:3.10}
+YAML
+RAY_USER="system:serviceaccount:$NS:kuberay-operator"
+expect_contains "ray volumes" "$(dry_create "$RAY_USER" "$WORK/ray.yaml" '{.spec.volumes[*].name}')" \
+  "keyward-client-cert keyward-server-ca keyward-sa-token"
+expect_contains "ray keeps the API token" "$(dry_create "$RAY_USER" "$WORK/ray.yaml" '{.spec.volumes[*].name}')" "kube-api-access-"
+expect "ray keeps its service account" "$(dry_create "$RAY_USER" "$WORK/ray.yaml" '{.spec.serviceAccountName}')" default
+
+say "an InferenceGraph router Deployment (real pods, created by the ReplicaSet controller)"
+cat > "$WORK/graph.yaml" <<YAML
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: my-graph
+spec:
+  replicas: 1
+  selector:
+    matchLabels: {serving.kserve.io/inferencegraph: my-graph}
+  template:
+    metadata:
+      labels: {serving.kserve.io/inferencegraph: my-graph}
+    spec:
+      containers:
+        - {name: router, image: registry.k8s.io/pause:3.10}
+YAML
+"${K[@]}" -n "$NS" apply -f "$WORK/graph.yaml"
+"${K[@]}" -n "$NS" rollout status deploy/my-graph --timeout=120s
+graph_pod() { "${K[@]}" -n "$NS" get pods -l serving.kserve.io/inferencegraph=my-graph -o jsonpath="$1"; }
+expect "graph serviceAccountName" "$(graph_pod '{.items[0].spec.serviceAccountName}')" my-graph-auth-verifier
+expect "graph original service account" "$(graph_pod '{.items[0].metadata.annotations.keyward\.io/original-service-account}')" default
+expect_contains "graph volumes" "$(graph_pod '{.items[0].spec.volumes[*].name}')" "keyward-server-ca keyward-sa-token"
+expect_contains "graph keeps the API token" "$(graph_pod '{.items[0].spec.volumes[*].name}')" "kube-api-access-"
+
+say "renew the serving certificate; keyward reloads it without a restart"
+restarts_before="$("${K[@]}" -n keyward-system get pods -l app.kubernetes.io/name=keyward -o jsonpath='{.items[*].status.containerStatuses[0].restartCount}')"
+old_crt="$("${K[@]}" -n keyward-system get secret keyward-serving-tls -o jsonpath='{.data.tls\.crt}')"
+# Deleting the Secret makes cert-manager issue a new one (rotationPolicy: Always: a new key).
+"${K[@]}" -n keyward-system delete secret keyward-serving-tls
+for _ in $(seq 60); do
+  new_crt="$("${K[@]}" -n keyward-system get secret keyward-serving-tls -o jsonpath='{.data.tls\.crt}' 2>/dev/null || true)"
+  [[ -n "$new_crt" && "$new_crt" != "$old_crt" ]] && break
+  sleep 2
+done
+[[ -n "$new_crt" && "$new_crt" != "$old_crt" ]] || fail "cert-manager did not re-issue the serving certificate"
+new_sha="$(echo "$new_crt" | base64 -d | openssl x509 -noout -fingerprint -sha256 | cut -d= -f2 | tr -d : | tr 'A-F' 'a-f')"
+echo "new certificate sha256: $new_sha"
+# The kubelet syncs Secret volumes within about a minute; each replica logs the reload.
+for pod in $("${K[@]}" -n keyward-system get pods -l app.kubernetes.io/name=keyward -o name); do
+  for _ in $(seq 90); do
+    "${K[@]}" -n keyward-system logs "$pod" | grep -q "\"sha256\":\"$new_sha\"" && break
+    sleep 2
+  done
+  "${K[@]}" -n keyward-system logs "$pod" | grep -q "\"sha256\":\"$new_sha\"" || fail "$pod did not load the new certificate"
+  echo "ok: $pod serves the new certificate"
+done
+expect "restarts after rotation" "$("${K[@]}" -n keyward-system get pods -l app.kubernetes.io/name=keyward -o jsonpath='{.items[*].status.containerStatuses[0].restartCount}')" "$restarts_before"
+expect "lmeval after rotation" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.spec.serviceAccountName}')" keyward-lmeval-job
+
+say "all checks passed"

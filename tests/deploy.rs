@@ -1,0 +1,162 @@
+//! The deploy manifests: rendered with `kubectl kustomize` (kustomize is built into the kubectl
+//! on these machines), then checked against the rules a reviewer would check.
+#![allow(clippy::unwrap_used)] // a panic is the test failure report
+
+use std::process::Command;
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+fn root() -> &'static str {
+    env!("CARGO_MANIFEST_DIR")
+}
+
+fn render(overlay: &str) -> Vec<Value> {
+    let out = Command::new("kubectl")
+        .args(["kustomize", &format!("{}/deploy/overlays/{overlay}", root())])
+        .output()
+        .unwrap_or_else(|e| panic!("kubectl kustomize: {e} (kubectl v1.27+ with built-in kustomize is needed)"));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_yaml::Deserializer::from_slice(&out.stdout).map(|d| Value::deserialize(d).unwrap()).collect()
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind}/{name} in the rendered overlay"))
+}
+
+#[test]
+fn the_checked_in_webhook_configuration_is_what_the_profiles_generate() {
+    let out = Command::new(env!("CARGO_BIN_EXE_keyward"))
+        .args(["manifests", "webhook"])
+        .env_remove("KEYWARD_PROFILES")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let checked_in = std::fs::read_to_string(format!("{}/deploy/base/webhook.yaml", root())).unwrap();
+    assert!(
+        String::from_utf8(out.stdout).unwrap() == checked_in,
+        "deploy/base/webhook.yaml is stale: run `make manifests` and commit the result"
+    );
+}
+
+#[test]
+fn the_deployment_passes_the_restricted_pod_security_standard() {
+    let docs = render("cert-manager");
+    let deploy = find(&docs, "Deployment", "keyward");
+    assert_eq!(deploy["metadata"]["namespace"], "keyward-system");
+    let pod = &deploy["spec"]["template"]["spec"];
+    let psc = &pod["securityContext"];
+    assert_eq!(psc["runAsNonRoot"], true);
+    assert_eq!(psc["seccompProfile"]["type"], "RuntimeDefault");
+    assert!(psc["runAsUser"].as_i64().unwrap() > 0);
+    for field in ["hostNetwork", "hostPID", "hostIPC"] {
+        assert!(pod[field].is_null() || pod[field] == false, "{field}");
+    }
+    for v in pod["volumes"].as_array().unwrap() {
+        assert!(v["hostPath"].is_null(), "restricted forbids hostPath: {v}");
+    }
+    let containers: Vec<&Value> =
+        ["initContainers", "containers"].iter().flat_map(|f| pod[*f].as_array().into_iter().flatten()).collect();
+    assert!(!containers.is_empty());
+    for c in containers {
+        let sc = &c["securityContext"];
+        assert_eq!(sc["allowPrivilegeEscalation"], false, "{}", c["name"]);
+        assert_eq!(sc["readOnlyRootFilesystem"], true, "{}", c["name"]);
+        assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]), "{}", c["name"]);
+        assert!(sc["capabilities"]["add"].is_null(), "{}", c["name"]);
+        assert!(sc["privileged"].is_null() || sc["privileged"] == false);
+        assert!(sc["runAsUser"].is_null() || sc["runAsUser"].as_i64().unwrap() > 0);
+        assert!(c["ports"].as_array().unwrap().iter().all(|p| p["hostPort"].is_null()));
+        // The serving Secret is mounted as a directory: subPath mounts never update.
+        for m in c["volumeMounts"].as_array().unwrap() {
+            assert!(m["subPath"].is_null() && m["subPathExpr"].is_null(), "{m}");
+        }
+        assert_eq!(c["readinessProbe"]["httpGet"], json!({"path": "/readyz", "port": "https", "scheme": "HTTPS"}));
+        assert_eq!(c["livenessProbe"]["httpGet"], json!({"path": "/healthz", "port": "https", "scheme": "HTTPS"}));
+        assert!(c["resources"]["requests"]["cpu"].is_string() && c["resources"]["requests"]["memory"].is_string());
+        assert!(c["resources"]["limits"]["memory"].is_string());
+    }
+    let ns = find(&docs, "Namespace", "keyward-system");
+    assert_eq!(ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"], "restricted");
+}
+
+#[test]
+fn the_deployment_is_highly_available() {
+    let docs = render("cert-manager");
+    let deploy = find(&docs, "Deployment", "keyward");
+    assert_eq!(deploy["spec"]["replicas"], 2);
+    let pod = &deploy["spec"]["template"]["spec"];
+    assert!(pod["topologySpreadConstraints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c["topologyKey"] == "kubernetes.io/hostname" && c["whenUnsatisfiable"] == "DoNotSchedule"));
+    let priority = pod["priorityClassName"].as_str().unwrap();
+    find(&docs, "PriorityClass", priority);
+    let pdb = find(&docs, "PodDisruptionBudget", "keyward");
+    assert_eq!(pdb["spec"]["minAvailable"], 1);
+    assert_eq!(pdb["spec"]["selector"]["matchLabels"], deploy["spec"]["selector"]["matchLabels"]);
+    assert_eq!(pod["automountServiceAccountToken"], false, "keyward makes no API call");
+    find(&docs, "NetworkPolicy", "keyward");
+    let tls = pod["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "tls").unwrap();
+    let serving = find(&docs, "Certificate", "keyward-serving");
+    assert_eq!(tls["secret"]["secretName"], serving["spec"]["secretName"]);
+}
+
+#[test]
+fn the_webhook_is_create_only_side_effect_free_and_scoped() {
+    let docs = render("cert-manager");
+    let config = find(&docs, "MutatingWebhookConfiguration", "keyward");
+    assert_eq!(config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"], "keyward-system/keyward-serving");
+    let webhooks = config["webhooks"].as_array().unwrap();
+    assert_eq!(webhooks.len(), 1);
+    let w = &webhooks[0];
+    assert_eq!(w["admissionReviewVersions"], json!(["v1"]));
+    assert_eq!(w["sideEffects"], "None");
+    assert_eq!(w["reinvocationPolicy"], "IfNeeded");
+    assert!(w["timeoutSeconds"].as_i64().unwrap() <= 10);
+    assert_eq!(
+        w["rules"],
+        json!([{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"], "scope": "Namespaced"}])
+    );
+    assert_eq!(
+        w["clientConfig"]["service"],
+        json!({"name": "keyward", "namespace": "keyward-system", "path": "/mutate", "port": 443})
+    );
+    find(&docs, "Service", "keyward");
+    // failurePolicy: Fail, but only for opted-in namespaces, never kube-system or keyward's
+    // own, and only for pods some profile could select.
+    assert_eq!(w["failurePolicy"], "Fail");
+    let exprs = w["namespaceSelector"]["matchExpressions"].as_array().unwrap();
+    assert!(exprs.contains(&json!({"key": "keyward.io/inject", "operator": "In", "values": ["enabled"]})));
+    assert!(exprs.contains(
+        &json!({"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "keyward-system"]})
+    ));
+    let conditions = w["matchConditions"].as_array().unwrap();
+    assert_eq!(conditions.len(), 1);
+    assert!(conditions[0]["expression"].as_str().unwrap().starts_with("has(object.metadata.labels) ? "));
+}
+
+#[test]
+fn cert_manager_issues_an_ecdsa_serving_certificate_that_rotates_its_key() {
+    let docs = render("cert-manager");
+    let serving = find(&docs, "Certificate", "keyward-serving");
+    assert_eq!(serving["spec"]["privateKey"], json!({"algorithm": "ECDSA", "size": 256, "rotationPolicy": "Always"}));
+    assert_eq!(
+        serving["spec"]["dnsNames"],
+        json!(["keyward.keyward-system.svc", "keyward.keyward-system.svc.cluster.local"])
+    );
+    let issuer = serving["spec"]["issuerRef"]["name"].as_str().unwrap();
+    let ca_secret = find(&docs, "Issuer", issuer)["spec"]["ca"]["secretName"].as_str().unwrap();
+    let ca = docs.iter().find(|d| d["kind"] == "Certificate" && d["spec"]["secretName"] == ca_secret).unwrap();
+    assert_eq!(ca["spec"]["isCA"], true);
+    assert_eq!(
+        find(&docs, "Issuer", ca["spec"]["issuerRef"]["name"].as_str().unwrap())["spec"]["selfSigned"],
+        json!({})
+    );
+    let client_ca = find(&docs, "Certificate", "keyward-client-ca");
+    assert_eq!(client_ca["spec"]["isCA"], true);
+    find(&docs, "Issuer", "keyward-client-ca");
+}
