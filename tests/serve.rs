@@ -160,12 +160,7 @@ async fn alpn_offers_h2_and_http11() {
 async fn a_slow_client_is_cut_off_after_the_header_timeout() {
     let tls = TlsDir::new();
     let server = tls.start(&["--request-read-timeout", "1s"]);
-    let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
-    let mut stream = server
-        .connector(&[b"http/1.1"])
-        .connect(rustls::pki_types::ServerName::try_from(SERVER_NAME).unwrap(), tcp)
-        .await
-        .unwrap();
+    let mut stream = server.raw_tls().await;
     stream.write_all(b"POST /mutate HTTP/1.1\r\nhost: keyward\r\n").await.unwrap();
     // Never finish the headers. The server must close the connection by itself.
     let mut buf = Vec::new();
@@ -214,7 +209,7 @@ async fn twenty_kubelet_rotations_under_load_fail_no_request() {
     for round in 0..20 {
         let next = mint_leaf(&tls.ca);
         let sha = leaf_sha(&next);
-        tls.volume.rotate(&next, &tls.ca);
+        tls.volume.rotate(&secret_files(&next, &tls.ca));
         server.wait_log(|v| v["message"] == "serving certificate loaded" && v["sha256"] == sha.as_str());
         // New connections see the new certificate from now on.
         let (_, peer) = server.connect().await.unwrap();
@@ -311,7 +306,7 @@ async fn not_serving_until_a_certificate_arrives() {
     // Started without a certificate (cert-manager has not issued it yet): no handshake succeeds.
     assert!(server.connect().await.is_err());
     let leaf = mint_leaf(&ca);
-    let _volume = KubeletVolume::new(tmp.path(), &leaf, &ca);
+    let _volume = KubeletVolume::new(tmp.path(), &secret_files(&leaf, &ca));
     let sha = leaf_sha(&leaf);
     server.wait_log(|v| v["message"] == "serving certificate loaded" && v["sha256"] == sha.as_str());
     let (mut client, peer) = server.connect().await.unwrap();
@@ -341,12 +336,7 @@ async fn sigterm_finishes_the_request_in_flight() {
     let tls = TlsDir::new();
     let mut server = tls.start(&[]);
     let review = fixture("admissionreview-lmeval.json");
-    let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
-    let mut stream = server
-        .connector(&[b"http/1.1"])
-        .connect(rustls::pki_types::ServerName::try_from(SERVER_NAME).unwrap(), tcp)
-        .await
-        .unwrap();
+    let mut stream = server.raw_tls().await;
     // Headers and half the body, then SIGTERM, then the rest.
     let head = format!(
         "POST /mutate?timeout=10s HTTP/1.1\r\nhost: {SERVER_NAME}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",

@@ -12,6 +12,8 @@ mod error;
 pub mod pem;
 pub mod pki;
 pub mod store;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use error::Error;
 pub use pem::{CertInfo, ServingCert};

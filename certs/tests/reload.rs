@@ -104,7 +104,7 @@ async fn kubelet_style_rotations_are_picked_up_by_the_directory_watch() {
     let tmp = tempfile::tempdir().unwrap();
     let ca = ca();
     let first = leaf(&ca);
-    let mut volume = KubeletVolume::new(tmp.path(), &first);
+    let mut volume = kubelet_volume(tmp.path(), &first);
     let store = Arc::new(CertStore::new(tmp.path()));
     store.reload(Trigger::Startup);
     let mut events = store.subscribe();
@@ -113,7 +113,7 @@ async fn kubelet_style_rotations_are_picked_up_by_the_directory_watch() {
     for _ in 0..5 {
         let next = leaf(&ca);
         let sha = sha256_of(&next);
-        volume.rotate(&next);
+        volume.rotate(&pair(&next));
         let seen = wait_loaded(&mut events, &sha).await;
         assert!(seen.iter().all(|e| e.trigger == Trigger::Watch), "{seen:?}");
         assert_eq!(serving(&store), sha);

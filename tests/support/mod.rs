@@ -4,7 +4,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -15,6 +15,7 @@ use hyper::body::Bytes;
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use keyward_certs::pki::{Ca, Minted};
+pub use keyward_certs::testing::KubeletVolume;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::Value;
@@ -46,38 +47,13 @@ pub fn leaf_sha(minted: &Minted) -> String {
     sha256(CertificateDer::from_pem_slice(minted.cert_pem.as_bytes()).unwrap().as_ref())
 }
 
-/// Writes `tls.crt`/`tls.key` the way the kubelet does: a timestamped directory, a
-/// `..data_tmp` symlink renamed over `..data`, and top-level symlinks through `..data`.
-pub struct KubeletVolume {
-    pub dir: PathBuf,
-    generation: u32,
-}
-
-impl KubeletVolume {
-    pub fn new(dir: &Path, minted: &Minted, ca: &Ca) -> Self {
-        let mut v = Self { dir: dir.to_path_buf(), generation: 0 };
-        v.rotate(minted, ca);
-        for f in ["tls.crt", "tls.key", "ca.crt"] {
-            std::os::unix::fs::symlink(format!("..data/{f}"), dir.join(f)).unwrap();
-        }
-        v
-    }
-
-    pub fn rotate(&mut self, minted: &Minted, ca: &Ca) {
-        self.generation += 1;
-        let ts = format!("..2026_11_30_08_00_00.{:09}", self.generation);
-        let new = self.dir.join(&ts);
-        std::fs::create_dir(&new).unwrap();
-        std::fs::write(new.join("tls.crt"), &minted.cert_pem).unwrap();
-        std::fs::write(new.join("tls.key"), &minted.key_pem).unwrap();
-        std::fs::write(new.join("ca.crt"), ca.cert_pem()).unwrap();
-        let old = std::fs::read_link(self.dir.join("..data")).ok();
-        std::os::unix::fs::symlink(&ts, self.dir.join("..data_tmp")).unwrap();
-        std::fs::rename(self.dir.join("..data_tmp"), self.dir.join("..data")).unwrap();
-        if let Some(old) = old {
-            std::fs::remove_dir_all(self.dir.join(old)).unwrap();
-        }
-    }
+/// tls.crt, tls.key and ca.crt, as in a cert-manager Secret.
+pub fn secret_files<'a>(minted: &'a Minted, ca: &'a Ca) -> [(&'static str, &'a [u8]); 3] {
+    [
+        ("tls.crt", minted.cert_pem.as_bytes()),
+        ("tls.key", minted.key_pem.as_bytes()),
+        ("ca.crt", ca.cert_pem().as_bytes()),
+    ]
 }
 
 /// A running `keyward serve`, killed on drop.
@@ -186,6 +162,12 @@ impl Endpoint {
         TlsConnector::from(Arc::new(config))
     }
 
+    /// A TLS stream with nothing on top (ALPN http/1.1), for hand-written HTTP.
+    pub async fn raw_tls(&self) -> tokio_rustls::client::TlsStream<TcpStream> {
+        let tcp = TcpStream::connect(self.addr).await.unwrap();
+        self.connector(&[b"http/1.1"]).connect(ServerName::try_from(SERVER_NAME).unwrap(), tcp).await.unwrap()
+    }
+
     /// A new TLS connection (verifying the CA, SNI keyward.keyward-system.svc, ALPN http/1.1,
     /// as the apiserver does) with an HTTP/1.1 client on it. Returns the client and the
     /// SHA-256 of the certificate the server presented.
@@ -286,7 +268,7 @@ impl TlsDir {
         let tmp = tempfile::tempdir().unwrap();
         let ca = mint_ca();
         let first = mint_leaf(&ca);
-        let volume = KubeletVolume::new(tmp.path(), &first, &ca);
+        let volume = KubeletVolume::new(tmp.path(), &secret_files(&first, &ca));
         Self { tmp, ca, volume, first }
     }
 

@@ -1,10 +1,11 @@
 //! Helpers: mint pairs, lay them out the way the kubelet and `cp` do, wait on reload events.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)] // test helpers: a panic is the failure report
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use keyward_certs::pki::{Ca, Minted};
+pub use keyward_certs::testing::KubeletVolume;
 use keyward_certs::{ReloadEvent, ReloadOutcome};
 use tokio::sync::broadcast;
 
@@ -31,39 +32,13 @@ pub fn write_plain(dir: &Path, minted: &Minted) {
     std::fs::write(dir.join("tls.crt"), &minted.cert_pem).unwrap();
 }
 
-/// The kubelet's atomic writer: files in a timestamped directory, `..data` pointing at it,
-/// and `tls.crt` / `tls.key` pointing through `..data`.
-pub struct KubeletVolume {
-    pub dir: PathBuf,
-    generation: u32,
+/// A kubelet-style volume holding `minted` as tls.crt and tls.key.
+pub fn kubelet_volume(dir: &Path, minted: &Minted) -> KubeletVolume {
+    KubeletVolume::new(dir, &pair(minted))
 }
 
-impl KubeletVolume {
-    pub fn new(dir: &Path, minted: &Minted) -> Self {
-        let mut v = Self { dir: dir.to_path_buf(), generation: 0 };
-        v.rotate(minted);
-        for f in ["tls.crt", "tls.key"] {
-            std::os::unix::fs::symlink(format!("..data/{f}"), dir.join(f)).unwrap();
-        }
-        v
-    }
-
-    /// Writes a new timestamped directory, points `..data_tmp` at it, renames it over
-    /// `..data`, and removes the old directory, exactly as the kubelet does.
-    pub fn rotate(&mut self, minted: &Minted) {
-        self.generation += 1;
-        let ts = format!("..2026_11_30_08_00_00.{:09}", self.generation);
-        let new = self.dir.join(&ts);
-        std::fs::create_dir(&new).unwrap();
-        std::fs::write(new.join("tls.crt"), &minted.cert_pem).unwrap();
-        std::fs::write(new.join("tls.key"), &minted.key_pem).unwrap();
-        let old = std::fs::read_link(self.dir.join("..data")).ok();
-        std::os::unix::fs::symlink(&ts, self.dir.join("..data_tmp")).unwrap();
-        std::fs::rename(self.dir.join("..data_tmp"), self.dir.join("..data")).unwrap();
-        if let Some(old) = old {
-            std::fs::remove_dir_all(self.dir.join(old)).unwrap();
-        }
-    }
+pub fn pair(minted: &Minted) -> [(&'static str, &[u8]); 2] {
+    [("tls.crt", minted.cert_pem.as_bytes()), ("tls.key", minted.key_pem.as_bytes())]
 }
 
 /// Waits for a reload event that loaded the certificate with `sha256`. The timeout only
