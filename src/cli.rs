@@ -50,9 +50,9 @@ enum ManifestsCommand {
 
 #[derive(Debug, Args)]
 pub struct ProfileArgs {
-    /// A directory of profile YAML files (*.yaml, *.yml). A profile named like a built-in one
-    /// replaces it; others are added.
-    #[arg(long, env = "KEYWARD_PROFILES", value_name = "DIR")]
+    /// A directory of profile YAML files (*.yaml, *.yml), or one file. A profile named like a
+    /// built-in one replaces it; others are added.
+    #[arg(long, env = "KEYWARD_PROFILES", value_name = "DIR|FILE")]
     pub profiles: Option<PathBuf>,
     /// Use only the profiles from --profiles, not the built-in ones.
     #[arg(long, env = "KEYWARD_NO_DEFAULT_PROFILES", requires = "profiles")]

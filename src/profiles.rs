@@ -31,10 +31,15 @@ impl ProfileSource {
     }
 }
 
-/// Reads every `*.yaml` / `*.yml` in `dir`, sorted by name. Entries starting with `..` are the
-/// kubelet's own (`..data`, `..2024_…`) when the directory is a mounted ConfigMap; they are
-/// skipped, and the top-level symlinks into them are read.
+/// Reads one profile file, or every `*.yaml` / `*.yml` in a directory, sorted by name. Entries
+/// starting with `..` are the kubelet's own (`..data`, `..2024_…`) when the directory is a
+/// mounted ConfigMap; they are skipped, and the top-level symlinks into them are read.
 fn read_dir(dir: &Path) -> anyhow::Result<Vec<(String, String)>> {
+    if dir.is_file() {
+        let text =
+            std::fs::read_to_string(dir).with_context(|| format!("--profiles {}: cannot read", dir.display()))?;
+        return Ok(vec![(dir.display().to_string(), text)]);
+    }
     let entries =
         std::fs::read_dir(dir).with_context(|| format!("--profiles {}: cannot read the directory", dir.display()))?;
     let mut paths = Vec::new();

@@ -187,4 +187,7 @@ fn check_profiles_reports_every_problem_with_file_and_field() {
     assert!(stdout(&o).contains(&format!("lmeval-job               {path}")), "{}", stdout(&o));
     let o = keyward(&["check-profiles", "--no-default-profiles", "--profiles", dir.to_str().unwrap()], None);
     assert!(stdout(&o).starts_with("1 profiles OK"), "{}", stdout(&o));
+    // One file works as well as a directory.
+    let o = keyward(&["check-profiles", "--no-default-profiles", "--profiles", &path], None);
+    assert!(stdout(&o).starts_with("1 profiles OK"), "{}", stdout(&o));
 }

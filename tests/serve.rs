@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use keyward_webhooks::review::AdmissionReview;
+use rustls::pki_types::pem::PemObject;
 use serde_json::{json, Value};
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -153,6 +154,30 @@ async fn alpn_offers_h2_and_http11() {
             .await
             .unwrap();
         assert_eq!(stream.get_ref().1.alpn_protocol(), Some(expected));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_1_2_and_1_3_both_work() {
+    let tls = TlsDir::new();
+    let server = tls.start(&[]);
+    for version in [&rustls::version::TLS12, &rustls::version::TLS13] {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add_parsable_certificates(
+            rustls::pki_types::CertificateDer::pem_slice_iter(&server.ca_pem).map(|c| c.unwrap()),
+        );
+        let config =
+            rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+                .with_protocol_versions(&[version])
+                .unwrap()
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+        let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+        let stream = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+            .connect(rustls::pki_types::ServerName::try_from(SERVER_NAME).unwrap(), tcp)
+            .await
+            .unwrap();
+        assert_eq!(stream.get_ref().1.protocol_version(), Some(version.version));
     }
 }
 

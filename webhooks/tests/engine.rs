@@ -441,3 +441,37 @@ fn named_containers_only() {
     assert_eq!(after["spec"]["containers"][0]["volumeMounts"][0]["name"], "keyward-token");
     assert_eq!(d.warnings, ["keyward: profile \"minimal\" lists container \"missing\", which this pod does not have"]);
 }
+
+#[test]
+fn namespace_patterns_limit_where_a_profile_applies() {
+    let set = profiles(&MINIMAL_PROFILE.replace("  onEnvConflict: keepUser\n", "  namespaces: [\"team-*\", evals]\n"));
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p", "labels": {"app": "minimal", "team": "blue"}},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]}
+    });
+    for ns in ["team-blue", "evals"] {
+        let (d, _) = admit(&create(ns, "ci-bot"), &pod, &set);
+        assert_eq!(d.reason, Reason::Injected, "{ns}");
+    }
+    // The namespace comes from request.namespace, not from the pod (empty on CREATE).
+    let d = decide(&create("default", "ci-bot"), &pod, &set);
+    assert_eq!(d.reason, Reason::NoProfile);
+    assert_eq!(d.trace[0].why, "namespace \"default\" matches none of [\"team-*\", \"evals\"]");
+}
+
+#[test]
+fn an_owner_of_another_kind_is_not_selected() {
+    let mut pod = fixture("lmeval-driver-pod.json");
+    pod["metadata"]["ownerReferences"][0]["kind"] = json!("Job");
+    pod["metadata"]["ownerReferences"][0]["apiVersion"] = json!("batch/v1");
+    let d = decide(&create("team-a", LMEVAL_OPERATOR), &pod, &builtin());
+    assert_eq!(d.reason, Reason::NoProfile);
+    assert_eq!(
+        d.trace[0].why,
+        "controller owner batch/Job (evaljob-sample) is not one of trustyai.opendatahub.io/LMEvalJob"
+    );
+    pod["metadata"]["ownerReferences"][0]["controller"] = json!(false);
+    let d = decide(&create("team-a", LMEVAL_OPERATOR), &pod, &builtin());
+    assert_eq!(d.trace[0].why, "the pod has no controller ownerReference");
+}
