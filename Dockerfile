@@ -9,6 +9,8 @@ ARG RUST_VERSION=1.95
 # for the target, and musl-tools provides the native one.
 FROM rust:${RUST_VERSION}-bookworm AS build
 ARG TARGETARCH
+# musl-tools is a build-only tool from the pinned Debian release; nothing from apt ships.
+# hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends musl-tools \
  && rm -rf /var/lib/apt/lists/*
