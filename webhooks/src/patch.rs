@@ -5,7 +5,7 @@
 //! therefore always computed against the document as it stands after the earlier operations,
 //! so removals by index stay correct, and a patch that would not apply cannot be returned.
 
-use json_patch::jsonptr::PointerBuf;
+use json_patch::jsonptr::{PointerBuf, Token};
 use json_patch::{AddOperation, PatchOperation, RemoveOperation, ReplaceOperation};
 use serde_json::Value;
 
@@ -30,18 +30,12 @@ impl From<usize> for Seg<'_> {
     }
 }
 
-/// Builds a JSON pointer, escaping `~` and `/` in keys (`~0`, `~1`).
+/// Builds a JSON pointer; keys are escaped (`~` as `~0`, `/` as `~1`), so it cannot fail.
 pub(crate) fn pointer(segs: &[Seg<'_>]) -> PointerBuf {
-    let mut out = String::new();
-    for seg in segs {
-        out.push('/');
-        match seg {
-            Seg::Key(k) => out.push_str(&k.replace('~', "~0").replace('/', "~1")),
-            Seg::Index(i) => out.push_str(&i.to_string()),
-        }
-    }
-    // Every token is escaped above, so the pointer is always well formed.
-    PointerBuf::parse(out).unwrap_or_default()
+    PointerBuf::from_tokens(segs.iter().map(|seg| match seg {
+        Seg::Key(k) => Token::new(*k),
+        Seg::Index(i) => Token::from(*i),
+    }))
 }
 
 fn lookup<'v>(doc: &'v Value, segs: &[Seg<'_>]) -> Option<&'v Value> {

@@ -172,3 +172,54 @@ proptest! {
         }
     }
 }
+
+/// Any JSON at all, nested a few levels, with keys that look like pod fields.
+fn any_json() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(|n| json!(n)),
+        "[ -~]{0,12}".prop_map(Value::String),
+    ];
+    let keys = prop_oneof![
+        Just("metadata".to_string()),
+        Just("labels".to_string()),
+        Just("spec".to_string()),
+        Just("containers".to_string()),
+        Just("volumes".to_string()),
+        Just("volumeMounts".to_string()),
+        Just("env".to_string()),
+        Just("name".to_string()),
+        Just("ownerReferences".to_string()),
+        "[a-z/~.]{1,10}",
+    ];
+    leaf.prop_recursive(4, 48, 6, move |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+            proptest::collection::btree_map(keys.clone(), inner, 0..5)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// Garbage in never panics; whatever is admitted with a patch, the patch applies.
+    #[test]
+    fn arbitrary_objects_never_panic(object in any_json(), labelled in any::<bool>()) {
+        let mut object = object;
+        if labelled {
+            // Steer some inputs into a profile, so the injectors see garbage too.
+            if let Value::Object(map) = &mut object {
+                map.insert("metadata".into(), json!({"labels": {"app.kubernetes.io/name": "ta-lmes"},
+                    "ownerReferences": [{"apiVersion": "trustyai.opendatahub.io/v1alpha1", "kind": "LMEvalJob", "name": "j", "uid": "u", "controller": true}]}));
+            }
+        }
+        let decision = keyward_webhooks::decide(&create("team-a", LMEVAL_OPERATOR), &object, &builtin());
+        if decision.allowed() && !decision.patch().is_empty() {
+            let mut out = object.clone();
+            prop_assert!(json_patch::patch(&mut out, decision.patch()).is_ok());
+        }
+    }
+}
