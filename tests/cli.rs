@@ -191,3 +191,13 @@ fn check_profiles_reports_every_problem_with_file_and_field() {
     let o = keyward(&["check-profiles", "--no-default-profiles", "--profiles", &path], None);
     assert!(stdout(&o).starts_with("1 profiles OK"), "{}", stdout(&o));
 }
+
+#[test]
+fn serve_refuses_to_start_on_bad_settings() {
+    let o = keyward(&["serve", "--listen", "127.0.0.1:0", "--metrics-listen", "off", "--tls-dir", "no-such-dir"], None);
+    assert_one_line_error(&o, "--tls-dir no-such-dir: no such directory; mount the serving certificate Secret there");
+    let o = keyward(&["serve", "--listen", "127.0.0.1:0", "--profiles", "no-such-dir"], None);
+    assert_one_line_error(&o, "--profiles no-such-dir: cannot read the directory");
+    let o = keyward(&["serve", "--metrics-listen", "nine"], None);
+    assert_one_line_error(&o, "--metrics-listen \"nine\": not an address like 0.0.0.0:9090 (or `off`)");
+}

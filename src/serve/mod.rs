@@ -46,7 +46,15 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     );
 
     let tls_dir = match &config.tls {
-        TlsSource::Dir(dir) => dir.clone(),
+        TlsSource::Dir(dir) => {
+            if !dir.is_dir() {
+                anyhow::bail!(
+                    "--tls-dir {}: no such directory; mount the serving certificate Secret there (tls.crt, tls.key)",
+                    dir.display()
+                );
+            }
+            dir.clone()
+        }
         TlsSource::Dev { dir, extra_names } => {
             let dev = pki::ensure_dev_dir(dir, extra_names, SystemTime::now())?;
             tracing::info!(
