@@ -294,7 +294,12 @@ fn inject_profile(facts: &RequestFacts, pod: &Pod, object: &Value, profile: &Pro
         );
     }
     if let Some(c) = &inject.server_ca {
-        push(resolve("spec.inject.serverCA", t.server_ca.as_ref()).map(|n| inject::server_ca(c, &n)));
+        let field = if c.config_map_name.is_some() {
+            "spec.inject.serverCA.configMapName"
+        } else {
+            "spec.inject.serverCA.secretName"
+        };
+        push(resolve(field, t.server_ca.as_ref()).map(|n| inject::server_ca(c, &n)));
     }
     if let Some(c) = &inject.token {
         push(resolve("spec.inject.token.secretName", t.token_secret.as_ref()).map(|n| inject::token(c, &n)));
