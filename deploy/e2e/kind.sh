@@ -4,7 +4,7 @@
 #   deploy/e2e/kind.sh            # create, test, delete
 #   KEEP=1 deploy/e2e/kind.sh     # keep the cluster afterwards to poke at it
 #
-# Needs: docker, kind, kubectl. Pulls kindest/node and cert-manager from the internet.
+# Needs: docker, kind, kubectl, openssl. Pulls kindest/node and cert-manager from the internet.
 # Exits non-zero on the first failure, and deletes the cluster either way (unless KEEP=1).
 set -euo pipefail
 
@@ -37,7 +37,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-for tool in docker kind kubectl; do
+for tool in docker kind kubectl openssl; do
   command -v "$tool" >/dev/null || fail "$tool is not installed"
 done
 
@@ -90,6 +90,8 @@ echo "ok: caBundle injected"
 say "a namespace that opts in, with what the profiles refer to"
 "${K[@]}" create namespace "$NS"
 "${K[@]}" label namespace "$NS" keyward.io/inject=enabled
+# The ServiceAccount admission plugin refuses pods until the namespace's default account exists.
+for _ in $(seq 30); do "${K[@]}" -n "$NS" get serviceaccount default >/dev/null 2>&1 && break; sleep 1; done
 "${K[@]}" -n "$NS" create configmap keyward-server-ca --from-literal=ca.crt="$(echo "$ca_bundle" | base64 -d)"
 for sa in keyward-lmeval-job my-graph-auth-verifier trustyai-service-operator-controller-manager kuberay-operator; do
   "${K[@]}" -n "$NS" create serviceaccount "$sa"
