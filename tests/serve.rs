@@ -382,3 +382,51 @@ async fn sigterm_finishes_the_request_in_flight() {
     let status = server.terminate();
     assert!(status.success(), "{status:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_over_h2_are_served_too() {
+    let tls = TlsDir::new();
+    let server = tls.start(&[]);
+    let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let stream = server
+        .connector(&[b"h2"])
+        .connect(rustls::pki_types::ServerName::try_from(SERVER_NAME).unwrap(), tcp)
+        .await
+        .unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    for _ in 0..3 {
+        let req = hyper::Request::post(format!("https://{SERVER_NAME}/mutate?timeout=10s"))
+            .header("content-type", "application/json")
+            .body(http_body_util::Full::new(hyper::body::Bytes::from(fixture("admissionreview-lmeval.json"))))
+            .unwrap();
+        let resp = send.send_request(req).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        assert_eq!(resp.version(), hyper::Version::HTTP_2);
+        let body = http_body_util::BodyExt::collect(resp.into_body()).await.unwrap().to_bytes();
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["response"]["allowed"], true);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_never_arrives_gets_408() {
+    let tls = TlsDir::new();
+    let server = tls.start(&["--request-read-timeout", "1s"]);
+    let mut stream = server.raw_tls().await;
+    stream
+        .write_all(b"POST /mutate HTTP/1.1\r\nhost: keyward\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{\"apiV")
+        .await
+        .unwrap();
+    stream.flush().await.unwrap();
+    // The rest never comes; the server answers 408 by itself.
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(EVENT_TIMEOUT, stream.read(&mut buf)).await.unwrap().unwrap();
+    let text = String::from_utf8_lossy(&buf[..n]);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+}
