@@ -359,7 +359,7 @@ async fn the_embedded_default_mints_a_dev_ca_and_serves() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_finishes_the_request_in_flight() {
     let tls = TlsDir::new();
-    let mut server = tls.start(&[]);
+    let mut server = tls.start(&["--shutdown-delay", "0s"]);
     let review = fixture("admissionreview-lmeval.json");
     let mut stream = server.raw_tls().await;
     // Headers and half the body, then SIGTERM, then the rest.
@@ -429,4 +429,18 @@ async fn a_body_that_never_arrives_gets_408() {
     let n = tokio::time::timeout(EVENT_TIMEOUT, stream.read(&mut buf)).await.unwrap().unwrap();
     let text = String::from_utf8_lossy(&buf[..n]);
     assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_first_reports_not_ready_while_still_serving() {
+    let tls = TlsDir::new();
+    let mut server = tls.start(&["--shutdown-delay", "60s"]);
+    std::process::Command::new("kill").args(["-TERM", &server.pid().to_string()]).status().unwrap();
+    server
+        .wait_log(|v| v["message"] == "shutting down: reporting not ready; still accepting connections for the delay");
+    // New connections are still accepted and served; only readiness fails.
+    let (mut client, _) = server.connect().await.unwrap();
+    let (status, body) = client.request("GET", "/readyz", Vec::new()).await.unwrap();
+    assert_eq!((status, body.as_slice()), (503, &b"not ready: shutting down\n"[..]));
+    assert_eq!(client.mutate(&fixture("admissionreview-lmeval.json")).await.unwrap()["response"]["allowed"], true);
 }

@@ -46,7 +46,12 @@ pub struct ServeArgs {
     /// How long a client may take to send request headers, and a request body.
     #[arg(long, env = "KEYWARD_REQUEST_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     request_read_timeout: Duration,
-    /// On SIGTERM, how long to let in-flight requests finish. Keep it under the pod's
+    /// On SIGTERM, how long to keep accepting connections while reporting not ready, so that
+    /// the Service stops routing here before the port closes (the apiserver would otherwise
+    /// see refused connections and, with failurePolicy: Fail, refuse pods).
+    #[arg(long, env = "KEYWARD_SHUTDOWN_DELAY", default_value = "5s", value_parser = parse_duration)]
+    shutdown_delay: Duration,
+    /// Then, how long to let in-flight requests finish. Keep delay + grace under the pod's
     /// terminationGracePeriodSeconds.
     #[arg(long, env = "KEYWARD_SHUTDOWN_GRACE", default_value = "20s", value_parser = parse_duration)]
     shutdown_grace: Duration,
@@ -70,6 +75,7 @@ pub struct ServeConfig {
     pub log_format: LogFormat,
     pub cert_poll_interval: Duration,
     pub request_read_timeout: Duration,
+    pub shutdown_delay: Duration,
     pub shutdown_grace: Duration,
     pub max_body_bytes: usize,
 }
@@ -109,6 +115,7 @@ impl ServeArgs {
             log_format: self.log_format,
             cert_poll_interval: self.cert_poll_interval,
             request_read_timeout: self.request_read_timeout,
+            shutdown_delay: self.shutdown_delay,
             shutdown_grace: self.shutdown_grace,
             max_body_bytes: MAX_BODY_BYTES,
         })
@@ -153,6 +160,7 @@ mod tests {
         assert_eq!(c.metrics_listen, Some("0.0.0.0:9090".parse().unwrap()));
         assert_eq!(c.tls, TlsSource::Dev { dir: ".keyward-dev".into(), extra_names: vec![] });
         assert_eq!(c.cert_poll_interval, Duration::from_secs(10));
+        assert_eq!((c.shutdown_delay, c.shutdown_grace), (Duration::from_secs(5), Duration::from_secs(20)));
         assert_eq!(c.max_body_bytes, 7 * 1024 * 1024);
         assert_eq!(c.profiles, ProfileSource { dir: None, with_builtin: true });
     }

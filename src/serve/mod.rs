@@ -8,6 +8,7 @@ mod config;
 mod routes;
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -78,9 +79,21 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     certs.reload(Trigger::Startup);
     let _watch = keyward_certs::watch(certs.clone(), config.cert_poll_interval)?;
 
+    // SIGTERM: first report not ready while still serving (endpoints drop this pod), then
+    // stop accepting and let requests in flight finish.
+    let draining = Arc::new(AtomicBool::new(false));
     let (stop_tx, stop_rx) = watch::channel(false);
+    let delay = config.shutdown_delay;
+    let flag = draining.clone();
     tokio::spawn(async move {
         wait_for_signal().await;
+        flag.store(true, Ordering::Relaxed);
+        tracing::info!(delay = ?delay, "shutting down: reporting not ready; still accepting connections for the delay");
+        // A second signal (a developer pressing Ctrl-C again) skips the wait.
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = wait_for_signal() => {}
+        }
         tracing::info!("shutting down: no new connections; finishing requests in flight");
         let _ = stop_tx.send(true);
     });
@@ -89,6 +102,7 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         profiles,
         certs: certs.clone(),
         metrics: metrics.clone(),
+        draining,
         read_timeout: config.request_read_timeout,
         max_body_bytes: config.max_body_bytes,
     };

@@ -1,5 +1,6 @@
 //! The HTTP surface: `POST /mutate`, `GET /healthz`, `GET /readyz`. Tested in-process.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -22,6 +23,8 @@ pub struct AppState {
     pub profiles: Arc<ProfileSet>,
     pub certs: Arc<CertStore>,
     pub metrics: Arc<Metrics>,
+    /// Set on SIGTERM: /readyz fails so endpoints drop this pod, while it still serves.
+    pub draining: Arc<AtomicBool>,
     pub read_timeout: Duration,
     pub max_body_bytes: usize,
 }
@@ -40,6 +43,9 @@ pub fn router(state: AppState) -> Router {
 }
 
 async fn readyz(State(state): State<AppState>) -> Response {
+    if state.draining.load(Ordering::Relaxed) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "not ready: shutting down\n").into_response();
+    }
     match state.certs.ready(SystemTime::now()) {
         Ok(()) => (StatusCode::OK, "ok\n").into_response(),
         Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {reason}\n")).into_response(),
@@ -117,6 +123,7 @@ mod tests {
             profiles: Arc::new(ProfileSet::builtin().unwrap()),
             certs: Arc::new(CertStore::new("/nonexistent")),
             metrics: Arc::new(Metrics::default()),
+            draining: Arc::new(AtomicBool::new(false)),
             read_timeout: Duration::from_secs(5),
             max_body_bytes: 1024 * 1024,
         }
