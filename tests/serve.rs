@@ -266,6 +266,8 @@ async fn every_bad_certificate_keeps_the_old_one_serving() {
     let old_ca = keyward_certs::pki::Ca::mint("old CA", now - 10 * DAY, 30 * DAY).unwrap();
     let expired = old_ca.issue_serving(&[SERVER_NAME.to_string()], now - 5 * DAY, DAY).unwrap();
 
+    // Each case writes tls.key before tls.crt, chosen so that no state in between is a valid
+    // pair: a reload that lands between the two writes must be refused too.
     type Break<'a> = Box<dyn Fn() + 'a>;
     let cases: Vec<(&str, Break, &str)> = vec![
         ("missing key", Box::new(|| std::fs::remove_file(dir.join("tls.key")).unwrap()), "tls.key: cannot read"),
@@ -275,13 +277,13 @@ async fn every_bad_certificate_keeps_the_old_one_serving() {
                 std::fs::write(dir.join("tls.key"), &other.key_pem).unwrap();
                 std::fs::write(dir.join("tls.crt"), &other.cert_pem[..200]).unwrap();
             }),
-            "tls.crt",
+            "tls.crt: not valid PEM",
         ),
         (
             "key that does not match",
             Box::new(|| {
-                std::fs::write(dir.join("tls.crt"), &other.cert_pem).unwrap();
                 std::fs::write(dir.join("tls.key"), &tls.first.key_pem).unwrap();
+                std::fs::write(dir.join("tls.crt"), &other.cert_pem).unwrap();
             }),
             "the private key does not match the certificate",
         ),
