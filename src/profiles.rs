@@ -17,7 +17,7 @@ impl ProfileSource {
     pub fn load(&self) -> anyhow::Result<ProfileSet> {
         let builtin = if self.with_builtin { ProfileSet::builtin()? } else { ProfileSet::default() };
         let Some(dir) = &self.dir else { return Ok(builtin) };
-        let files = read_dir(dir)?;
+        let files = read_sources(dir)?;
         let user = ProfileSet::from_sources(files)?;
         Ok(builtin.overlay(user))
     }
@@ -34,7 +34,7 @@ impl ProfileSource {
 /// Reads one profile file, or every `*.yaml` / `*.yml` in a directory, sorted by name. Entries
 /// starting with `..` are the kubelet's own (`..data`, `..2024_…`) when the directory is a
 /// mounted ConfigMap; they are skipped, and the top-level symlinks into them are read.
-fn read_dir(dir: &Path) -> anyhow::Result<Vec<(String, String)>> {
+fn read_sources(dir: &Path) -> anyhow::Result<Vec<(String, String)>> {
     if dir.is_file() {
         let text =
             std::fs::read_to_string(dir).with_context(|| format!("--profiles {}: cannot read", dir.display()))?;

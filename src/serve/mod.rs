@@ -2,7 +2,8 @@
 //!
 //! Start-up: load and validate the profiles (a bad profile stops start-up), find or mint the
 //! serving certificate, load it, watch its directory, then listen. Not ready until a valid
-//! certificate is served. SIGTERM or SIGINT stops accepting and lets in-flight requests finish.
+//! certificate is served. On SIGTERM or SIGINT, report not ready for `--shutdown-delay` while
+//! still serving, then stop accepting and let in-flight requests finish.
 
 mod config;
 mod routes;

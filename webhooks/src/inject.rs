@@ -198,7 +198,8 @@ pub(crate) fn apply(
     }
 
     let selected = &profile.spec.containers;
-    for (field, index, container) in containers(pod) {
+    let all = containers(pod);
+    for &(field, index, container) in &all {
         if !selected.is_empty() && !selected.contains(&container.name) {
             continue;
         }
@@ -236,7 +237,7 @@ pub(crate) fn apply(
         }
     }
     for name in selected {
-        if !containers(pod).iter().any(|(_, _, c)| &c.name == name) {
+        if !all.iter().any(|(_, _, c)| &c.name == name) {
             merge.warnings.push(format!(
                 "keyward: profile {:?} lists container {name:?}, which this pod does not have",
                 profile.name
@@ -364,11 +365,17 @@ pub(crate) fn swap_service_account(
             }
         }
     }
-    let volumes = b.get(&["spec".into(), "volumes".into()]).and_then(Value::as_array).cloned().unwrap_or_default();
-    for (i, v) in volumes.iter().enumerate().rev() {
-        if v.get("name").and_then(Value::as_str).is_some_and(|n| removed.iter().any(|r| r == n)) {
-            b.remove(&["spec".into(), "volumes".into(), i.into()])?;
-        }
+    let doomed: Vec<usize> = b
+        .get(&["spec".into(), "volumes".into()])
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .filter(|(_, v)| v.get("name").and_then(Value::as_str).is_some_and(|n| removed.iter().any(|r| r == n)))
+        .map(|(i, _)| i)
+        .collect();
+    for i in doomed.into_iter().rev() {
+        b.remove(&["spec".into(), "volumes".into(), i.into()])?;
     }
     Ok(swap)
 }
