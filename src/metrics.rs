@@ -23,6 +23,17 @@ struct ReloadLabels {
     result: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ListenerLabels {
+    listener: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClosedLabels {
+    listener: &'static str,
+    reason: &'static str,
+}
+
 /// Everything keyward measures. Cheap to update from any thread.
 pub struct Metrics {
     registry: Mutex<Registry>,
@@ -31,6 +42,11 @@ pub struct Metrics {
     bad_requests: Counter,
     cert_not_after: Gauge,
     cert_reloads: Family<ReloadLabels, Counter>,
+    open_connections: Family<ListenerLabels, Gauge>,
+    closed_connections: Family<ClosedLabels, Counter>,
+    refused_connections: Family<ListenerLabels, Counter>,
+    accept_errors: Family<ListenerLabels, Counter>,
+    in_flight: Family<ListenerLabels, Gauge>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -73,7 +89,45 @@ impl Default for Metrics {
             "Serving certificate reload attempts, by result (loaded|unchanged|failed)",
             cert_reloads.clone(),
         );
-        Self { registry: Mutex::new(registry), requests, duration, bad_requests, cert_not_after, cert_reloads }
+        let open_connections = Family::<ListenerLabels, Gauge>::default();
+        registry.register(
+            "open_connections",
+            "Connections open now, by listener (webhook|metrics)",
+            open_connections.clone(),
+        );
+        let closed_connections = Family::<ClosedLabels, Counter>::default();
+        registry.register(
+            "connections_closed_by_server",
+            "Connections keyward closed, by listener and reason (handshake-timeout|handshake-failed|first-request-timeout|header-timeout|idle|evicted|shutdown)",
+            closed_connections.clone(),
+        );
+        let refused_connections = Family::<ListenerLabels, Counter>::default();
+        registry.register(
+            "connections_refused",
+            "Connections closed on arrival because every open connection had a request in flight",
+            refused_connections.clone(),
+        );
+        let accept_errors = Family::<ListenerLabels, Counter>::default();
+        registry.register(
+            "accept_errors",
+            "Failed accepts (e.g. out of file descriptors), each followed by a back-off",
+            accept_errors.clone(),
+        );
+        let in_flight = Family::<ListenerLabels, Gauge>::default();
+        registry.register("requests_in_flight", "Requests being answered now, by listener", in_flight.clone());
+        Self {
+            registry: Mutex::new(registry),
+            requests,
+            duration,
+            bad_requests,
+            cert_not_after,
+            cert_reloads,
+            open_connections,
+            closed_connections,
+            refused_connections,
+            accept_errors,
+            in_flight,
+        }
     }
 }
 
@@ -97,6 +151,27 @@ impl Metrics {
         if let ReloadOutcome::Loaded(info) = outcome {
             self.cert_not_after.set(unix_seconds(info.not_after));
         }
+    }
+
+    pub fn set_open_connections(&self, listener: &'static str, open: usize) {
+        self.open_connections.get_or_create(&ListenerLabels { listener }).set(i64::try_from(open).unwrap_or(i64::MAX));
+    }
+
+    pub fn observe_connection_closed(&self, listener: &'static str, reason: &'static str) {
+        self.closed_connections.get_or_create(&ClosedLabels { listener, reason }).inc();
+    }
+
+    pub fn observe_connection_refused(&self, listener: &'static str) {
+        self.refused_connections.get_or_create(&ListenerLabels { listener }).inc();
+    }
+
+    pub fn observe_accept_error(&self, listener: &'static str) {
+        self.accept_errors.get_or_create(&ListenerLabels { listener }).inc();
+    }
+
+    /// The gauge of requests in flight on `listener`, for the connection layer to move.
+    pub fn requests_in_flight(&self, listener: &'static str) -> Gauge {
+        self.in_flight.get_or_create(&ListenerLabels { listener }).clone()
     }
 
     /// The Prometheus text exposition.

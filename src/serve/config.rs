@@ -43,9 +43,26 @@ pub struct ServeArgs {
     /// How often to re-read the certificate directory besides watching it (e.g. 10s, 1m).
     #[arg(long, env = "KEYWARD_CERT_POLL_INTERVAL", default_value = "10s", value_parser = parse_duration)]
     cert_poll_interval: Duration,
-    /// How long a client may take to send request headers, and a request body.
+    /// How long a client may take to start its first request after the TLS handshake, to send
+    /// a request's headers once they start, and to send its body.
     #[arg(long, env = "KEYWARD_REQUEST_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     request_read_timeout: Duration,
+    /// How long a keep-alive connection (HTTP/1.1 or HTTP/2) may sit idle between requests.
+    /// Keep it above the apiserver's 90 s, so the apiserver closes idle connections first and
+    /// never sends a request on a connection keyward is closing.
+    #[arg(long, env = "KEYWARD_IDLE_TIMEOUT", default_value = "120s", value_parser = parse_duration)]
+    idle_timeout: Duration,
+    /// How long a TLS handshake may take.
+    #[arg(long, env = "KEYWARD_TLS_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    tls_handshake_timeout: Duration,
+    /// Most connections open at once on the webhook port. At the cap a new connection closes
+    /// the longest-idle one; it is refused only when every connection has a request in flight.
+    /// Lowered at start-up to fit the open-files limit.
+    #[arg(long, env = "KEYWARD_MAX_CONNECTIONS", default_value_t = 256)]
+    max_connections: usize,
+    /// Most connections open at once on the metrics port (same rules).
+    #[arg(long, env = "KEYWARD_METRICS_MAX_CONNECTIONS", default_value_t = 16)]
+    metrics_max_connections: usize,
     /// On SIGTERM, how long to keep accepting connections while reporting not ready, so that
     /// the Service stops routing here before the port closes (the apiserver would otherwise
     /// see refused connections and, with failurePolicy: Fail, refuse pods).
@@ -75,6 +92,10 @@ pub struct ServeConfig {
     pub log_format: LogFormat,
     pub cert_poll_interval: Duration,
     pub request_read_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub tls_handshake_timeout: Duration,
+    pub max_connections: usize,
+    pub metrics_max_connections: usize,
     pub shutdown_delay: Duration,
     pub shutdown_grace: Duration,
     pub max_body_bytes: usize,
@@ -92,8 +113,21 @@ impl ServeArgs {
         if self.cert_poll_interval < Duration::from_secs(1) {
             bail!("--cert-poll-interval {:?}: must be at least 1s", self.cert_poll_interval);
         }
-        if self.request_read_timeout.is_zero() {
-            bail!("--request-read-timeout: must be more than 0s");
+        for (flag, value) in [
+            ("--request-read-timeout", self.request_read_timeout),
+            ("--idle-timeout", self.idle_timeout),
+            ("--tls-handshake-timeout", self.tls_handshake_timeout),
+        ] {
+            if value.is_zero() {
+                bail!("{flag}: must be more than 0s");
+            }
+        }
+        for (flag, value) in
+            [("--max-connections", self.max_connections), ("--metrics-max-connections", self.metrics_max_connections)]
+        {
+            if value == 0 {
+                bail!("{flag}: must be at least 1");
+            }
         }
         if metrics_listen.is_some_and(|m: SocketAddr| m == self.listen && m.port() != 0) {
             bail!("--metrics-listen {}: must differ from --listen", self.listen);
@@ -115,6 +149,10 @@ impl ServeArgs {
             log_format: self.log_format,
             cert_poll_interval: self.cert_poll_interval,
             request_read_timeout: self.request_read_timeout,
+            idle_timeout: self.idle_timeout,
+            tls_handshake_timeout: self.tls_handshake_timeout,
+            max_connections: self.max_connections,
+            metrics_max_connections: self.metrics_max_connections,
             shutdown_delay: self.shutdown_delay,
             shutdown_grace: self.shutdown_grace,
             max_body_bytes: MAX_BODY_BYTES,
@@ -162,6 +200,8 @@ mod tests {
         assert_eq!(c.cert_poll_interval, Duration::from_secs(10));
         assert_eq!((c.shutdown_delay, c.shutdown_grace), (Duration::from_secs(5), Duration::from_secs(20)));
         assert_eq!(c.max_body_bytes, 7 * 1024 * 1024);
+        assert_eq!((c.request_read_timeout, c.idle_timeout), (Duration::from_secs(10), Duration::from_secs(120)));
+        assert_eq!((c.max_connections, c.metrics_max_connections), (256, 16));
         assert_eq!(c.profiles, ProfileSource { dir: None, with_builtin: true });
     }
 
@@ -180,6 +220,10 @@ mod tests {
         let err =
             config(&["--listen", "127.0.0.1:9090", "--metrics-listen", "127.0.0.1:9090"]).unwrap_err().to_string();
         assert_eq!(err, "--metrics-listen 127.0.0.1:9090: must differ from --listen");
+        let err = config(&["--idle-timeout", "0s"]).unwrap_err().to_string();
+        assert_eq!(err, "--idle-timeout: must be more than 0s");
+        let err = config(&["--max-connections", "0"]).unwrap_err().to_string();
+        assert_eq!(err, "--max-connections: must be at least 1");
     }
 
     #[test]

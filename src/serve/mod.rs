@@ -6,18 +6,15 @@
 //! still serving, then stop accepting and let in-flight requests finish.
 
 mod config;
+mod connections;
 mod routes;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use anyhow::Context;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use keyward_certs::{pki, CertStore, Trigger};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -26,10 +23,8 @@ use tokio_rustls::TlsAcceptor;
 pub use config::{ServeArgs, ServeConfig, TlsSource};
 
 use crate::metrics::Metrics;
+use connections::{ConnectionLimits, Connections, Transport};
 use routes::AppState;
-
-/// A TLS handshake must finish within this, or the connection is dropped.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub fn run(config: ServeConfig) -> anyhow::Result<()> {
     crate::logging::init(config.log_format);
@@ -109,11 +104,20 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     };
     let listener =
         TcpListener::bind(config.listen).await.with_context(|| format!("--listen {}: cannot bind", config.listen))?;
+    let (webhook_limits, metrics_limits) = connection_limits(&config);
     let metrics_task = match config.metrics_listen {
-        Some(addr) => Some(tokio::spawn(serve_metrics(addr, metrics, stop_rx.clone()).await?)),
+        Some(addr) => Some(tokio::spawn(serve_metrics(addr, metrics.clone(), metrics_limits, stop_rx.clone()).await?)),
         None => None,
     };
-    serve_tls(listener, certs, routes::router(state), &config, stop_rx).await?;
+    let acceptor = TlsAcceptor::from(Arc::new(tls_config(certs)?));
+    tracing::info!(
+        role = "webhook",
+        addr = %listener.local_addr()?,
+        max_connections = webhook_limits.max_connections,
+        "listening (HTTPS: POST /mutate, GET /healthz, GET /readyz)"
+    );
+    let connections = Connections::new("webhook", webhook_limits, metrics);
+    connections::serve(listener, Transport::Tls(acceptor), routes::router(state), connections, stop_rx).await;
     if let Some(task) = metrics_task {
         let _ = task.await;
     }
@@ -121,30 +125,54 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The limits of both listeners. The connection caps are lowered, if need be, so that every
+/// connection fits in the open-files limit with room for everything else.
+fn connection_limits(config: &ServeConfig) -> (ConnectionLimits, ConnectionLimits) {
+    let open_files = connections::raise_open_files_limit();
+    let wanted = config.max_connections + config.metrics_max_connections;
+    let fits = connections::cap_for_open_files(wanted, open_files);
+    let (mut webhook, mut metrics) = (config.max_connections, config.metrics_max_connections);
+    if fits < wanted {
+        // Keep the metrics share small and give the rest to the webhook.
+        metrics = metrics.min(fits / 8).max(1);
+        webhook = fits.saturating_sub(metrics).max(1);
+        tracing::warn!(
+            open_files = open_files.unwrap_or_default(),
+            max_connections = webhook,
+            metrics_max_connections = metrics,
+            "the open-files limit is too low for --max-connections and --metrics-max-connections; lowered them"
+        );
+    }
+    let limits = |max_connections| ConnectionLimits {
+        max_connections,
+        handshake_timeout: config.tls_handshake_timeout,
+        request_read_timeout: config.request_read_timeout,
+        idle_timeout: config.idle_timeout,
+        shutdown_grace: config.shutdown_grace,
+    };
+    (limits(webhook), limits(metrics))
+}
+
 /// Binds the metrics port now (so a bad address fails start-up) and returns the server.
 async fn serve_metrics(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
-    mut stop: watch::Receiver<bool>,
+    limits: ConnectionLimits,
+    stop: watch::Receiver<bool>,
 ) -> anyhow::Result<impl std::future::Future<Output = ()>> {
     let listener = TcpListener::bind(addr).await.with_context(|| format!("--metrics-listen {addr}: cannot bind"))?;
     let local = listener.local_addr()?;
     tracing::info!(role = "metrics", addr = %local, "listening (plain HTTP, GET /metrics)");
+    let scrape = metrics.clone();
     let app = axum::Router::new().route(
         "/metrics",
         axum::routing::get(move || {
-            let metrics = metrics.clone();
+            let metrics = scrape.clone();
             async move { ([("content-type", "text/plain; version=0.0.4; charset=utf-8")], metrics.encode()) }
         }),
     );
-    Ok(async move {
-        let shutdown = async move {
-            let _ = stop.wait_for(|s| *s).await;
-        };
-        if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
-            tracing::error!(error = %e, "metrics server failed");
-        }
-    })
+    let connections = Connections::new("metrics", limits, metrics);
+    Ok(connections::serve(listener, Transport::Plain, app, connections, stop))
 }
 
 fn tls_config(certs: Arc<CertStore>) -> anyhow::Result<rustls::ServerConfig> {
@@ -157,59 +185,6 @@ fn tls_config(certs: Arc<CertStore>) -> anyhow::Result<rustls::ServerConfig> {
     // The apiserver offers only http/1.1; h2 is for everyone else.
     tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(tls)
-}
-
-async fn serve_tls(
-    listener: TcpListener,
-    certs: Arc<CertStore>,
-    app: axum::Router,
-    config: &ServeConfig,
-    mut stop: watch::Receiver<bool>,
-) -> anyhow::Result<()> {
-    let acceptor = TlsAcceptor::from(Arc::new(tls_config(certs)?));
-    let mut http = auto::Builder::new(TokioExecutor::new());
-    http.http1().timer(TokioTimer::new()).header_read_timeout(config.request_read_timeout).keep_alive(true);
-    let service = TowerToHyperService::new(app);
-    let graceful = GracefulShutdown::new();
-    tracing::info!(role = "webhook", addr = %listener.local_addr()?, "listening (HTTPS: POST /mutate, GET /healthz, GET /readyz)");
-
-    loop {
-        let (tcp, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(conn) => conn,
-                Err(e) => {
-                    // Out of file descriptors and the like: log and keep serving.
-                    tracing::warn!(error = %e, "accept failed");
-                    continue;
-                }
-            },
-            _ = stop.wait_for(|s| *s) => break,
-        };
-        let _ = tcp.set_nodelay(true);
-        let acceptor = acceptor.clone();
-        let http = http.clone();
-        let service = service.clone();
-        let watcher = graceful.watcher();
-        tokio::spawn(async move {
-            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
-            };
-            let conn = http.serve_connection(TokioIo::new(tls), service);
-            if let Err(e) = watcher.watch(conn.into_owned()).await {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
-            }
-        });
-    }
-    drop(listener);
-    tokio::select! {
-        _ = graceful.shutdown() => tracing::info!("all connections closed"),
-        _ = tokio::time::sleep(config.shutdown_grace) => {
-            tracing::warn!(grace = ?config.shutdown_grace, "shutdown grace period over; closing remaining connections");
-        }
-    }
-    Ok(())
 }
 
 async fn wait_for_signal() {

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
+use axum::http::header::CONTENT_LENGTH;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -53,6 +54,13 @@ async fn readyz(State(state): State<AppState>) -> Response {
 }
 
 async fn mutate(State(state): State<AppState>, request: Request) -> Response {
+    // A declared length over the limit is refused before waiting for a body that may never come.
+    let declared = request.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if let Some(declared) = declared.filter(|n| *n > state.max_body_bytes as u64) {
+        state.metrics.observe_bad_request();
+        let message = format!("body of {declared} bytes is over the {}-byte limit\n", state.max_body_bytes);
+        return (StatusCode::PAYLOAD_TOO_LARGE, message).into_response();
+    }
     // A slow client cannot hold a worker: the body must arrive within the read timeout.
     let body = match tokio::time::timeout(state.read_timeout, Bytes::from_request(request, &state)).await {
         Ok(Ok(body)) => body,

@@ -76,7 +76,19 @@ impl Server {
     /// Starts keyward with `args` added to the loopback listeners and JSON logs, and waits
     /// until both listeners are up.
     pub fn start(args: &[&str], ca_pem: Vec<u8>) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_keyward"))
+        Self::spawn(Command::new(env!("CARGO_BIN_EXE_keyward")), args, ca_pem)
+    }
+
+    /// Like [`Server::start`], with the process's open-files limit (soft and hard) set to
+    /// `nofile`, as `ulimit -n` or a container runtime would.
+    pub fn start_with_open_files(nofile: u32, args: &[&str], ca_pem: Vec<u8>) -> Server {
+        let mut command = Command::new("bash");
+        command.args(["-c", &format!("ulimit -n {nofile} && exec \"$0\" \"$@\""), env!("CARGO_BIN_EXE_keyward")]);
+        Self::spawn(command, args, ca_pem)
+    }
+
+    fn spawn(mut command: Command, args: &[&str], ca_pem: Vec<u8>) -> Server {
+        let mut child = command
             .arg("serve")
             .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--log-format", "json"])
             .args(args)
@@ -130,6 +142,21 @@ impl Server {
         }
     }
 
+    /// Every log line received so far, including those not yet read by a wait.
+    pub fn all_logs(&mut self) -> &[Value] {
+        while let Ok(v) = self.logs.try_recv() {
+            self.history.push(v);
+        }
+        &self.history
+    }
+
+    /// (utime + stime) of the server process, in seconds.
+    pub fn cpu_seconds(&self) -> f64 {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap();
+        let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+        (fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap()) / 100.0
+    }
+
     /// A log line already received (by any earlier wait) that matches `pred`.
     pub fn seen(&self, pred: impl Fn(&Value) -> bool) -> Option<&Value> {
         self.history.iter().find(|v| pred(v))
@@ -164,8 +191,20 @@ impl Endpoint {
 
     /// A TLS stream with nothing on top (ALPN http/1.1), for hand-written HTTP.
     pub async fn raw_tls(&self) -> tokio_rustls::client::TlsStream<TcpStream> {
-        let tcp = TcpStream::connect(self.addr).await.unwrap();
-        self.connector(&[b"http/1.1"]).connect(ServerName::try_from(SERVER_NAME).unwrap(), tcp).await.unwrap()
+        self.raw_tls_alpn(b"http/1.1").await
+    }
+
+    /// A TLS stream that offered only `alpn`, with nothing on top.
+    pub async fn raw_tls_alpn(&self, alpn: &[u8]) -> tokio_rustls::client::TlsStream<TcpStream> {
+        self.try_raw_tls_alpn(alpn).await.unwrap()
+    }
+
+    pub async fn try_raw_tls_alpn(&self, alpn: &[u8]) -> Result<tokio_rustls::client::TlsStream<TcpStream>, String> {
+        let tcp = TcpStream::connect(self.addr).await.map_err(|e| format!("connect: {e}"))?;
+        self.connector(&[alpn])
+            .connect(ServerName::try_from(SERVER_NAME).unwrap(), tcp)
+            .await
+            .map_err(|e| format!("TLS: {e}"))
     }
 
     /// A new TLS connection (verifying the CA, SNI keyward.keyward-system.svc, ALPN http/1.1,
@@ -184,6 +223,41 @@ impl Endpoint {
         let (send, conn) = http1::handshake(TokioIo::new(tls)).await.map_err(|e| format!("HTTP: {e}"))?;
         tokio::spawn(conn);
         Ok((Http1 { send }, peer))
+    }
+}
+
+impl Endpoint {
+    /// GET /metrics over plain HTTP/1.1.
+    pub async fn metrics_text(&self) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut tcp = TcpStream::connect(self.metrics).await.unwrap();
+        tcp.write_all(b"GET /metrics HTTP/1.1\r\nhost: metrics\r\nconnection: close\r\n\r\n").await.unwrap();
+        let mut out = String::new();
+        tcp.read_to_string(&mut out).await.unwrap();
+        assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+        out
+    }
+
+    /// Waits until a sample in /metrics reads `value` (the server may record an event just
+    /// after the client sees it), and fails with the last reading if it never does.
+    pub async fn wait_metric(&self, sample: &str, value: f64) {
+        let deadline = std::time::Instant::now() + EVENT_TIMEOUT;
+        loop {
+            let now = self.metric(sample).await;
+            if now == value {
+                return;
+            }
+            assert!(std::time::Instant::now() < deadline, "{sample} is {now}, never {value}");
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// The value of one sample (`name{labels}`) in /metrics, 0 when absent.
+    pub async fn metric(&self, sample: &str) -> f64 {
+        let text = self.metrics_text().await;
+        text.lines()
+            .find_map(|l| l.strip_prefix(sample).and_then(|rest| rest.strip_prefix(' ')))
+            .map_or(0.0, |v| v.trim().parse().unwrap())
     }
 }
 

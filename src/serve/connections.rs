@@ -1,0 +1,773 @@
+//! Connections: how many may be open, how long each may sit idle, and what the accept loop does
+//! when the process runs out of file descriptors. The webhook (TLS) and the metrics port (plain
+//! HTTP) follow the same rules:
+//!
+//! - a TLS handshake must finish within `handshake_timeout`;
+//! - after the handshake, the first request must start within `request_read_timeout`, and once
+//!   a request's first bytes arrive its headers must be complete within it too;
+//! - between requests a connection may stay idle for `idle_timeout`, longer than the apiserver's
+//!   90 s, so that the client closes an idle keep-alive connection first and no request races
+//!   keyward's close;
+//! - at most `max_connections` are open: at the cap a new connection evicts the one that has been
+//!   idle longest, and is refused only when every connection has a request in flight;
+//! - a failing `accept` (out of file descriptors) backs off exponentially, evicts an idle
+//!   connection to free a descriptor, and is logged once per burst, not once per attempt.
+//!
+//! The protocol comes from ALPN (`h2`, else HTTP/1.1), never from sniffing the first bytes, so
+//! a client that says nothing is timed from the end of its handshake.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hyper::body::Incoming;
+use hyper::service::{service_fn, Service};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
+
+use crate::metrics::Metrics;
+
+/// After keyward decides to close a connection (idle, evicted), how long the protocol's own
+/// goodbye may take (HTTP/2 waits for a PING answer) before the socket is simply dropped.
+const CLOSE_GRACE: Duration = Duration::from_secs(1);
+/// Concurrent streams per HTTP/2 connection: an admission takes microseconds, so more buys
+/// nothing but memory.
+const H2_MAX_STREAMS: u32 = 32;
+/// Descriptors kept for everything that is not a connection: listeners, the certificate watch
+/// and the files it reads, logging, the runtime.
+pub const RESERVED_FDS: u64 = 64;
+/// Connections being closed (evicted, timed out) may briefly push the count over the cap by
+/// this much; past it, new connections are refused until they are gone.
+const CLOSING_HEADROOM: usize = 16;
+/// Accept back-off: from the first failure up to the longest pause.
+const BACKOFF_FIRST: Duration = Duration::from_millis(5);
+const BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// The limits of one listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    pub max_connections: usize,
+    pub handshake_timeout: Duration,
+    pub request_read_timeout: Duration,
+    pub idle_timeout: Duration,
+    /// On shutdown, how long requests in flight may take before their connections are dropped.
+    pub shutdown_grace: Duration,
+}
+
+/// How a listener's connections start: TLS (the webhook) or plain TCP (metrics).
+#[derive(Clone)]
+pub enum Transport {
+    Tls(TlsAcceptor),
+    Plain,
+}
+
+/// Why keyward closed a connection (a metrics label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseReason {
+    HandshakeTimeout,
+    HandshakeFailed,
+    FirstRequestTimeout,
+    HeaderTimeout,
+    Idle,
+    Evicted,
+    Shutdown,
+}
+
+impl CloseReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::HandshakeTimeout => "handshake-timeout",
+            Self::HandshakeFailed => "handshake-failed",
+            Self::FirstRequestTimeout => "first-request-timeout",
+            Self::HeaderTimeout => "header-timeout",
+            Self::Idle => "idle",
+            Self::Evicted => "evicted",
+            Self::Shutdown => "shutdown",
+        }
+    }
+}
+
+// === impl ConnState ===
+
+/// What the registry and the watchdog know about one open connection. Times are milliseconds
+/// since the registry's epoch, so they fit in atomics.
+#[derive(Debug)]
+struct ConnState {
+    /// Requests whose headers have arrived and whose response is not yet handed to hyper.
+    in_flight: AtomicUsize,
+    /// Requests started on this connection.
+    requests: AtomicU64,
+    /// When the connection last became idle (or finished its handshake).
+    idle_since: AtomicU64,
+    /// When bytes of the next request started to arrive (0: none yet). Set only while idle.
+    reading_since: AtomicU64,
+    /// Asked to close (evicted, or out of descriptors).
+    evict: Notify,
+    evicted: AtomicBool,
+}
+
+impl ConnState {
+    fn new(now: u64) -> Self {
+        Self {
+            in_flight: AtomicUsize::new(0),
+            requests: AtomicU64::new(0),
+            idle_since: AtomicU64::new(now),
+            reading_since: AtomicU64::new(0),
+            evict: Notify::new(),
+            evicted: AtomicBool::new(false),
+        }
+    }
+
+    /// When this connection must be closed unless something happens first, and why. `None`
+    /// while a request is in flight: the handler bounds its own body read.
+    fn deadline(&self, limits: &ConnectionLimits) -> Option<(u64, CloseReason)> {
+        if self.in_flight.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let idle = self.idle_since.load(Ordering::Acquire);
+        // No request yet: timed from the end of the handshake, whatever bytes trickle in (an
+        // HTTP/2 preface is not a request).
+        if self.requests.load(Ordering::Acquire) == 0 {
+            return Some((idle.saturating_add(ms(limits.request_read_timeout)), CloseReason::FirstRequestTimeout));
+        }
+        let reading = self.reading_since.load(Ordering::Acquire);
+        if reading > 0 {
+            Some((reading.saturating_add(ms(limits.request_read_timeout)), CloseReason::HeaderTimeout))
+        } else {
+            Some((idle.saturating_add(ms(limits.idle_timeout)), CloseReason::Idle))
+        }
+    }
+
+    fn is_idle(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) == 0
+    }
+}
+
+/// Marks a request in flight for as long as it lives.
+struct InFlight {
+    state: Arc<ConnState>,
+    clock: Clock,
+    gauge: Option<Gauge>,
+}
+
+impl InFlight {
+    fn begin(state: &Arc<ConnState>, clock: Clock, gauge: Option<Gauge>) -> Self {
+        state.requests.fetch_add(1, Ordering::AcqRel);
+        state.in_flight.fetch_add(1, Ordering::AcqRel);
+        state.reading_since.store(0, Ordering::Release);
+        if let Some(g) = &gauge {
+            g.inc();
+        }
+        Self { state: state.clone(), clock, gauge }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Some(g) = &self.gauge {
+            g.dec();
+        }
+        if self.state.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.state.idle_since.store(self.clock.now_ms(), Ordering::Release);
+            self.state.reading_since.store(0, Ordering::Release);
+        }
+    }
+}
+
+/// Milliseconds since the registry started (never 0, so 0 can mean "not set").
+#[derive(Debug, Clone, Copy)]
+struct Clock(Instant);
+
+impl Clock {
+    fn now_ms(self) -> u64 {
+        u64::try_from(self.0.elapsed().as_millis()).unwrap_or(u64::MAX).saturating_add(1)
+    }
+
+    fn instant(self, ms: u64) -> Instant {
+        self.0 + Duration::from_millis(ms.saturating_sub(1))
+    }
+}
+
+// === impl Watched ===
+
+/// The connection's socket, noting when bytes of a new request start to arrive while idle.
+struct Watched<I> {
+    io: I,
+    state: Arc<ConnState>,
+    clock: Clock,
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for Watched<I> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.io).poll_read(cx, buf);
+        if buf.filled().len() > before && self.state.is_idle() && self.state.reading_since.load(Ordering::Acquire) == 0
+        {
+            self.state.reading_since.store(self.clock.now_ms(), Ordering::Release);
+        }
+        polled
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for Watched<I> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+// === impl Connections ===
+
+/// The open connections of one listener.
+pub struct Connections {
+    role: &'static str,
+    limits: ConnectionLimits,
+    metrics: Arc<Metrics>,
+    clock: Clock,
+    live: Mutex<Registry>,
+    /// Notified whenever a connection ends, for the shutdown drain.
+    ended: Notify,
+}
+
+#[derive(Default)]
+struct Registry {
+    next_id: u64,
+    open: HashMap<u64, Arc<ConnState>>,
+}
+
+/// What [`Connections::admit`] decided for a new connection.
+enum Admission {
+    Admitted(u64, Arc<ConnState>),
+    /// Every connection has a request in flight (or is already closing): refuse this one.
+    Full,
+}
+
+impl Connections {
+    pub fn new(role: &'static str, limits: ConnectionLimits, metrics: Arc<Metrics>) -> Arc<Self> {
+        Arc::new(Self {
+            role,
+            limits,
+            metrics,
+            clock: Clock(Instant::now()),
+            live: Mutex::new(Registry::default()),
+            ended: Notify::new(),
+        })
+    }
+
+    fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn open_count(&self) -> usize {
+        self.registry().open.len()
+    }
+
+    /// Registers a new connection, evicting the longest-idle one at the cap.
+    fn admit(&self) -> Admission {
+        let mut reg = self.registry();
+        let open = reg.open.len();
+        if open >= self.limits.max_connections {
+            if open >= self.limits.max_connections + CLOSING_HEADROOM {
+                return Admission::Full;
+            }
+            let closing = reg.open.values().filter(|s| s.evicted.load(Ordering::Acquire)).count();
+            // Connections already closing will free their places; otherwise make one.
+            if open - closing >= self.limits.max_connections {
+                match Self::longest_idle(&reg) {
+                    Some(victim) => {
+                        victim.evicted.store(true, Ordering::Release);
+                        victim.evict.notify_one();
+                    }
+                    None => return Admission::Full,
+                }
+            }
+        }
+        reg.next_id += 1;
+        let id = reg.next_id;
+        let state = Arc::new(ConnState::new(self.clock.now_ms()));
+        reg.open.insert(id, state.clone());
+        self.metrics.set_open_connections(self.role, reg.open.len());
+        Admission::Admitted(id, state)
+    }
+
+    /// The idle connection (no request in flight, not already closing) idle the longest.
+    /// Connections already receiving a request's bytes go last.
+    fn longest_idle(reg: &Registry) -> Option<Arc<ConnState>> {
+        reg.open
+            .values()
+            .filter(|s| s.is_idle() && !s.evicted.load(Ordering::Acquire))
+            .min_by_key(|s| {
+                let reading = s.reading_since.load(Ordering::Acquire) > 0;
+                (reading, s.idle_since.load(Ordering::Acquire))
+            })
+            .cloned()
+    }
+
+    /// Asks the longest-idle connection to close, to free its descriptor.
+    fn evict_one(&self) -> bool {
+        let reg = self.registry();
+        match Self::longest_idle(&reg) {
+            Some(state) => {
+                state.evicted.store(true, Ordering::Release);
+                state.evict.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn release(&self, id: u64, reason: Option<CloseReason>) {
+        let mut reg = self.registry();
+        reg.open.remove(&id);
+        self.metrics.set_open_connections(self.role, reg.open.len());
+        drop(reg);
+        if let Some(reason) = reason {
+            self.metrics.observe_connection_closed(self.role, reason.as_str());
+        }
+        self.ended.notify_waiters();
+    }
+
+    /// Waits until every connection has ended, or `grace` has passed.
+    async fn drain(&self, grace: Duration) -> bool {
+        let deadline = Instant::now() + grace;
+        loop {
+            let ended = self.ended.notified();
+            if self.open_count() == 0 {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, ended).await.is_err() {
+                return self.open_count() == 0;
+            }
+        }
+    }
+}
+
+// === serving ===
+
+/// Accepts connections on `listener` until `stop`, serves `app` on each, then drains.
+pub async fn serve(
+    listener: TcpListener,
+    transport: Transport,
+    app: axum::Router,
+    connections: Arc<Connections>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut errors = AcceptErrors::default();
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stop.wait_for(|s| *s) => break,
+        };
+        match accepted {
+            Ok((tcp, peer)) => {
+                if let Some(burst) = errors.recovered() {
+                    tracing::info!(
+                        role = connections.role,
+                        failures = burst.failures,
+                        lasted_ms = u64::try_from(burst.lasted.as_millis()).unwrap_or(u64::MAX),
+                        "accepting connections again"
+                    );
+                }
+                match connections.admit() {
+                    Admission::Admitted(id, state) => {
+                        let (transport, app, connections, stop) =
+                            (transport.clone(), app.clone(), connections.clone(), stop.clone());
+                        tokio::spawn(async move {
+                            let reason = connection(tcp, peer, transport, app, &connections, &state, stop).await;
+                            connections.release(id, reason);
+                        });
+                    }
+                    Admission::Full => {
+                        connections.metrics.observe_connection_refused(connections.role);
+                        tracing::debug!(role = connections.role, %peer, "connection refused: every connection is busy");
+                        drop(tcp);
+                    }
+                }
+            }
+            Err(e) => {
+                connections.metrics.observe_accept_error(connections.role);
+                let freed = is_out_of_descriptors(&e) && connections.evict_one();
+                let pause = errors.failed();
+                if errors.failures() == 1 {
+                    tracing::warn!(
+                        role = connections.role,
+                        error = %e,
+                        evicted_idle_connection = freed,
+                        "accept failed; backing off (logged once until accepting works again)"
+                    );
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => {}
+                    _ = stop.wait_for(|s| *s) => break,
+                }
+            }
+        }
+    }
+    drop(listener);
+    let grace = connections.limits.shutdown_grace + CLOSE_GRACE;
+    if connections.drain(grace).await {
+        tracing::info!(role = connections.role, "all connections closed");
+    } else {
+        tracing::warn!(
+            role = connections.role,
+            open = connections.open_count(),
+            grace = ?connections.limits.shutdown_grace,
+            "shutdown grace period over; closing remaining connections"
+        );
+    }
+}
+
+fn is_out_of_descriptors(e: &io::Error) -> bool {
+    // EMFILE (the process) and ENFILE (the system).
+    matches!(e.raw_os_error(), Some(24) | Some(23))
+}
+
+/// One connection, from handshake to close. Returns why keyward closed it, if it did.
+async fn connection(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    transport: Transport,
+    app: axum::Router,
+    connections: &Connections,
+    state: &Arc<ConnState>,
+    stop: watch::Receiver<bool>,
+) -> Option<CloseReason> {
+    let _ = tcp.set_nodelay(true);
+    let limits = &connections.limits;
+    let clock = connections.clock;
+    match transport {
+        Transport::Plain => {
+            state.idle_since.store(clock.now_ms(), Ordering::Release);
+            http1(tcp, app, connections, state, stop).await
+        }
+        Transport::Tls(acceptor) => {
+            let handshake = tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp));
+            let tls = tokio::select! {
+                done = handshake => match done {
+                    Ok(Ok(tls)) => tls,
+                    Ok(Err(e)) => {
+                        tracing::debug!(role = connections.role, %peer, error = %e, "TLS handshake failed");
+                        return Some(CloseReason::HandshakeFailed);
+                    }
+                    Err(_) => {
+                        tracing::debug!(role = connections.role, %peer, "TLS handshake timed out");
+                        return Some(CloseReason::HandshakeTimeout);
+                    }
+                },
+                _ = state.evict.notified() => return Some(CloseReason::Evicted),
+            };
+            // The first request is timed from the end of the handshake.
+            state.idle_since.store(clock.now_ms(), Ordering::Release);
+            let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+            if h2 {
+                http2(tls, app, connections, state, stop).await
+            } else {
+                http1(tls, app, connections, state, stop).await
+            }
+        }
+    }
+}
+
+/// The service for one connection: the router, with each request marked in flight.
+fn tracked_service(
+    app: axum::Router,
+    state: &Arc<ConnState>,
+    clock: Clock,
+    gauge: Gauge,
+) -> impl Service<
+    hyper::Request<Incoming>,
+    Response = hyper::Response<axum::body::Body>,
+    Error = std::convert::Infallible,
+    Future = impl Future<Output = Result<hyper::Response<axum::body::Body>, std::convert::Infallible>> + Send,
+> + Clone {
+    let inner = TowerToHyperService::new(app);
+    let state = state.clone();
+    service_fn(move |req: hyper::Request<Incoming>| {
+        let guard = InFlight::begin(&state, clock, Some(gauge.clone()));
+        let response = inner.call(req);
+        async move {
+            let response = response.await;
+            drop(guard);
+            response
+        }
+    })
+}
+
+async fn http1<I>(
+    io: I,
+    app: axum::Router,
+    connections: &Connections,
+    state: &Arc<ConnState>,
+    stop: watch::Receiver<bool>,
+) -> Option<CloseReason>
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let clock = connections.clock;
+    let io = TokioIo::new(Watched { io, state: state.clone(), clock });
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    // keyward's watchdog times headers (and idle keep-alive) itself; hyper's header timer
+    // would also run while a keep-alive connection is idle, cutting it at the header timeout.
+    builder.timer(TokioTimer::new()).header_read_timeout(None).keep_alive(true);
+    let conn = builder.serve_connection(
+        io,
+        tracked_service(app, state, clock, connections.metrics.requests_in_flight(connections.role)),
+    );
+    let conn = std::pin::pin!(conn);
+    watch_connection(conn, |c| c.graceful_shutdown(), connections, state, stop).await
+}
+
+async fn http2<I>(
+    io: I,
+    app: axum::Router,
+    connections: &Connections,
+    state: &Arc<ConnState>,
+    stop: watch::Receiver<bool>,
+) -> Option<CloseReason>
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let clock = connections.clock;
+    let io = TokioIo::new(Watched { io, state: state.clone(), clock });
+    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    builder.timer(TokioTimer::new()).max_concurrent_streams(H2_MAX_STREAMS);
+    let conn = builder.serve_connection(
+        io,
+        tracked_service(app, state, clock, connections.metrics.requests_in_flight(connections.role)),
+    );
+    let conn = std::pin::pin!(conn);
+    watch_connection(conn, |c| c.graceful_shutdown(), connections, state, stop).await
+}
+
+/// Drives a connection, closing it when its deadline passes, when it is evicted, or on
+/// shutdown: first the protocol's graceful close, then, if that does not finish in time, by
+/// dropping the socket.
+async fn watch_connection<C>(
+    mut conn: Pin<&mut C>,
+    graceful: impl Fn(Pin<&mut C>),
+    connections: &Connections,
+    state: &ConnState,
+    mut stop: watch::Receiver<bool>,
+) -> Option<CloseReason>
+where
+    C: Future<Output = Result<(), hyper::Error>>,
+{
+    let limits = &connections.limits;
+    let clock = connections.clock;
+    let mut closing: Option<(CloseReason, Instant)> = None;
+    loop {
+        let wake = match closing {
+            Some((_, hard)) => hard,
+            None => match state.deadline(limits) {
+                Some((at, _)) => clock.instant(at),
+                // A request is in flight: look again once it could have finished.
+                None => Instant::now() + limits.request_read_timeout,
+            },
+        };
+        tokio::select! {
+            ended = conn.as_mut() => {
+                if let Err(e) = ended {
+                    tracing::debug!(role = connections.role, error = %e, "connection ended with an error");
+                }
+                return closing.map(|(reason, _)| reason);
+            }
+            _ = tokio::time::sleep_until(wake) => match closing {
+                Some((reason, _)) => return Some(reason),
+                // The deadline may have moved since it was computed: decide on the state now.
+                None => {
+                    if let Some((at, reason)) = state.deadline(limits) {
+                        if clock.instant(at) <= Instant::now() {
+                            graceful(conn.as_mut());
+                            closing = Some((reason, Instant::now() + CLOSE_GRACE));
+                        }
+                    }
+                }
+            },
+            _ = state.evict.notified(), if closing.is_none() => {
+                graceful(conn.as_mut());
+                closing = Some((CloseReason::Evicted, Instant::now() + CLOSE_GRACE));
+            }
+            _ = stop.wait_for(|s| *s), if closing.is_none() => {
+                graceful(conn.as_mut());
+                closing = Some((CloseReason::Shutdown, Instant::now() + limits.shutdown_grace));
+            }
+        }
+    }
+}
+
+// === impl AcceptErrors ===
+
+/// A run of accept failures: how long to pause before the next attempt, and whether to log.
+#[derive(Debug, Default)]
+pub struct AcceptErrors {
+    burst: Option<(Instant, u64)>,
+}
+
+/// A burst of accept failures that has ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Burst {
+    pub failures: u64,
+    pub lasted: Duration,
+}
+
+impl AcceptErrors {
+    /// Records a failure; returns how long to pause (doubling from 5 ms up to 1 s).
+    pub fn failed(&mut self) -> Duration {
+        let (_, n) = self.burst.get_or_insert((Instant::now(), 0));
+        *n += 1;
+        let doublings = u32::try_from((*n - 1).min(16)).unwrap_or(16);
+        BACKOFF_FIRST.saturating_mul(1 << doublings).min(BACKOFF_MAX)
+    }
+
+    /// Failures in the current burst.
+    pub fn failures(&self) -> u64 {
+        self.burst.map_or(0, |(_, n)| n)
+    }
+
+    /// An accept worked: ends the burst, if there was one.
+    pub fn recovered(&mut self) -> Option<Burst> {
+        self.burst.take().map(|(since, failures)| Burst { failures, lasted: since.elapsed() })
+    }
+}
+
+/// Raises the soft limit on open files to the hard limit (as Go programs do at start-up), and
+/// returns the soft limit now in force, if it can be read.
+pub fn raise_open_files_limit() -> Option<u64> {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let limit = getrlimit(Resource::Nofile);
+    if let (Some(current), Some(maximum)) = (limit.current, limit.maximum) {
+        if current < maximum
+            && setrlimit(Resource::Nofile, rustix::process::Rlimit { current: Some(maximum), maximum: Some(maximum) })
+                .is_ok()
+        {
+            return Some(maximum);
+        }
+    }
+    limit.current
+}
+
+/// The connection cap that fits in `open_files` descriptors, with room for everything else.
+pub fn cap_for_open_files(wanted: usize, open_files: Option<u64>) -> usize {
+    match open_files {
+        None => wanted,
+        Some(n) => {
+            let room = n.saturating_sub(RESERVED_FDS + CLOSING_HEADROOM as u64);
+            wanted.min(usize::try_from(room).unwrap_or(usize::MAX)).max(1)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> ConnectionLimits {
+        ConnectionLimits {
+            max_connections: 2,
+            handshake_timeout: Duration::from_secs(10),
+            request_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(120),
+            shutdown_grace: Duration::from_secs(20),
+        }
+    }
+
+    #[test]
+    fn backoff_doubles_to_a_ceiling_and_a_burst_is_reported_once_over() {
+        let mut errors = AcceptErrors::default();
+        let pauses: Vec<Duration> = (0..10).map(|_| errors.failed()).collect();
+        assert_eq!(pauses[0], Duration::from_millis(5));
+        assert_eq!(pauses[1], Duration::from_millis(10));
+        assert_eq!(pauses[7], Duration::from_millis(640));
+        assert_eq!(pauses[8], Duration::from_secs(1));
+        assert_eq!(pauses[9], Duration::from_secs(1));
+        assert_eq!(errors.failures(), 10);
+        // A thousand failures in a row cost at most ~17 minutes of pauses, never a busy loop.
+        for _ in 0..1000 {
+            assert!(errors.failed() >= Duration::from_millis(5));
+        }
+        let burst = errors.recovered().unwrap();
+        assert_eq!(burst.failures, 1010);
+        assert_eq!(errors.recovered(), None);
+        assert_eq!(errors.failed(), Duration::from_millis(5), "a new burst starts over");
+    }
+
+    #[test]
+    fn the_cap_leaves_room_for_other_descriptors() {
+        assert_eq!(cap_for_open_files(1024, Some(256)), 256 - 64 - 16);
+        assert_eq!(cap_for_open_files(100, Some(1_048_576)), 100);
+        assert_eq!(cap_for_open_files(100, None), 100);
+        assert_eq!(cap_for_open_files(100, Some(10)), 1);
+    }
+
+    #[tokio::test]
+    async fn deadlines_follow_the_connection_phase() {
+        let state = ConnState::new(1000);
+        let l = limits();
+        assert_eq!(state.deadline(&l), Some((11_000, CloseReason::FirstRequestTimeout)));
+        state.reading_since.store(1500, Ordering::Release);
+        assert_eq!(
+            state.deadline(&l),
+            Some((11_000, CloseReason::FirstRequestTimeout)),
+            "bytes before the first request do not move its deadline"
+        );
+        let clock = Clock(Instant::now());
+        let state = Arc::new(state);
+        let guard = InFlight::begin(&state, clock, None);
+        assert_eq!(state.deadline(&l), None, "a request in flight has no connection deadline");
+        drop(guard);
+        let (at, reason) = state.deadline(&l).unwrap();
+        assert_eq!(reason, CloseReason::Idle);
+        assert_eq!(at, state.idle_since.load(Ordering::Acquire) + 120_000);
+        state.reading_since.store(at, Ordering::Release);
+        assert_eq!(state.deadline(&l), Some((at + 10_000, CloseReason::HeaderTimeout)));
+    }
+
+    #[tokio::test]
+    async fn at_the_cap_the_longest_idle_is_evicted_and_busy_ones_are_kept() {
+        let connections = Connections::new("test", limits(), Arc::new(Metrics::default()));
+        let Admission::Admitted(_, first) = connections.admit() else { panic!("first") };
+        let Admission::Admitted(_, second) = connections.admit() else { panic!("second") };
+        first.idle_since.store(1, Ordering::Release);
+        second.idle_since.store(2, Ordering::Release);
+        // Third: the cap is 2, so the longest idle (first) is asked to close.
+        assert!(matches!(connections.admit(), Admission::Admitted(..)));
+        assert!(first.evicted.load(Ordering::Acquire));
+        assert!(!second.evicted.load(Ordering::Acquire));
+
+        // With every other connection busy, a newcomer is refused.
+        let connections = Connections::new("test", limits(), Arc::new(Metrics::default()));
+        let clock = connections.clock;
+        let Admission::Admitted(_, a) = connections.admit() else { panic!("a") };
+        let Admission::Admitted(_, b) = connections.admit() else { panic!("b") };
+        let _busy = (InFlight::begin(&a, clock, None), InFlight::begin(&b, clock, None));
+        assert!(matches!(connections.admit(), Admission::Full));
+    }
+}
