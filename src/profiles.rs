@@ -11,15 +11,22 @@ use keyward_webhooks::ProfileSet;
 pub struct ProfileSource {
     pub dir: Option<PathBuf>,
     pub with_builtin: bool,
+    /// `(profile, namespace)`: the operator namespace pinned in that profile's requesters.
+    pub operator_namespaces: Vec<(String, String)>,
 }
 
 impl ProfileSource {
     pub fn load(&self) -> anyhow::Result<ProfileSet> {
         let builtin = if self.with_builtin { ProfileSet::builtin()? } else { ProfileSet::default() };
-        let Some(dir) = &self.dir else { return Ok(builtin) };
-        let files = read_sources(dir)?;
-        let user = ProfileSet::from_sources(files)?;
-        Ok(builtin.overlay(user))
+        let mut set = match &self.dir {
+            None => builtin,
+            Some(dir) => builtin.overlay(ProfileSet::from_sources(read_sources(dir)?)?),
+        };
+        for (profile, namespace) in &self.operator_namespaces {
+            set.pin_operator_namespace(profile, namespace)
+                .map_err(|e| anyhow::anyhow!("--operator-namespace {profile}={namespace}: {e}"))?;
+        }
+        Ok(set)
     }
 
     pub fn describe(&self) -> String {

@@ -117,6 +117,31 @@ fn explain_text_lists_every_profile_and_why() {
 }
 
 #[test]
+fn a_pinned_operator_namespace_refuses_a_tenants_account_of_the_same_name() {
+    let pod = "tests/fixtures/lmeval-driver-pod.json";
+    let tenant = "system:serviceaccount:team-a:trustyai-service-operator-controller-manager";
+    // Unpinned, the name is all the check has.
+    let o = keyward(&["explain", "--user", tenant, "-o", "json", pod], None);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let pin = ["--operator-namespace", "lmeval-job=opendatahub"];
+    let o = keyward(&[&["explain", "--user", tenant, "-o", "json"][..], &pin, &[pod]].concat(), None);
+    assert_eq!(o.status.code(), Some(3), "{}", stdout(&o));
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert!(
+        v["message"].as_str().unwrap().contains(
+            "only system:serviceaccount:opendatahub:trustyai-service-operator-controller-manager may create such pods"
+        ),
+        "{v}"
+    );
+    let o = keyward(&[&["explain", "--user", OPERATOR, "-o", "json"][..], &pin, &[pod]].concat(), None);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    assert_one_line_error(
+        &keyward(&["check-profiles", "--operator-namespace", "lmeval=opendatahub"], None),
+        "--operator-namespace lmeval=opendatahub: no profile named \"lmeval\"",
+    );
+}
+
+#[test]
 fn explain_bad_input_is_one_clear_line() {
     assert_one_line_error(&keyward(&["explain", "-"], Some("key: [unclosed")), "<stdin>: not valid YAML or JSON");
     assert_one_line_error(

@@ -202,7 +202,7 @@ mod tests {
         assert_eq!(c.max_body_bytes, 7 * 1024 * 1024);
         assert_eq!((c.request_read_timeout, c.idle_timeout), (Duration::from_secs(10), Duration::from_secs(120)));
         assert_eq!((c.max_connections, c.metrics_max_connections), (256, 16));
-        assert_eq!(c.profiles, ProfileSource { dir: None, with_builtin: true });
+        assert_eq!(c.profiles, ProfileSource { dir: None, with_builtin: true, operator_namespaces: vec![] });
     }
 
     #[test]
@@ -222,6 +222,13 @@ mod tests {
         assert_eq!(err, "--metrics-listen 127.0.0.1:9090: must differ from --listen");
         let err = config(&["--idle-timeout", "0s"]).unwrap_err().to_string();
         assert_eq!(err, "--idle-timeout: must be more than 0s");
+        let c = config(&["--operator-namespace", "lmeval-job=opendatahub,kuberay-node=ray-system"]).unwrap();
+        assert_eq!(
+            c.profiles.operator_namespaces,
+            [("lmeval-job".to_string(), "opendatahub".to_string()), ("kuberay-node".into(), "ray-system".into())]
+        );
+        let err = config(&["--operator-namespace", "lmeval-job"]).unwrap_err().to_string();
+        assert!(err.contains("\"lmeval-job\": expected PROFILE=NAMESPACE, e.g. lmeval-job=opendatahub"), "{err}");
         let err = config(&["--max-connections", "0"]).unwrap_err().to_string();
         assert_eq!(err, "--max-connections: must be at least 1");
     }

@@ -7,28 +7,89 @@ pub const KUBE_API_ACCESS_PREFIX: &str = "kube-api-access-";
 /// Where the ServiceAccount admission plugin mounts the API token.
 pub const SERVICE_ACCOUNT_MOUNT_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
-/// A DNS-1123 label: volume names. `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, at most 63 characters.
+/// The longest DNS-1123 label (`IsDNS1123Label`): volume names, namespace names.
+pub const DNS1123_LABEL_MAX: usize = 63;
+/// The longest DNS-1123 subdomain (`IsDNS1123Subdomain`): Secret, ConfigMap and ServiceAccount
+/// names, label and annotation key prefixes.
+pub const DNS1123_SUBDOMAIN_MAX: usize = 253;
+/// The longest label value, and the longest name part of a qualified name (`IsQualifiedName`).
+pub const QUALIFIED_NAME_MAX: usize = 63;
+
+fn is_lower_alnum(c: u8) -> bool {
+    c.is_ascii_lowercase() || c.is_ascii_digit()
+}
+
+/// `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, any length: one dot-separated part of a DNS-1123 name.
+fn is_dns1123_part(b: &[u8]) -> bool {
+    match (b.first(), b.last()) {
+        (Some(&first), Some(&last)) => {
+            is_lower_alnum(first) && is_lower_alnum(last) && b.iter().all(|&c| is_lower_alnum(c) || c == b'-')
+        }
+        _ => false,
+    }
+}
+
+/// Kubernetes' `IsDNS1123Label`: volume names and namespaces. `[a-z0-9]([-a-z0-9]*[a-z0-9])?`,
+/// at most 63 characters.
 pub fn is_dns1123_label(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-        && b[0] != b'-'
-        && b[b.len() - 1] != b'-'
+    s.len() <= DNS1123_LABEL_MAX && is_dns1123_part(s.as_bytes())
 }
 
-/// A DNS-1123 subdomain: Secret, ConfigMap and ServiceAccount names. At most 253 characters.
+/// Kubernetes' `IsDNS1123Subdomain`: Secret, ConfigMap and ServiceAccount names
+/// (`NameIsDNSSubdomain`). Dot-separated parts of `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, at most 253
+/// characters in all. Unlike a DNS host name, a part may be longer than 63 characters.
 pub fn is_dns1123_subdomain(s: &str) -> bool {
-    s.len() <= 253 && !s.is_empty() && s.split('.').all(is_dns1123_label)
+    s.len() <= DNS1123_SUBDOMAIN_MAX && s.split('.').all(|part| is_dns1123_part(part.as_bytes()))
 }
 
-/// An environment variable name keyward will inject. Deliberately the classic C identifier,
-/// which every shell and runtime accepts, rather than the apiserver's looser rule.
-pub fn is_env_name(s: &str) -> bool {
-    let mut chars = s.chars();
-    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+/// What a DNS-1123 subdomain is, for messages.
+pub const DNS1123_SUBDOMAIN_RULE: &str =
+    "lowercase letters, digits, '-' and '.', starting and ending with a letter or digit, at most 253 characters";
+/// What a DNS-1123 label is, for messages.
+pub const DNS1123_LABEL_RULE: &str =
+    "lowercase letters, digits and '-', starting and ending with a letter or digit, at most 63 characters";
+
+/// `([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]`, at most 63 characters.
+fn is_qualified_name_part(s: &str) -> bool {
+    let b = s.as_bytes();
+    match (b.first(), b.last()) {
+        (Some(first), Some(last)) => {
+            b.len() <= QUALIFIED_NAME_MAX
+                && first.is_ascii_alphanumeric()
+                && last.is_ascii_alphanumeric()
+                && b.iter().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+        }
+        _ => false,
+    }
 }
+
+/// Kubernetes' `IsQualifiedName`: label and annotation keys. An optional DNS-1123 subdomain
+/// prefix and `/`, then a name of at most 63 characters.
+pub fn is_qualified_name(s: &str) -> bool {
+    match s.split_once('/') {
+        Some((prefix, name)) => !prefix.is_empty() && is_dns1123_subdomain(prefix) && is_qualified_name_part(name),
+        None => is_qualified_name_part(s),
+    }
+}
+
+/// Kubernetes' `IsValidLabelValue`: empty, or a qualified name part (at most 63 characters).
+pub fn is_label_value(s: &str) -> bool {
+    s.is_empty() || is_qualified_name_part(s)
+}
+
+/// Kubernetes' `IsEnvVarName`: `[-._a-zA-Z][-._a-zA-Z0-9]*`, and not `.`, `..` or starting
+/// with `..`. Every Kubernetes version keyward supports accepts these; 1.32 and later accept
+/// more (any printable ASCII but `=`), which keyward does not inject, so that a profile works
+/// on every supported cluster.
+pub fn is_env_var_name(s: &str) -> bool {
+    let mut chars = s.bytes();
+    let valid_chars = matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || matches!(c, b'-' | b'.' | b'_'))
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_'));
+    valid_chars && s != "." && !s.starts_with("..")
+}
+
+/// What an env var name is, for messages.
+pub const ENV_VAR_NAME_RULE: &str = "letters, digits, '_', '-' and '.', not starting with a digit or '..'";
 
 /// Why an absolute mount path is unusable, if it is.
 pub fn mount_path_problem(path: &str) -> Option<&'static str> {
@@ -63,12 +124,16 @@ pub fn relative_path_problem(path: &str) -> Option<&'static str> {
     }
 }
 
-/// Glob match with `*` (any run of characters, including none) and `?` (one character).
-/// Used for requester usernames and namespace names, where `:` and `-` are ordinary characters.
+/// Glob match with `*` (any run of characters, including none) and `?` (one character), for
+/// namespace patterns.
 pub fn glob_match(pattern: &str, text: &str) -> bool {
     let p: Vec<char> = pattern.chars().collect();
     let t: Vec<char> = text.chars().collect();
-    // Iterative matcher with one backtrack point: linear in practice, never exponential.
+    glob_chars(&p, &t)
+}
+
+/// Iterative matcher with one backtrack point: linear in practice, never exponential.
+fn glob_chars(p: &[char], t: &[char]) -> bool {
     let (mut pi, mut ti) = (0, 0);
     let mut star: Option<(usize, usize)> = None;
     while ti < t.len() {
@@ -87,6 +152,48 @@ pub fn glob_match(pattern: &str, text: &str) -> bool {
         }
     }
     p[pi..].iter().all(|c| *c == '*')
+}
+
+/// Matches a requester pattern against `request.userInfo.username`. Usernames are
+/// `:`-separated (`system:serviceaccount:NAMESPACE:NAME`), and a wildcard never crosses a `:`
+/// or matches nothing: `*` is one or more characters and `?` exactly one, within a segment, so
+/// `system:serviceaccount:*:op` matches `system:serviceaccount:team-a:op` but neither
+/// `system:serviceaccount::op` nor `system:serviceaccount:a:b:op`.
+pub fn username_match(pattern: &str, username: &str) -> bool {
+    let mut patterns = pattern.split(':');
+    let mut segments = username.split(':');
+    loop {
+        match (patterns.next(), segments.next()) {
+            (None, None) => return true,
+            (Some(p), Some(s)) => {
+                if !segment_match(p, s) {
+                    return false;
+                }
+            }
+            _ => return false,
+        }
+    }
+}
+
+/// One segment: `*` is one or more characters (written as `?*`), `?` exactly one.
+fn segment_match(pattern: &str, segment: &str) -> bool {
+    let mut p = Vec::with_capacity(pattern.len() * 2);
+    for c in pattern.chars() {
+        if c == '*' {
+            p.extend(['?', '*']);
+        } else {
+            p.push(c);
+        }
+    }
+    let t: Vec<char> = segment.chars().collect();
+    glob_chars(&p, &t)
+}
+
+/// The namespace segment of a `system:serviceaccount:NAMESPACE:NAME` pattern.
+pub fn service_account_pattern(pattern: &str) -> Option<(&str, &str)> {
+    let rest = pattern.strip_prefix("system:serviceaccount:")?;
+    let (namespace, name) = rest.split_once(':')?;
+    (!name.contains(':')).then_some((namespace, name))
 }
 
 // === impl NameTemplate ===
@@ -153,9 +260,7 @@ impl NameTemplate {
         }
         let template = Self { source: source.to_string(), parts };
         if template.is_fixed() && !is_dns1123_subdomain(source) {
-            return Err(format!(
-                "{source:?} is not a valid object name (lowercase letters, digits, '-' and '.', at most 253 characters)"
-            ));
+            return Err(format!("{source:?} is not a valid object name ({DNS1123_SUBDOMAIN_RULE})"));
         }
         Ok(template)
     }
@@ -163,11 +268,6 @@ impl NameTemplate {
     /// True when the template has no placeholders.
     pub fn is_fixed(&self) -> bool {
         self.parts.iter().all(|p| matches!(p, Part::Literal(_)))
-    }
-
-    /// True when resolving needs the pod's controller owner.
-    pub fn needs_owner(&self) -> bool {
-        self.parts.iter().any(|p| matches!(p, Part::OwnerName))
     }
 
     pub fn as_str(&self) -> &str {
@@ -194,9 +294,15 @@ impl NameTemplate {
         }
         if is_dns1123_subdomain(&out) {
             Ok(out)
+        } else if out.len() > DNS1123_SUBDOMAIN_MAX {
+            Err(format!(
+                "{:?} resolves to a name of {} characters, over Kubernetes' limit of {DNS1123_SUBDOMAIN_MAX}",
+                self.source,
+                out.len()
+            ))
         } else {
             Err(format!(
-                "{:?} resolves to {out:?}, which is not a valid object name (lowercase letters, digits, '-' and '.', at most 253 characters)",
+                "{:?} resolves to {out:?}, which is not a valid object name ({DNS1123_SUBDOMAIN_RULE})",
                 self.source
             ))
         }
@@ -208,30 +314,107 @@ mod tests {
     use super::*;
 
     #[test]
-    fn dns_labels() {
+    fn dns1123_labels_at_every_boundary() {
         assert!(is_dns1123_label("keyward-client-cert"));
         assert!(is_dns1123_label("a"));
+        assert!(is_dns1123_label("0"));
+        assert!(is_dns1123_label(&"a".repeat(63)));
+        assert!(!is_dns1123_label(&"a".repeat(64)));
         assert!(!is_dns1123_label(""));
         assert!(!is_dns1123_label("-a"));
         assert!(!is_dns1123_label("a-"));
         assert!(!is_dns1123_label("Upper"));
         assert!(!is_dns1123_label("a.b"));
-        assert!(!is_dns1123_label(&"a".repeat(64)));
+        assert!(!is_dns1123_label("a_b"));
+    }
+
+    #[test]
+    fn dns1123_subdomains_limit_the_whole_name_not_each_part() {
+        // Kubernetes applies the pattern and 253 characters in all; a part may exceed 63.
+        let long_part = format!("{}-keyward-client", "j".repeat(60));
+        assert!(long_part.len() > 63);
+        assert!(is_dns1123_subdomain(&long_part));
+        assert!(is_dns1123_subdomain(&"a".repeat(253)));
+        assert!(!is_dns1123_subdomain(&"a".repeat(254)));
+        assert!(is_dns1123_subdomain(&format!("{}.{}", "a".repeat(200), "b".repeat(52))));
+        assert!(!is_dns1123_subdomain(&format!("{}.{}", "a".repeat(200), "b".repeat(53))));
         assert!(is_dns1123_subdomain("a.b-c"));
-        assert!(!is_dns1123_subdomain("a..b"));
+        for bad in ["", "a..b", ".a", "a.", "-a", "a-", "a.-b", "A", "a_b", "a/b", "a%b"] {
+            assert!(!is_dns1123_subdomain(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn qualified_names_and_label_values() {
+        for good in ["app", "app.kubernetes.io/name", "ray.io/is-ray-node", "A_b.c-D", &"a".repeat(63)] {
+            assert!(is_qualified_name(good), "{good:?}");
+        }
+        let long_prefix = format!("{}/name", "p".repeat(253));
+        assert!(is_qualified_name(&long_prefix));
+        for bad in [
+            "",
+            "/name",
+            "a/",
+            "-a",
+            "a-",
+            "a/b/c",
+            "UPPER.io/name",
+            &"a".repeat(64),
+            &format!("{}/n", "p".repeat(254)),
+        ] {
+            assert!(!is_qualified_name(bad), "{bad:?}");
+        }
+        assert!(is_label_value(""));
+        assert!(is_label_value("RayJob"));
+        assert!(is_label_value(&"v".repeat(63)));
+        assert!(!is_label_value(&"v".repeat(64)));
+        assert!(!is_label_value("a b"));
+        assert!(!is_label_value("-x"));
+    }
+
+    #[test]
+    fn env_var_names_follow_kubernetes() {
+        for good in ["GRPC_CLIENT_CERT", "_x", "my.env-name", "MY_ENV.NAME", "MyEnvName1", ".a", "-a"] {
+            assert!(is_env_var_name(good), "{good:?}");
+        }
+        for bad in ["", "1BAD", ".", "..", "..a", "A=B", "A B", "Ä"] {
+            assert!(!is_env_var_name(bad), "{bad:?}");
+        }
     }
 
     #[test]
     fn globs() {
-        let sa = "system:serviceaccount:*:trustyai-service-operator-controller-manager";
-        assert!(glob_match(sa, "system:serviceaccount:opendatahub:trustyai-service-operator-controller-manager"));
-        assert!(!glob_match(sa, "system:serviceaccount:opendatahub:trustyai-service-operator-controller-manager-x"));
-        assert!(!glob_match(sa, "alice"));
         assert!(glob_match("*", ""));
         assert!(glob_match("team-?", "team-a"));
         assert!(!glob_match("team-?", "team-ab"));
         assert!(glob_match("a*b*c", "aXXbYYc"));
         assert!(!glob_match("a*b*c", "aXXbYY"));
+    }
+
+    #[test]
+    fn requester_wildcards_stay_inside_one_nonempty_segment() {
+        let sa = "system:serviceaccount:*:trustyai-service-operator-controller-manager";
+        assert!(username_match(sa, "system:serviceaccount:opendatahub:trustyai-service-operator-controller-manager"));
+        assert!(!username_match(
+            sa,
+            "system:serviceaccount:opendatahub:trustyai-service-operator-controller-manager-x"
+        ));
+        assert!(!username_match(sa, "system:serviceaccount::trustyai-service-operator-controller-manager"), "empty");
+        assert!(
+            !username_match(sa, "system:serviceaccount:a:b:trustyai-service-operator-controller-manager"),
+            "a wildcard does not cross ':'"
+        );
+        assert!(!username_match(sa, "alice"));
+        assert!(username_match("system:serviceaccount:team-?:op", "system:serviceaccount:team-a:op"));
+        assert!(!username_match("system:serviceaccount:team-?:op", "system:serviceaccount:team-:op"));
+        assert!(username_match("system:serviceaccount:team-*:op", "system:serviceaccount:team-blue:op"));
+        assert!(!username_match("system:serviceaccount:team-*:op", "system:serviceaccount:team-:op"));
+        assert!(username_match("ci-bot", "ci-bot"));
+        assert!(!username_match("ci-bot", "ci-bot:x"));
+        assert!(username_match("system:kube-controller-manager", "system:kube-controller-manager"));
+        assert_eq!(service_account_pattern("system:serviceaccount:*:op"), Some(("*", "op")));
+        assert_eq!(service_account_pattern("system:serviceaccount:a:b:c"), None);
+        assert_eq!(service_account_pattern("alice"), None);
     }
 
     #[test]
@@ -266,6 +449,19 @@ mod tests {
         assert!(NameTemplate::parse("{pod.name}").unwrap_err().contains("unknown placeholder {pod.name}"));
         assert!(NameTemplate::parse("{owner.name").unwrap_err().contains("unclosed"));
         assert!(NameTemplate::parse("Bad_Name").unwrap_err().contains("not a valid object name"));
+        let labels = BTreeMap::new();
+        let owner = "o".repeat(240);
+        let ctx = TemplateContext { namespace: "ns", owner_name: Some(&owner), labels: &labels };
+        let err = NameTemplate::parse("{owner.name}-keyward-client").unwrap().resolve(&ctx).unwrap_err();
+        assert_eq!(
+            err,
+            "\"{owner.name}-keyward-client\" resolves to a name of 255 characters, over Kubernetes' limit of 253"
+        );
+        // Long owner names within the limit resolve: Kubernetes accepts parts over 63 characters.
+        let owner = "evaluation-job-with-a-long-descriptive-name-for-the-team";
+        let ctx = TemplateContext { namespace: "ns", owner_name: Some(owner), labels: &labels };
+        let name = NameTemplate::parse("{owner.name}-keyward-client").unwrap().resolve(&ctx).unwrap();
+        assert_eq!(name.len(), owner.len() + 15);
         let labels = BTreeMap::from([("app".to_string(), "Upper".to_string())]);
         let ctx = TemplateContext { namespace: "ns", owner_name: None, labels: &labels };
         let err = NameTemplate::parse("{label:app}").unwrap().resolve(&ctx).unwrap_err();

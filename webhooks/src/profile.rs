@@ -10,8 +10,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, ProfileError};
 use crate::names::{
-    is_dns1123_label, is_dns1123_subdomain, is_env_name, mount_path_problem, relative_path_problem, NameTemplate,
-    KUBE_API_ACCESS_PREFIX, SERVICE_ACCOUNT_MOUNT_PATH,
+    is_dns1123_label, is_dns1123_subdomain, is_env_var_name, is_label_value, is_qualified_name, mount_path_problem,
+    relative_path_problem, service_account_pattern, NameTemplate, DNS1123_LABEL_RULE, DNS1123_SUBDOMAIN_RULE,
+    ENV_VAR_NAME_RULE, KUBE_API_ACCESS_PREFIX, SERVICE_ACCOUNT_MOUNT_PATH,
 };
 
 pub const API_VERSION: &str = "keyward.io/v1alpha1";
@@ -360,6 +361,36 @@ impl ProfileSet {
     pub fn get(&self, name: &str) -> Option<&Profile> {
         self.profiles.iter().find(|p| p.name == name)
     }
+
+    /// Pins the operator's namespace in a profile's requesters: every
+    /// `system:serviceaccount:NAMESPACE:NAME` pattern whose namespace is a wildcard gets
+    /// `namespace` instead, so that only the operator's own account (not a tenant's account of
+    /// the same name) may create the profile's pods. Returns the patterns now in force.
+    pub fn pin_operator_namespace(&mut self, profile: &str, namespace: &str) -> Result<Vec<String>, String> {
+        if !is_dns1123_label(namespace) {
+            return Err(format!("{namespace:?} is not a namespace name ({DNS1123_LABEL_RULE})"));
+        }
+        let known = self.profiles.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", ");
+        let Some(p) = self.profiles.iter_mut().find(|p| p.name == profile) else {
+            return Err(format!("no profile named {profile:?} (profiles: {known})"));
+        };
+        let mut pinned = 0;
+        for pattern in &mut p.spec.requesters.usernames {
+            if let Some((ns, name)) = service_account_pattern(pattern) {
+                if ns.contains(['*', '?']) {
+                    *pattern = format!("system:serviceaccount:{namespace}:{name}");
+                    pinned += 1;
+                }
+            }
+        }
+        if pinned == 0 {
+            return Err(format!(
+                "profile {profile:?} has no requester of the form system:serviceaccount:*:NAME to pin (requesters: {})",
+                p.spec.requesters.usernames.join(", ")
+            ));
+        }
+        Ok(p.spec.requesters.usernames.clone())
+    }
 }
 
 fn parse_documents(source: &str, text: &str, errors: &mut Vec<ProfileError>) -> Vec<ProfileDocument> {
@@ -416,7 +447,7 @@ fn validate(source: &str, doc: ProfileDocument, errors: &mut Vec<ProfileError>) 
         problem("kind", format!("is {:?}; use {KIND:?}", doc.kind));
     }
     if !is_dns1123_subdomain(&name) {
-        problem("metadata.name", "must be a DNS-1123 subdomain (lowercase letters, digits, '-' and '.')".into());
+        problem("metadata.name", format!("must be a DNS-1123 subdomain ({DNS1123_SUBDOMAIN_RULE})"));
     }
 
     let spec = &doc.spec;
@@ -438,11 +469,8 @@ fn validate(source: &str, doc: ProfileDocument, errors: &mut Vec<ProfileError>) 
         );
     }
     for (i, u) in spec.requesters.usernames.iter().enumerate() {
-        if u.is_empty() || u.chars().all(|c| c == '*') {
-            problem(
-                &format!("spec.requesters.usernames[{i}]"),
-                format!("{u:?} would allow anyone; name the operator's service account, e.g. system:serviceaccount:*:my-operator"),
-            );
+        if let Some(reason) = requester_problem(u) {
+            problem(&format!("spec.requesters.usernames[{i}]"), reason);
         }
     }
     let mut seen_containers = BTreeSet::new();
@@ -467,7 +495,18 @@ fn validate_selector(selector: &LabelSelector, problem: &mut impl FnMut(&str, St
             "must not be empty: give matchLabels or matchExpressions so the profile never selects every pod".into(),
         );
     }
+    for (key, value) in &selector.match_labels {
+        if !is_qualified_name(key) {
+            problem(&format!("spec.selector.matchLabels[{key:?}]"), label_key_reason(key));
+        }
+        if !is_label_value(value) {
+            problem(&format!("spec.selector.matchLabels[{key:?}]"), label_value_reason(value));
+        }
+    }
     for (i, req) in selector.match_expressions.iter().enumerate() {
+        if !is_qualified_name(&req.key) {
+            problem(&format!("spec.selector.matchExpressions[{i}].key"), label_key_reason(&req.key));
+        }
         let field = format!("spec.selector.matchExpressions[{i}].values");
         match req.operator {
             SelectorOperator::In | SelectorOperator::NotIn if req.values.is_empty() => {
@@ -478,7 +517,41 @@ fn validate_selector(selector: &LabelSelector, problem: &mut impl FnMut(&str, St
             }
             _ => {}
         }
+        for (j, value) in req.values.iter().enumerate() {
+            if !is_label_value(value) {
+                problem(&format!("{field}[{j}]"), label_value_reason(value));
+            }
+        }
     }
+}
+
+fn label_key_reason(key: &str) -> String {
+    format!("{key:?} is not a valid label key: an optional DNS-1123 subdomain and '/', then at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit")
+}
+
+fn label_value_reason(value: &str) -> String {
+    format!("{value:?} is not a valid label value: at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit")
+}
+
+/// Why a requester pattern does not say who may create the pods, if it does not.
+fn requester_problem(pattern: &str) -> Option<String> {
+    let wild = |s: &str| !s.is_empty() && s.chars().all(|c| c == '*' || c == '?');
+    if pattern.is_empty() || pattern.split(':').all(wild) {
+        return Some(format!(
+            "{pattern:?} would allow anyone; name the operator's service account, e.g. system:serviceaccount:*:my-operator"
+        ));
+    }
+    if pattern.split(':').any(str::is_empty) {
+        return Some(format!("{pattern:?} has an empty ':'-separated segment, which no username has"));
+    }
+    if let Some((_, name)) = service_account_pattern(pattern) {
+        if wild(name) {
+            return Some(format!(
+                "{pattern:?} would allow every service account; name the operator's account, e.g. system:serviceaccount:*:my-operator"
+            ));
+        }
+    }
+    None
 }
 
 /// Validates the injections and parses their name templates. Returns `None` if any failed.
@@ -574,10 +647,7 @@ fn validate_injections(inject: &Injections, problem: &mut impl FnMut(&str, Strin
 
     for (field, name) in &volumes {
         if !is_dns1123_label(name) {
-            deferred.push((
-                field.clone(),
-                format!("{name:?} is not a DNS-1123 label (lowercase letters, digits and '-', at most 63 characters)"),
-            ));
+            deferred.push((field.clone(), format!("{name:?} is not a DNS-1123 label ({DNS1123_LABEL_RULE})")));
         } else if name.starts_with(KUBE_API_ACCESS_PREFIX) {
             deferred.push((field.clone(), format!("{name:?} starts with {KUBE_API_ACCESS_PREFIX:?}, which belongs to the ServiceAccount admission plugin; use a keyward-… name")));
         }
@@ -590,10 +660,10 @@ fn validate_injections(inject: &Injections, problem: &mut impl FnMut(&str, Strin
         }
     }
     for (field, env) in &envs {
-        if !is_env_name(env) {
+        if !is_env_var_name(env) {
             deferred.push((
                 field.clone(),
-                format!("{env:?} is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)"),
+                format!("{env:?} is not a valid environment variable name ({ENV_VAR_NAME_RULE})"),
             ));
         }
     }
@@ -712,6 +782,48 @@ spec:
         ] {
             assert!(joined.contains(needle), "missing {needle:?} in:\n{joined}");
         }
+    }
+
+    #[test]
+    fn requester_patterns_must_name_someone() {
+        for (pattern, reason) in [
+            ("*", "would allow anyone"),
+            ("*:*", "would allow anyone"),
+            ("system:serviceaccount:*:*", "would allow every service account"),
+            ("system:serviceaccount::op", "has an empty ':'-separated segment"),
+        ] {
+            let joined = load(&VALID.replace("system:serviceaccount:*:demo-operator", pattern)).unwrap_err().join("\n");
+            assert!(joined.contains(&format!("spec.requesters.usernames[0]: {pattern:?} {reason}")), "{joined}");
+        }
+    }
+
+    #[test]
+    fn selector_keys_and_values_follow_kubernetes() {
+        let yaml = VALID.replace(
+            "    matchLabels:\n      app: demo\n",
+            "    matchLabels:\n      app: \"-bad\"\n    matchExpressions:\n      - {key: \"Bad Key\", operator: In, values: [ok, \"not ok\"]}\n",
+        );
+        let joined = load(&yaml).unwrap_err().join("\n");
+        for needle in [
+            "spec.selector.matchLabels[\"app\"]: \"-bad\" is not a valid label value",
+            "spec.selector.matchExpressions[0].key: \"Bad Key\" is not a valid label key",
+            "spec.selector.matchExpressions[0].values[1]: \"not ok\" is not a valid label value",
+        ] {
+            assert!(joined.contains(needle), "missing {needle:?} in:\n{joined}");
+        }
+    }
+
+    #[test]
+    fn the_operator_namespace_can_be_pinned() {
+        let mut set = ProfileSet::builtin().unwrap();
+        let pinned = set.pin_operator_namespace("lmeval-job", "opendatahub").unwrap();
+        assert_eq!(pinned, ["system:serviceaccount:opendatahub:trustyai-service-operator-controller-manager"]);
+        let err = set.pin_operator_namespace("no-such", "x").unwrap_err();
+        assert!(err.starts_with("no profile named \"no-such\" (profiles: lmeval-job, "), "{err}");
+        let err = set.pin_operator_namespace("rayjob-submitter", "ray").unwrap_err();
+        assert!(err.contains("has no requester of the form system:serviceaccount:*:NAME"), "{err}");
+        let err = set.pin_operator_namespace("lmeval-job", "Bad_NS").unwrap_err();
+        assert!(err.starts_with("\"Bad_NS\" is not a namespace name"), "{err}");
     }
 
     #[test]

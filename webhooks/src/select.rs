@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
-use crate::names::glob_match;
+use crate::names::{glob_match, username_match};
 use crate::profile::{LabelSelector, Profile, SelectorOperator};
 
 /// The ownerReference with `controller: true`, if any. Only a controller owner counts: any
@@ -81,7 +81,7 @@ pub fn label_selector_matches(selector: &LabelSelector, labels: &BTreeMap<String
 
 /// Whether `username` (from `request.userInfo`) may create pods that receive this profile.
 pub fn requester_allowed(profile: &Profile, username: &str) -> bool {
-    profile.spec.requesters.usernames.iter().any(|p| glob_match(p, username))
+    profile.spec.requesters.usernames.iter().any(|p| username_match(p, username))
 }
 
 #[cfg(test)]

@@ -475,3 +475,29 @@ fn an_owner_of_another_kind_is_not_selected() {
     let d = decide(&create("team-a", LMEVAL_OPERATOR), &pod, &builtin());
     assert_eq!(d.trace[0].why, "the pod has no controller ownerReference");
 }
+
+#[test]
+fn owners_with_long_names_get_their_credentials() {
+    // Kubernetes limits a Secret name to 253 characters in all, not 63 per dot-separated part:
+    // a job named with 49 or more characters must still get its `<owner>-keyward-client`.
+    let mut pod = fixture("lmeval-driver-pod.json");
+    let owner = "evaluation-of-granite-on-the-full-mmlu-suite-with-few-shot-prompts";
+    pod["metadata"]["ownerReferences"][0]["name"] = json!(owner);
+    let (_, after) = admit(&create("team-a", LMEVAL_OPERATOR), &pod, &builtin());
+    let secret = format!("{owner}-keyward-client");
+    assert!(secret.len() > 63);
+    assert_eq!(after["spec"]["volumes"][1]["secret"]["secretName"], json!(secret));
+
+    // Past 253 characters the apiserver would refuse the name, so keyward refuses the pod, and
+    // says so accurately.
+    pod["metadata"]["ownerReferences"][0]["name"] = json!("o".repeat(240));
+    let d = decide(&create("team-a", LMEVAL_OPERATOR), &pod, &builtin());
+    assert_eq!(d.reason, Reason::Unresolvable);
+    assert!(
+        d.message().unwrap().contains(
+            "spec.inject.clientCertificate.secretName: \"{owner.name}-keyward-client\" resolves to a name of 255 characters, over Kubernetes' limit of 253"
+        ),
+        "{:?}",
+        d.message()
+    );
+}
