@@ -141,7 +141,7 @@ fn text_report(facts: &RequestFacts, d: &Decision, profiles: &ProfileSet) -> Str
             for item in &audit.injected {
                 line(format!("  - {}", describe(item)));
             }
-            line(format!("containers: {}", audit.containers.join(", ")));
+            line(format!("containers: {}", audit.containers.describe()));
         }
         if let Some(original) = d.audit_annotations.get("original-service-account") {
             line(format!("service account swapped from: {original}"));

@@ -58,7 +58,7 @@ async fn a_matching_pod_gets_the_patch_and_others_pass_untouched() {
     assert_eq!(r["uid"], "u-2");
     assert_eq!(r["allowed"], false, "kuberay-node denies other requesters: {r}");
     assert_eq!(r["status"]["code"], 403);
-    assert!(r["status"]["message"].as_str().unwrap().contains("not system:serviceaccount:ray:someone"), "{r}");
+    assert!(r["status"]["message"].as_str().unwrap().contains("not \"system:serviceaccount:ray:someone\""), "{r}");
     let response = client.mutate(&review_of("inferencegraph-router-pod.json", "models", "alice", "u-3")).await.unwrap();
     let r = &response["response"];
     assert_eq!(r["allowed"], true);

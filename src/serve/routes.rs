@@ -13,6 +13,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use keyward_certs::CertStore;
 use keyward_webhooks::review::{AdmissionRequest, AdmissionReview};
+use keyward_webhooks::text::clip;
 use keyward_webhooks::{decide, Decision, ProfileSet};
 use serde_json::Value;
 
@@ -66,7 +67,11 @@ async fn mutate(State(state): State<AppState>, request: Request) -> Response {
         Ok(Ok(body)) => body,
         Ok(Err(rejection)) => {
             state.metrics.observe_bad_request();
-            tracing::warn!(status = rejection.status().as_u16(), reason = %rejection.body_text(), "admission request refused");
+            tracing::warn!(
+                status = rejection.status().as_u16(),
+                reason = clip(&rejection.body_text(), LOG_DENIAL_MAX).as_ref(),
+                "admission request refused"
+            );
             return rejection.into_response();
         }
         Err(_) => {
@@ -79,7 +84,11 @@ async fn mutate(State(state): State<AppState>, request: Request) -> Response {
         Ok(r) => r,
         Err(e) => {
             state.metrics.observe_bad_request();
-            tracing::warn!(reason = %e, bytes = body.len(), "admission request refused");
+            tracing::warn!(
+                reason = clip(&e.to_string(), LOG_DENIAL_MAX).as_ref(),
+                bytes = body.len(),
+                "admission request refused"
+            );
             return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response();
         }
     };
@@ -90,27 +99,37 @@ async fn mutate(State(state): State<AppState>, request: Request) -> Response {
     match AdmissionReview::respond(&request.uid, &decision) {
         Ok(review) => Json(review).into_response(),
         Err(e) => {
-            tracing::error!(uid = %request.uid, error = %e, "cannot encode the admission response");
+            tracing::error!(
+                uid = clip(&request.uid, LOG_FIELD_MAX).as_ref(),
+                error = clip(&e.to_string(), LOG_DENIAL_MAX).as_ref(),
+                "cannot encode the admission response"
+            );
             (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response()
         }
     }
 }
 
+/// The longest request-supplied string a log line carries.
+const LOG_FIELD_MAX: usize = 256;
+/// The longest denial a log line carries (the response has it whole).
+const LOG_DENIAL_MAX: usize = 1024;
+
 /// One line per decision. Names only: never Secret data or tokens (the decision has none).
+/// Every request-supplied value is a clipped string field (see [`crate::logging`]).
 fn log_decision(request: &AdmissionRequest, decision: &Decision, took: Duration) {
     let meta = request.object.as_ref().and_then(|o| o.get("metadata"));
     let field = |k: &str| meta.and_then(|m| m.get(k)).and_then(Value::as_str).filter(|s| !s.is_empty());
     let pod = field("name").map(str::to_string).or_else(|| field("generateName").map(|g| format!("{g}*")));
     tracing::info!(
-        uid = %request.uid,
-        operation = %request.operation,
-        namespace = request.namespace.as_deref().unwrap_or_default(),
-        pod = pod.as_deref().unwrap_or_default(),
-        requester = request.user_info.username.as_deref().unwrap_or_default(),
+        uid = clip(&request.uid, LOG_FIELD_MAX).as_ref(),
+        operation = clip(&request.operation, LOG_FIELD_MAX).as_ref(),
+        namespace = clip(request.namespace.as_deref().unwrap_or_default(), LOG_FIELD_MAX).as_ref(),
+        pod = clip(pod.as_deref().unwrap_or_default(), LOG_FIELD_MAX).as_ref(),
+        requester = clip(request.user_info.username.as_deref().unwrap_or_default(), LOG_FIELD_MAX).as_ref(),
         profile = decision.profile.as_deref().unwrap_or_default(),
         allowed = decision.allowed(),
         reason = decision.reason.as_str(),
-        message = decision.message().unwrap_or_default(),
+        denial = clip(decision.message().unwrap_or_default(), LOG_DENIAL_MAX).as_ref(),
         patch_ops = decision.patch().len(),
         warnings = decision.warnings.len(),
         dry_run = request.dry_run.unwrap_or(false),
@@ -124,6 +143,7 @@ mod tests {
     use super::*;
     use axum::body::Body;
     use http_body_util::BodyExt;
+    use keyward_webhooks::review::AdmissionReview;
     use tower::ServiceExt;
 
     fn state() -> AppState {
@@ -178,6 +198,94 @@ mod tests {
         let (status, body) = call(state(), "POST", "/validate", review()).await;
         assert_eq!(status, StatusCode::NOT_FOUND);
         assert!(body.contains("POST /mutate"), "{body}");
+    }
+
+    #[tokio::test]
+    async fn an_oversized_uid_is_refused_not_echoed() {
+        let mut review: Value = serde_json::from_slice(&review()).unwrap();
+        review["request"]["uid"] = Value::from("u".repeat(6 * 1024 * 1024));
+        let mut roomy = state();
+        roomy.max_body_bytes = 7 * 1024 * 1024;
+        let (status, body) = call(roomy, "POST", "/mutate", serde_json::to_vec(&review).unwrap()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert_eq!(
+            body,
+            "request.uid is 6291456 bytes; the apiserver sends a UID of 36 characters, and keyward accepts up to 128\n"
+        );
+        review["request"]["uid"] = Value::from("u-1");
+        review["apiVersion"] = Value::from("admission.k8s.io/v1\nINFO forged");
+        let (status, body) = call(state(), "POST", "/mutate", serde_json::to_vec(&review).unwrap()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert_eq!(body.lines().count(), 1, "{body}");
+        assert!(
+            body.starts_with("body is apiVersion \"admission.k8s.io/v1\\nINFO forged\" kind \"AdmissionReview\""),
+            "{body}"
+        );
+    }
+
+    /// A writer the tests read back.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+        type Writer = Captured;
+        fn make_writer(&'a self) -> Captured {
+            self.clone()
+        }
+    }
+
+    /// The decision log line for a request whose every string is hostile.
+    fn hostile_decision_log(format: crate::logging::LogFormat) -> String {
+        let forged = "\n2026-11-30T15:00:00.000000Z  INFO admission decision uid=\"x\" allowed=true";
+        let mut review: Value = serde_json::from_slice(&review()).unwrap();
+        review["request"]["uid"] = Value::from(format!("u-1{forged}"));
+        review["request"]["operation"] = Value::from(format!("CREATE{forged}"));
+        review["request"]["namespace"] = Value::from(format!("team-a{forged}"));
+        review["request"]["userInfo"]["username"] = Value::from(format!("mallory allowed=true{forged}"));
+        let request = AdmissionReview::parse_request(&serde_json::to_vec(&review).unwrap()).unwrap();
+        let profiles = ProfileSet::builtin().unwrap();
+        let mut facts = request.facts();
+        facts.operation = "CREATE".into();
+        let decision = decide(&facts, request.object.as_ref().unwrap(), &profiles);
+        assert!(!decision.allowed(), "the requester is not the operator: a denial that quotes the username");
+        let out = Captured::default();
+        let dispatch = crate::logging::dispatch(format, tracing_subscriber::EnvFilter::new("info"), out.clone(), false);
+        tracing::dispatcher::with_default(&dispatch, || log_decision(&request, &decision, Duration::from_micros(7)));
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        text
+    }
+
+    #[test]
+    fn text_logs_quote_and_escape_everything_from_the_request() {
+        let line = hostile_decision_log(crate::logging::LogFormat::Text);
+        assert_eq!(line.lines().count(), 1, "one event, one line:\n{line}");
+        assert!(line.contains(" INFO admission decision uid=\"u-1\\n2026-11-30T15:00:00.000000Z  INFO admission decision uid=\\\"x\\\" allowed=true\" "), "{line}");
+        assert!(line.contains(" requester=\"mallory allowed=true\\n"), "{line}");
+        assert!(line.contains(" allowed=false "), "{line}");
+        assert!(line.contains(" denial=\"keyward: profile \\\"lmeval-job\\\" selects this pod"), "{line}");
+        assert!(!line.contains(" message="), "the denial is not tracing's message field: {line}");
+    }
+
+    #[test]
+    fn json_logs_have_one_message_and_the_denial_in_its_own_field() {
+        let line = hostile_decision_log(crate::logging::LogFormat::Json);
+        assert_eq!(line.lines().count(), 1, "{line}");
+        assert_eq!(line.matches("\"message\":").count(), 1, "{line}");
+        let v: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["message"], "admission decision");
+        assert_eq!(v["allowed"], false);
+        assert!(v["requester"].as_str().unwrap().starts_with("mallory allowed=true\n2026"));
+        assert!(v["denial"].as_str().unwrap().starts_with("keyward: profile \"lmeval-job\" selects this pod"), "{v}");
     }
 
     #[tokio::test]

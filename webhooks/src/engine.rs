@@ -7,7 +7,9 @@ use k8s_openapi::api::core::v1::Pod;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::audit::{AuditRecord, InjectedItem, ANNOTATION_INJECTED, ANNOTATION_ORIGINAL_SA};
+use crate::audit::{
+    AuditRecord, ContainerScope, InjectedItem, ANNOTATION_INJECTED, ANNOTATION_ORIGINAL_SA, TOTAL_ANNOTATION_SIZE_LIMIT,
+};
 use crate::error::Error;
 use crate::inject::{self, Injection};
 use crate::names::TemplateContext;
@@ -190,7 +192,10 @@ pub fn decide(facts: &RequestFacts, object: &Value, profiles: &ProfileSet) -> De
     let pod = match Pod::deserialize(object) {
         Ok(pod) => pod,
         Err(e) => {
-            return Decision::deny(Reason::InvalidPod, format!("keyward: request.object is not a valid Pod: {e}"))
+            return Decision::deny(
+                Reason::InvalidPod,
+                format!("keyward: request.object is not a valid Pod: {}", crate::text::clip(&e.to_string(), 512)),
+            )
         }
     };
 
@@ -233,6 +238,7 @@ fn decide_for(facts: &RequestFacts, pod: &Pod, object: &Value, profile: &Profile
     match &facts.requester {
         Requester::User(user) if !select::requester_allowed(profile, user) => {
             let allowed = profile.spec.requesters.usernames.join(", ");
+            let user = crate::text::quoted(user, 256);
             return match profile.spec.requesters.otherwise {
                 Otherwise::Skip => {
                     let mut d = Decision::unchanged(Reason::RequesterSkipped);
@@ -342,17 +348,38 @@ fn inject_profile(facts: &RequestFacts, pod: &Pod, object: &Value, profile: &Pro
         return Ok(d);
     }
 
-    let record = AuditRecord { profile: profile.name.clone(), injected: items, containers: merge.containers };
+    let containers = if profile.spec.containers.is_empty() {
+        ContainerScope::all()
+    } else {
+        ContainerScope::Named(
+            profile.spec.containers.iter().filter(|name| merge.containers.contains(name)).cloned().collect(),
+        )
+    };
+    let record = AuditRecord { profile: profile.name.clone(), injected: items, containers };
     let annotation = record.to_annotation();
     let annotations: [Seg<'_>; 2] = ["metadata".into(), "annotations".into()];
     let existing = |key: &str| pod.metadata.annotations.as_ref().and_then(|a| a.get(key));
+    let mut added: Vec<(&str, String)> = Vec::new();
     if existing(ANNOTATION_INJECTED) != Some(&annotation) {
-        b.insert(&annotations, ANNOTATION_INJECTED, Value::from(annotation))?;
+        added.push((ANNOTATION_INJECTED, annotation));
     }
     if let Some(original) = &original_sa {
         if existing(ANNOTATION_ORIGINAL_SA).is_none() {
-            b.insert(&annotations, ANNOTATION_ORIGINAL_SA, Value::from(original.as_str()))?;
+            added.push((ANNOTATION_ORIGINAL_SA, original.clone()));
         }
+    }
+    let total = annotations_size(pod, &added);
+    if total > TOTAL_ANNOTATION_SIZE_LIMIT {
+        return Ok(Decision::deny(
+            Reason::Conflict,
+            format!(
+                "keyward: profile {:?} cannot inject into this pod: metadata.annotations would take {total} bytes with keyward's audit record, over the apiserver's limit of {TOTAL_ANNOTATION_SIZE_LIMIT}; shorten the pod's annotations",
+                profile.name
+            ),
+        ));
+    }
+    for (key, value) in added {
+        b.insert(&annotations, key, Value::from(value))?;
     }
 
     let (patch, patched) = b.finish();
@@ -372,6 +399,15 @@ fn inject_profile(facts: &RequestFacts, pod: &Pod, object: &Value, profile: &Pro
     d.warnings = merge.warnings;
     d.audit_annotations = audit_annotations;
     Ok(d)
+}
+
+/// The size the apiserver counts (keys and values) of the pod's annotations once `added`
+/// replace or join them.
+fn annotations_size(pod: &Pod, added: &[(&str, String)]) -> usize {
+    let existing = pod.metadata.annotations.iter().flatten();
+    let kept: usize =
+        existing.filter(|(k, _)| !added.iter().any(|(a, _)| a == k)).map(|(k, v)| k.len() + v.len()).sum();
+    kept + added.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
 }
 
 /// Refuses to hand back a pod that breaks a validation rule the input did not already break.

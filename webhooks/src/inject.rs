@@ -261,7 +261,7 @@ fn describe_env(e: &EnvVar) -> String {
             Some(s) => format!("secretKeyRef {}/{}", s.name, s.key),
             None => "a valueFrom reference".into(),
         },
-        (Some(v), None) => format!("{v:?}"),
+        (Some(v), None) => crate::text::quoted(v, 64),
         (None, None) => "\"\"".into(),
     }
 }

@@ -17,9 +17,12 @@ mod patch;
 pub mod profile;
 pub mod review;
 pub mod select;
+pub mod text;
 pub mod validate;
 
-pub use audit::{AuditRecord, InjectedItem, ANNOTATION_INJECTED, ANNOTATION_ORIGINAL_SA};
+pub use audit::{
+    AuditRecord, ContainerScope, InjectedItem, ANNOTATION_INJECTED, ANNOTATION_ORIGINAL_SA, TOTAL_ANNOTATION_SIZE_LIMIT,
+};
 pub use engine::{decide, Decision, Denial, Mutation, ProfileTrace, RequestFacts, Requester};
 pub use error::{Error, ProfileError};
 pub use profile::{Profile, ProfileSet};

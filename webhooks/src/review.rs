@@ -11,8 +11,13 @@ use serde_json::Value;
 
 use crate::engine::{Decision, RequestFacts, Requester};
 use crate::error::Error;
+use crate::text::{clip, quoted};
 
 pub const API_VERSION: &str = "admission.k8s.io/v1";
+/// The longest `request.uid` keyward echoes back (the apiserver's are 36-character UUIDs).
+pub const MAX_UID_BYTES: usize = 128;
+/// The most of a parse error keyward puts in a 400 answer.
+const MAX_ECHO: usize = 512;
 pub const KIND: &str = "AdmissionReview";
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -102,17 +107,27 @@ pub struct Status {
 }
 
 impl AdmissionReview {
-    /// Parses a request envelope. The error is one line that says what is wrong.
+    /// Parses a request envelope. The error is one line that says what is wrong, and echoes
+    /// at most a little of what was sent.
     pub fn parse_request(body: &[u8]) -> Result<AdmissionRequest, Error> {
-        let review: AdmissionReview =
-            serde_json::from_slice(body).map_err(|e| Error::Review(format!("body is not an AdmissionReview: {e}")))?;
+        let review: AdmissionReview = serde_json::from_slice(body).map_err(|e| {
+            Error::Review(format!("body is not an AdmissionReview: {}", clip(&e.to_string(), MAX_ECHO)))
+        })?;
         if review.api_version != API_VERSION || review.kind != KIND {
             return Err(Error::Review(format!(
-                "body is {} {}, expected {API_VERSION} {KIND}; set admissionReviewVersions: [v1] in the webhook configuration",
-                review.api_version, review.kind
+                "body is apiVersion {} kind {}, expected {API_VERSION} {KIND}; set admissionReviewVersions: [v1] in the webhook configuration",
+                quoted(&review.api_version, 64),
+                quoted(&review.kind, 64)
             )));
         }
-        review.request.ok_or_else(|| Error::Review("AdmissionReview has no request".into()))
+        let request = review.request.ok_or_else(|| Error::Review("AdmissionReview has no request".into()))?;
+        if request.uid.is_empty() || request.uid.len() > MAX_UID_BYTES {
+            return Err(Error::Review(format!(
+                "request.uid is {} bytes; the apiserver sends a UID of 36 characters, and keyward accepts up to {MAX_UID_BYTES}",
+                request.uid.len()
+            )));
+        }
+        Ok(request)
     }
 
     /// The response envelope for `uid`. `patchType` is set only when there is a patch.

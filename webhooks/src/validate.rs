@@ -6,12 +6,19 @@ use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::Pod;
 
+use crate::audit::TOTAL_ANNOTATION_SIZE_LIMIT;
 use crate::names::{is_dns1123_label, relative_path_problem};
 use crate::profile::MIN_TOKEN_EXPIRATION_SECONDS;
 
 /// Every rule the pod breaks, as one line each.
 pub fn violations(pod: &Pod) -> Vec<String> {
     let mut out = Vec::new();
+    let annotations: usize = pod.metadata.annotations.iter().flatten().map(|(k, v)| k.len() + v.len()).sum();
+    if annotations > TOTAL_ANNOTATION_SIZE_LIMIT {
+        out.push(format!(
+            "metadata.annotations: total size {annotations} bytes is over the limit of {TOTAL_ANNOTATION_SIZE_LIMIT}"
+        ));
+    }
     let Some(spec) = &pod.spec else {
         out.push("spec: required".to_string());
         return out;

@@ -9,7 +9,7 @@ use keyward_webhooks::{decide, RequestFacts, Requester, ANNOTATION_INJECTED, ANN
 use serde_json::{json, Value};
 use support::*;
 
-const LMEVAL_AUDIT: &str = r#"{"profile":"lmeval-job","injected":[{"kind":"clientCertificate","secret":"evaljob-sample-keyward-client","volume":"keyward-client-cert","mountPath":"/var/run/secrets/keyward/client"},{"kind":"serverCA","configMap":"keyward-server-ca","volume":"keyward-server-ca","mountPath":"/var/run/secrets/keyward/ca"},{"kind":"serviceAccountToken","audience":"keyward.io/control-plane","expirationSeconds":3600,"volume":"keyward-sa-token","mountPath":"/var/run/secrets/keyward/sa-token"},{"kind":"serviceAccount","name":"keyward-lmeval-job","apiToken":"remove"}],"containers":["driver","main"]}"#;
+const LMEVAL_AUDIT: &str = r#"{"profile":"lmeval-job","injected":[{"kind":"clientCertificate","secret":"evaljob-sample-keyward-client","volume":"keyward-client-cert","mountPath":"/var/run/secrets/keyward/client"},{"kind":"serverCA","configMap":"keyward-server-ca","volume":"keyward-server-ca","mountPath":"/var/run/secrets/keyward/ca"},{"kind":"serviceAccountToken","audience":"keyward.io/control-plane","expirationSeconds":3600,"volume":"keyward-sa-token","mountPath":"/var/run/secrets/keyward/sa-token"},{"kind":"serviceAccount","name":"keyward-lmeval-job","apiToken":"remove"}],"containers":"all"}"#;
 
 fn mounts_and_env(prefix: &str, env_exists: bool) -> Vec<Value> {
     let env_first = if env_exists {
@@ -97,7 +97,7 @@ fn kuberay_worker_native_sidecar_and_init_containers_get_mounts() {
     assert_eq!(decision.profile.as_deref(), Some("kuberay-node"));
     let audit: Value =
         serde_json::from_str(after["metadata"]["annotations"][ANNOTATION_INJECTED].as_str().unwrap()).unwrap();
-    assert_eq!(audit["containers"], json!(["wait-gcs-ready", "log-shipper", "ray-worker"]));
+    assert_eq!(audit["containers"], "all", "the profile names no containers: all of them");
     for c in ["initContainers", "containers"] {
         for container in after["spec"][c].as_array().unwrap() {
             let mounts = container["volumeMounts"].as_array().unwrap();
@@ -180,7 +180,7 @@ fn labels_alone_do_not_grant_credentials() {
     assert_eq!(d.reason, Reason::RequesterDenied);
     assert_eq!(
         d.message().unwrap(),
-        "keyward: profile \"lmeval-job\" selects this pod, and only system:serviceaccount:*:trustyai-service-operator-controller-manager may create such pods, not alice@example.com; let the operator create it, or change the pod's labels so the profile does not select it"
+        "keyward: profile \"lmeval-job\" selects this pod, and only system:serviceaccount:*:trustyai-service-operator-controller-manager may create such pods, not \"alice@example.com\"; let the operator create it, or change the pod's labels so the profile does not select it"
     );
 
     // rayjob-submitter says `otherwise: skip`: admitted unchanged, with a warning.
@@ -197,7 +197,7 @@ fn labels_alone_do_not_grant_credentials() {
     assert_eq!(d.warnings.len(), 1);
     assert!(
         d.warnings[0].starts_with(
-            "keyward: profile \"rayjob-submitter\" selects this pod, but bob may not receive its credentials"
+            "keyward: profile \"rayjob-submitter\" selects this pod, but \"bob\" may not receive its credentials"
         ),
         "{}",
         d.warnings[0]
@@ -309,7 +309,7 @@ fn bare_pod_gets_whole_arrays_and_maps() {
         "spec": {"automountServiceAccountToken": false, "containers": [{"name": "c", "image": "busybox"}]}
     });
     let (d, _) = admit(&create("default", "ci-bot"), &pod, &profiles(MINIMAL_PROFILE));
-    let audit = r#"{"profile":"minimal","injected":[{"kind":"token","secret":"blue-api-key","key":"api-key","volume":"keyward-token","mountPath":"/var/run/secrets/keyward/token"}],"containers":["c"]}"#;
+    let audit = r#"{"profile":"minimal","injected":[{"kind":"token","secret":"blue-api-key","key":"api-key","volume":"keyward-token","mountPath":"/var/run/secrets/keyward/token"}],"containers":"all"}"#;
     assert_eq!(
         patch_json(&d),
         json!([
@@ -358,13 +358,12 @@ fn reinvocation_after_another_webhook_adds_a_container_mounts_only_that_containe
             "/spec/containers/1/env/-",
             "/spec/containers/1/volumeMounts/-",
             "/spec/containers/1/env/-",
-            "/metadata/annotations/keyward.io~1injected",
         ]
     );
-    assert_eq!(ops[7]["op"], "replace");
+    // The audit record says "all containers", which still holds: it is not rewritten.
     let audit: Value =
         serde_json::from_str(again["metadata"]["annotations"][ANNOTATION_INJECTED].as_str().unwrap()).unwrap();
-    assert_eq!(audit["containers"], json!(["driver", "main", "istio-proxy"]));
+    assert_eq!(audit["containers"], "all");
     assert_eq!(
         again["metadata"]["annotations"][ANNOTATION_ORIGINAL_SA], "default",
         "the original account is not overwritten"
@@ -440,6 +439,9 @@ fn named_containers_only() {
     assert!(after["spec"]["containers"][1].get("volumeMounts").is_none());
     assert_eq!(after["spec"]["containers"][0]["volumeMounts"][0]["name"], "keyward-token");
     assert_eq!(d.warnings, ["keyward: profile \"minimal\" lists container \"missing\", which this pod does not have"]);
+    let audit: Value =
+        serde_json::from_str(after["metadata"]["annotations"][ANNOTATION_INJECTED].as_str().unwrap()).unwrap();
+    assert_eq!(audit["containers"], json!(["app"]), "the profile's names that the pod has");
 }
 
 #[test]
@@ -499,5 +501,47 @@ fn owners_with_long_names_get_their_credentials() {
         ),
         "{:?}",
         d.message()
+    );
+}
+
+#[test]
+fn the_audit_annotation_stays_small_whatever_the_pod() {
+    // 4,000 containers with long names: one entry per container would take the annotations
+    // past the apiserver's 256 KiB.
+    let containers: Vec<Value> =
+        (0..4000).map(|i| json!({"name": format!("c-{i:04}-{}", "x".repeat(50)), "image": "busybox"})).collect();
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p", "labels": {"app": "minimal", "team": "blue"}},
+        "spec": {"automountServiceAccountToken": false, "containers": containers}
+    });
+    let (_, after) = admit(&create("default", "ci-bot"), &pod, &profiles(MINIMAL_PROFILE));
+    let annotation = after["metadata"]["annotations"][ANNOTATION_INJECTED].as_str().unwrap();
+    assert!(annotation.len() < 512, "{} bytes", annotation.len());
+    assert!(annotation.ends_with(r#","containers":"all"}"#), "{annotation}");
+}
+
+#[test]
+fn a_pod_whose_annotations_would_overflow_is_refused_with_the_reason() {
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p", "labels": {"app": "minimal", "team": "blue"},
+            "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "y".repeat(262_000)}},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]}
+    });
+    let d = decide(&create("default", "ci-bot"), &pod, &profiles(MINIMAL_PROFILE));
+    assert_eq!(d.reason, Reason::Conflict);
+    let message = d.message().unwrap();
+    assert!(
+        message.starts_with(
+            "keyward: profile \"minimal\" cannot inject into this pod: metadata.annotations would take 262"
+        ),
+        "{message}"
+    );
+    assert!(
+        message.ends_with(
+            "bytes with keyward's audit record, over the apiserver's limit of 262144; shorten the pod's annotations"
+        ),
+        "{message}"
     );
 }
