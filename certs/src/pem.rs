@@ -60,18 +60,30 @@ impl CertInfo {
 /// SEC1), and checks that the key belongs to the leaf and that the chain is in order. The
 /// paths are only for messages.
 pub fn load_pair(cert_pem: &[u8], key_pem: &[u8], cert_path: &Path, key_path: &Path) -> Result<ServingCert, Error> {
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
-        .collect::<Result<_, _>>()
-        .map_err(|e| Error::BadCertificate { path: cert_path.to_path_buf(), reason: format!("not valid PEM: {e}") })?;
+    let chain: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_slice_iter(cert_pem).collect::<Result<_, _>>().map_err(|e| Error::BadCertificate {
+            path: cert_path.to_path_buf(),
+            reason: format!("not valid PEM: {}", pem_error(&e)),
+        })?;
     if chain.is_empty() {
         return Err(Error::NoCertificate { path: cert_path.to_path_buf() });
     }
     let key = PrivateKeyDer::from_pem_slice(key_pem)
-        .map_err(|e| Error::NoKey { path: key_path.to_path_buf(), reason: e.to_string() })?;
+        .map_err(|e| Error::NoKey { path: key_path.to_path_buf(), reason: pem_error(&e) })?;
 
     let info = inspect_chain(&chain, cert_path)?;
-    let signing_key = rustls::crypto::ring::sign::any_supported_type(&key)
-        .map_err(|e| Error::UnsupportedKey { path: key_path.to_path_buf(), reason: e.to_string() })?;
+    let signing_key = rustls::crypto::ring::sign::any_supported_type(&key).map_err(|e| {
+        let reason = match rsa_modulus_bits(&key) {
+            Some(bits) if bits < MIN_RSA_BITS => format!(
+                "the RSA key has {bits} bits, too small: keyward needs at least {MIN_RSA_BITS}; issue an ECDSA P-256 key (cert-manager: privateKey.algorithm: ECDSA) or an RSA key of 2048 bits or more"
+            ),
+            Some(bits) if bits > MAX_RSA_BITS => {
+                format!("the RSA key has {bits} bits; keyward supports RSA keys of {MIN_RSA_BITS} to {MAX_RSA_BITS} bits")
+            }
+            _ => e.to_string(),
+        };
+        Error::UnsupportedKey { path: key_path.to_path_buf(), reason }
+    })?;
     let certified = CertifiedKey::new(chain, signing_key);
     certified.keys_match().map_err(|e| match e {
         rustls::Error::InconsistentKeys(_) => {
@@ -82,11 +94,73 @@ pub fn load_pair(cert_pem: &[u8], key_pem: &[u8], cert_path: &Path, key_path: &P
     Ok(ServingCert { key: Arc::new(certified), info })
 }
 
+/// The RSA key sizes ring signs with.
+const MIN_RSA_BITS: usize = 2048;
+const MAX_RSA_BITS: usize = 8192;
+
+/// A PEM parse error in words (pki-types prints the offending line as a list of bytes).
+fn pem_error(e: &rustls::pki_types::pem::Error) -> String {
+    use rustls::pki_types::pem::Error as Pem;
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).trim_end().to_string();
+    match e {
+        Pem::MissingSectionEnd { end_marker } => {
+            let label = text(end_marker);
+            format!("the {label:?} section has no end line (-----END {label}-----); is the file cut short?")
+        }
+        Pem::IllegalSectionStart { line } => format!("malformed section start line {:?}", text(line)),
+        other => other.to_string(),
+    }
+}
+
+/// The size of an RSA private key's modulus, in bits, when `key` is RSA (PKCS#1 or PKCS#8).
+fn rsa_modulus_bits(key: &PrivateKeyDer<'_>) -> Option<usize> {
+    // RSAPrivateKey ::= SEQUENCE { version INTEGER, modulus INTEGER, ... }
+    fn pkcs1_modulus(der: &[u8]) -> Option<usize> {
+        let (0x30, body, _) = der_tlv(der)? else { return None };
+        let (0x02, _, rest) = der_tlv(body)? else { return None };
+        let (0x02, modulus, _) = der_tlv(rest)? else { return None };
+        let significant = modulus.iter().position(|b| *b != 0).map(|i| &modulus[i..])?;
+        Some((significant.len() - 1) * 8 + (8 - significant[0].leading_zeros() as usize))
+    }
+    match key {
+        PrivateKeyDer::Pkcs1(k) => pkcs1_modulus(k.secret_pkcs1_der()),
+        PrivateKeyDer::Pkcs8(k) => {
+            // PrivateKeyInfo ::= SEQUENCE { version, AlgorithmIdentifier, OCTET STRING }
+            const RSA_ENCRYPTION: &[u8] = &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x01];
+            let (0x30, body, _) = der_tlv(k.secret_pkcs8_der())? else { return None };
+            let (0x02, _, rest) = der_tlv(body)? else { return None };
+            let (0x30, algorithm, rest) = der_tlv(rest)? else { return None };
+            let (0x06, oid, _) = der_tlv(algorithm)? else { return None };
+            let (0x04, inner, _) = der_tlv(rest)? else { return None };
+            (oid == RSA_ENCRYPTION).then(|| pkcs1_modulus(inner)).flatten()
+        }
+        _ => None,
+    }
+}
+
+/// One DER tag-length-value: `(tag, value, rest)`.
+fn der_tlv(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, input) = input.split_first()?;
+    let (&first, input) = input.split_first()?;
+    let (len, input) = if first < 0x80 {
+        (usize::from(first), input)
+    } else {
+        let n = usize::from(first & 0x7f);
+        if n == 0 || n > 4 || input.len() < n {
+            return None;
+        }
+        (input[..n].iter().fold(0usize, |acc, b| acc << 8 | usize::from(*b)), &input[n..])
+    };
+    (input.len() >= len).then(|| (tag, &input[..len], &input[len..]))
+}
+
 /// Parses a PEM certificate chain (no key), e.g. a `ca.crt`.
 pub fn cert_info(cert_pem: &[u8], path: &Path) -> Result<CertInfo, Error> {
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
-        .collect::<Result<_, _>>()
-        .map_err(|e| Error::BadCertificate { path: path.to_path_buf(), reason: format!("not valid PEM: {e}") })?;
+    let chain: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_slice_iter(cert_pem).collect::<Result<_, _>>().map_err(|e| Error::BadCertificate {
+            path: path.to_path_buf(),
+            reason: format!("not valid PEM: {}", pem_error(&e)),
+        })?;
     if chain.is_empty() {
         return Err(Error::NoCertificate { path: path.to_path_buf() });
     }

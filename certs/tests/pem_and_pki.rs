@@ -84,6 +84,32 @@ fn pkcs8_pkcs1_and_sec1_keys_all_load() {
     load(&leaf.cert_pem, &sec1).unwrap();
 }
 
+#[test]
+fn a_small_rsa_key_is_refused_as_too_small() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
+    let leaf = leaf(&ca());
+    for file in ["rsa-1024-pkcs1.key", "rsa-1024-pkcs8.key"] {
+        let key = std::fs::read_to_string(format!("{dir}/{file}")).unwrap();
+        let err = load(&leaf.cert_pem, &key).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "tls.key: unsupported private key: the RSA key has 1024 bits, too small: keyward needs at least 2048; issue an ECDSA P-256 key (cert-manager: privateKey.algorithm: ECDSA) or an RSA key of 2048 bits or more",
+            "{file}"
+        );
+    }
+}
+
+#[test]
+fn pem_errors_name_the_line_as_text() {
+    let leaf = leaf(&ca());
+    let cut = leaf.key_pem.trim_end().trim_end_matches("-----END PRIVATE KEY-----");
+    let err = load(&leaf.cert_pem, cut).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "tls.key: no PEM private key (PKCS#8, PKCS#1 or SEC1) in the file: the \"PRIVATE KEY\" section has no end line (-----END PRIVATE KEY-----); is the file cut short?"
+    );
+}
+
 /// PrivateKeyInfo ::= SEQUENCE { INTEGER, AlgorithmIdentifier, OCTET STRING (ECPrivateKey) }
 fn sec1_from_pkcs8(pem: &str) -> String {
     use rustls::pki_types::pem::PemObject;
