@@ -1,5 +1,5 @@
 # Everyday commands. `make help` lists them.
-.PHONY: help run explain bench manifests deploy-check e2e test fmt lint check-profiles ci
+.PHONY: help run explain bench manifests deploy-check deny e2e test fmt lint check-profiles ci
 
 help: ## list the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -27,6 +27,9 @@ manifests: ## regenerate deploy/base/webhook.yaml from the profiles
 
 deploy-check: ## render the cert-manager overlay and validate it strictly (as CI does)
 	kubectl kustomize deploy/overlays/cert-manager | target/ci-venv/bin/python deploy/validate.py -
+
+deny: ## licenses, duplicate crates and sources (deny.toml), as CI checks them
+	target/ci-tools/bin/cargo-deny check licenses bans sources
 
 e2e: ## kind + cert-manager + keyward end to end (needs docker and kind)
 	deploy/e2e/kind.sh
