@@ -23,12 +23,12 @@ RUN case "$TARGETARCH" in \
 WORKDIR /src
 # Dependencies first, so a source change does not rebuild them.
 COPY Cargo.toml Cargo.lock ./
-COPY webhooks/Cargo.toml webhooks/Cargo.toml
+COPY engine/Cargo.toml engine/Cargo.toml
 COPY certs/Cargo.toml certs/Cargo.toml
-RUN mkdir -p src webhooks/src webhooks/benches certs/src benches \
+RUN mkdir -p src engine/src engine/benches certs/src benches \
  && echo 'fn main() {}' > src/main.rs \
- && touch webhooks/src/lib.rs certs/src/lib.rs \
- && echo 'fn main() {}' > webhooks/benches/decide.rs \
+ && touch engine/src/lib.rs certs/src/lib.rs \
+ && echo 'fn main() {}' > engine/benches/decide.rs \
  && echo 'fn main() {}' > benches/load.rs \
  && cargo fetch --locked
 COPY . .

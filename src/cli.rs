@@ -3,10 +3,10 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 
-use crate::explain::{self, ExplainOptions};
-use crate::profiles::ProfileSource;
+use crate::explain::{self, ExplainOptions, OutputFormat};
+use crate::profiles::ProfileArgs;
 use crate::serve::ServeArgs;
 
 #[derive(Debug, Parser)]
@@ -49,47 +49,6 @@ enum ManifestsCommand {
 }
 
 #[derive(Debug, Args)]
-pub struct ProfileArgs {
-    /// A directory of profile YAML files (*.yaml, *.yml), or one file. A profile named like a
-    /// built-in one replaces it; others are added.
-    #[arg(long, env = "KEYWARD_PROFILES", value_name = "DIR|FILE")]
-    pub profiles: Option<PathBuf>,
-    /// Use only the profiles from --profiles, not the built-in ones.
-    #[arg(long, env = "KEYWARD_NO_DEFAULT_PROFILES", requires = "profiles")]
-    pub no_default_profiles: bool,
-    /// PROFILE=NAMESPACE: only the operator's service account in NAMESPACE may create the
-    /// profile's pods (its `system:serviceaccount:*:NAME` requesters get that namespace).
-    /// Repeat, or comma-separate, for several profiles.
-    #[arg(
-        long = "operator-namespace",
-        env = "KEYWARD_OPERATOR_NAMESPACES",
-        value_delimiter = ',',
-        value_name = "PROFILE=NAMESPACE",
-        value_parser = parse_pin
-    )]
-    pub operator_namespaces: Vec<(String, String)>,
-}
-
-impl ProfileArgs {
-    pub fn source(&self) -> ProfileSource {
-        ProfileSource {
-            dir: self.profiles.clone(),
-            with_builtin: !self.no_default_profiles,
-            operator_namespaces: self.operator_namespaces.clone(),
-        }
-    }
-}
-
-fn parse_pin(s: &str) -> Result<(String, String), String> {
-    match s.split_once('=') {
-        Some((profile, namespace)) if !profile.is_empty() && !namespace.is_empty() => {
-            Ok((profile.to_string(), namespace.to_string()))
-        }
-        _ => Err(format!("{s:?}: expected PROFILE=NAMESPACE, e.g. lmeval-job=opendatahub")),
-    }
-}
-
-#[derive(Debug, Args)]
 struct ExplainArgs {
     #[command(flatten)]
     profiles: ProfileArgs,
@@ -105,18 +64,6 @@ struct ExplainArgs {
     output: OutputFormat,
     /// A Pod or an AdmissionReview, in YAML or JSON; `-` reads standard input.
     file: PathBuf,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum OutputFormat {
-    /// A readable summary.
-    Text,
-    /// One JSON object: allowed, profile, reason, patch, pod, warnings, message, trace.
-    Json,
-    /// The same object as YAML.
-    Yaml,
-    /// A unified diff of the pod before and after.
-    Diff,
 }
 
 impl Cli {

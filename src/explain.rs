@@ -5,14 +5,26 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context};
-use keyward_webhooks::review::AdmissionReview;
-use keyward_webhooks::{decide, Decision, InjectedItem, ProfileSet, RequestFacts, Requester};
+use clap::ValueEnum;
+use keyward_engine::review;
+use keyward_engine::{explain, Explanation, ProfileSet, RequestFacts, Requester};
+use serde_json::value::RawValue;
 use serde_json::{json, Value};
-
-use crate::cli::OutputFormat;
 
 /// Exit code when the pod would be refused: distinct from 1 (bad input) and 2 (bad usage).
 const EXIT_DENIED: u8 = 3;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    /// A readable summary.
+    Text,
+    /// One JSON object: allowed, profile, reason, patch, pod, warnings, message, trace.
+    Json,
+    /// The same object as YAML.
+    Yaml,
+    /// A unified diff of the pod before and after.
+    Diff,
+}
 
 #[derive(Debug, Clone)]
 pub struct ExplainOptions {
@@ -23,17 +35,23 @@ pub struct ExplainOptions {
 
 pub fn run(file: &Path, profiles: &ProfileSet, options: &ExplainOptions) -> anyhow::Result<ExitCode> {
     let (label, text) = read_input(file)?;
-    let (facts, pod) = parse_input(&label, &text, options)?;
-    let decision = decide(&facts, &pod, profiles);
-    let after = pod_after(&decision, &pod);
+    let input = Input::parse(&label, &text)?;
+    let request = match &input {
+        Input::Review(bytes, _) => Some(review::parse_request(bytes).map_err(|e| anyhow::anyhow!("{label}: {e}"))?),
+        Input::Pod(_) => None,
+    };
+    let facts = input.facts(request.as_ref(), options);
+    let pod = input.pod()?;
+    let explanation = explain(&facts, &pod.raw, profiles);
+    let after = pod_after(&explanation, &pod.value)?;
     let out = match options.output {
-        OutputFormat::Json => serde_json::to_string_pretty(&report(&decision, &after))? + "\n",
-        OutputFormat::Yaml => serde_yaml::to_string(&report(&decision, &after))?,
-        OutputFormat::Diff => diff(&pod, &after)?,
-        OutputFormat::Text => text_report(&facts, &decision, profiles),
+        OutputFormat::Json => serde_json::to_string_pretty(&report(&explanation, &after))? + "\n",
+        OutputFormat::Yaml => serde_yaml::to_string(&report(&explanation, &after))?,
+        OutputFormat::Diff => diff(&pod.value, &after)?,
+        OutputFormat::Text => text_report(&facts, &explanation, profiles),
     };
     print!("{out}");
-    Ok(if decision.allowed() { ExitCode::SUCCESS } else { ExitCode::from(EXIT_DENIED) })
+    Ok(if explanation.decision.allowed() { ExitCode::SUCCESS } else { ExitCode::from(EXIT_DENIED) })
 }
 
 fn read_input(file: &Path) -> anyhow::Result<(String, String)> {
@@ -47,46 +65,87 @@ fn read_input(file: &Path) -> anyhow::Result<(String, String)> {
     }
 }
 
-/// Turns a Pod or an AdmissionReview into the engine's inputs. Flags override the review.
-pub fn parse_input(label: &str, text: &str, options: &ExplainOptions) -> anyhow::Result<(RequestFacts, Value)> {
-    let value: Value =
-        serde_yaml::from_str(text).map_err(|e| anyhow::anyhow!("{label}: not valid YAML or JSON: {e}"))?;
-    let kind = value.get("kind").and_then(Value::as_str).unwrap_or_default();
-    match kind {
-        "AdmissionReview" => {
-            let request = AdmissionReview::parse_request(&serde_json::to_vec(&value)?).map_err(|e| anyhow::anyhow!("{label}: {e}"))?;
-            let mut facts = request.facts();
-            if let Some(ns) = &options.namespace {
-                facts.namespace = ns.clone();
+/// A Pod, or an AdmissionReview as JSON bytes.
+enum Input {
+    Pod(Value),
+    Review(Vec<u8>, String),
+}
+
+/// The pod, as a value (to print and diff) and raw (for the engine).
+struct Pod {
+    value: Value,
+    raw: Box<RawValue>,
+}
+
+impl Input {
+    fn parse(label: &str, text: &str) -> anyhow::Result<Self> {
+        let value: Value =
+            serde_yaml::from_str(text).map_err(|e| anyhow::anyhow!("{label}: not valid YAML or JSON: {e}"))?;
+        match value.get("kind").and_then(Value::as_str).unwrap_or_default() {
+            "AdmissionReview" => {
+                let bytes = serde_json::to_vec(&value)?;
+                let request = review::parse_request(&bytes).map_err(|e| anyhow::anyhow!("{label}: {e}"))?;
+                if request.object.is_none() {
+                    bail!("{label}: the AdmissionReview has no request.object");
+                }
+                Ok(Self::Review(bytes, label.to_string()))
             }
-            if let Some(user) = &options.user {
-                facts.requester = Requester::User(user.clone());
+            "Pod" => Ok(Self::Pod(value)),
+            "" => bail!("{label}: no `kind`; expected a Pod or an AdmissionReview"),
+            other => bail!("{label}: kind {other} is not a Pod or an AdmissionReview; for a Deployment or Job, explain its pod (e.g. kubectl get pod NAME -o yaml)"),
+        }
+    }
+
+    /// The request's facts (from the review, when there is one); flags override them.
+    fn facts<'a>(
+        &'a self,
+        request: Option<&'a review::AdmissionRequest<'a>>,
+        options: &'a ExplainOptions,
+    ) -> RequestFacts<'a> {
+        let mut facts = match (self, request) {
+            (Self::Review(..), Some(request)) => request.facts(),
+            (_, _) => {
+                let namespace = match self {
+                    Self::Pod(value) => value.pointer("/metadata/namespace").and_then(Value::as_str),
+                    Self::Review(..) => None,
+                };
+                RequestFacts::pod_create(namespace.unwrap_or("default"), Requester::Assumed)
             }
-            let Some(object) = request.object else { bail!("{label}: the AdmissionReview has no request.object") };
-            Ok((facts, object))
+        };
+        if let Some(ns) = &options.namespace {
+            facts.namespace = ns;
         }
-        "Pod" => {
-            let namespace = options
-                .namespace
-                .clone()
-                .or_else(|| value.pointer("/metadata/namespace").and_then(Value::as_str).map(str::to_string))
-                .unwrap_or_else(|| "default".into());
-            let requester = options.user.clone().map_or(Requester::Assumed, Requester::User);
-            Ok((RequestFacts::pod_create(namespace, requester), value))
+        if let Some(user) = &options.user {
+            facts.requester = Requester::User(user);
         }
-        "" => bail!("{label}: no `kind`; expected a Pod or an AdmissionReview"),
-        other => bail!("{label}: kind {other} is not a Pod or an AdmissionReview; for a Deployment or Job, explain its pod (e.g. kubectl get pod NAME -o yaml)"),
+        facts
+    }
+
+    fn pod(&self) -> anyhow::Result<Pod> {
+        let value = match self {
+            Self::Pod(value) => value.clone(),
+            Self::Review(bytes, label) => {
+                let review: Value = serde_json::from_slice(bytes)?;
+                match review.pointer("/request/object") {
+                    Some(object) => object.clone(),
+                    None => bail!("{label}: the AdmissionReview has no request.object"),
+                }
+            }
+        };
+        Ok(Pod { raw: serde_json::value::to_raw_value(&value)?, value })
     }
 }
 
-fn pod_after(decision: &Decision, pod: &Value) -> Value {
-    match &decision.outcome {
-        Ok(m) => m.pod.clone().unwrap_or_else(|| pod.clone()),
-        Err(_) => pod.clone(),
-    }
+/// The pod after the patch (the pod as submitted when there is none).
+fn pod_after(explanation: &Explanation, pod: &Value) -> anyhow::Result<Value> {
+    let mut after = pod.clone();
+    let patch: json_patch::Patch = serde_json::from_value(serde_json::to_value(explanation.decision.patch())?)?;
+    json_patch::patch(&mut after, &patch).context("keyward's patch does not apply to the pod (a bug in keyward)")?;
+    Ok(after)
 }
 
-fn report(decision: &Decision, after: &Value) -> Value {
+fn report(explanation: &Explanation, after: &Value) -> Value {
+    let decision = &explanation.decision;
     json!({
         "allowed": decision.allowed(),
         "reason": decision.reason,
@@ -97,7 +156,7 @@ fn report(decision: &Decision, after: &Value) -> Value {
         "pod": after,
         "auditAnnotations": decision.audit_annotations,
         "injected": decision.outcome.as_ref().ok().and_then(|m| m.audit.as_ref()),
-        "trace": decision.trace,
+        "trace": explanation.trace,
     })
 }
 
@@ -114,14 +173,15 @@ fn diff(before: &Value, after: &Value) -> anyhow::Result<String> {
         .to_string())
 }
 
-fn text_report(facts: &RequestFacts, d: &Decision, profiles: &ProfileSet) -> String {
+fn text_report(facts: &RequestFacts<'_>, explanation: &Explanation, profiles: &ProfileSet) -> String {
+    let d = &explanation.decision;
     let mut out = String::new();
     let mut line = |s: String| {
         out.push_str(&s);
         out.push('\n');
     };
-    let requester = match &facts.requester {
-        Requester::User(u) => u.as_str(),
+    let requester = match facts.requester {
+        Requester::User(u) => u,
         Requester::Assumed => "(not given)",
     };
     line(format!("namespace:  {}", facts.namespace));
@@ -138,8 +198,8 @@ fn text_report(facts: &RequestFacts, d: &Decision, profiles: &ProfileSet) -> Str
     if let Ok(m) = &d.outcome {
         if let Some(audit) = &m.audit {
             line("injects:".into());
-            for item in &audit.injected {
-                line(format!("  - {}", describe(item)));
+            for item in &explanation.injects {
+                line(format!("  - {item}"));
             }
             line(format!("containers: {}", audit.containers.describe()));
         }
@@ -152,33 +212,8 @@ fn text_report(facts: &RequestFacts, d: &Decision, profiles: &ProfileSet) -> Str
         line(format!("warning:    {w}"));
     }
     line("profiles considered:".into());
-    for t in &d.trace {
+    for t in &explanation.trace {
         line(format!("  {:<24} {}", t.profile, t.why));
     }
     out
-}
-
-fn describe(item: &InjectedItem) -> String {
-    match item {
-        InjectedItem::ClientCertificate { secret, mount_path, .. } => {
-            format!("client certificate: Secret {secret} at {mount_path}")
-        }
-        InjectedItem::ServerCa { secret, config_map, mount_path, .. } => match (secret, config_map) {
-            (Some(s), _) => format!("server CA: Secret {s} at {mount_path}"),
-            (_, Some(c)) => format!("server CA: ConfigMap {c} at {mount_path}"),
-            _ => format!("server CA at {mount_path}"),
-        },
-        InjectedItem::Token { secret, key, mount_path, .. } => {
-            format!("token: Secret {secret} key {key} at {mount_path}/{key}")
-        }
-        InjectedItem::ServiceAccountToken { audience, expiration_seconds, mount_path, .. } => {
-            format!("service-account token: audience {audience}, expires after {expiration_seconds}s, at {mount_path}")
-        }
-        InjectedItem::ServiceAccount { name, api_token } => {
-            format!(
-                "service account: {name} (Kubernetes API token: {})",
-                serde_json::to_value(api_token).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
-            )
-        }
-    }
 }

@@ -1,7 +1,7 @@
 //! Logs: one line per event, JSON (for collectors) or text (for people).
 //!
 //! Anything that came from a request is logged as a string field (never with `%`, never as
-//! tracing's `message`), clipped with [`keyward_webhooks::text::clip`]: text mode then quotes
+//! tracing's `message`), clipped with [`keyward_engine::text::clip`]: text mode then quotes
 //! and escapes it, and JSON mode encodes it, so a newline or a `key=value` in a username cannot
 //! forge a line or a field.
 

@@ -2,8 +2,8 @@
 //! so that its `matchConditions` send the apiserver's pods to keyward only when some profile
 //! could select them.
 
-use keyward_webhooks::profile::{LabelSelector, SelectorOperator};
-use keyward_webhooks::ProfileSet;
+use keyward_engine::profile::{LabelSelector, SelectorOperator};
+use keyward_engine::ProfileSet;
 use serde_json::{json, Value};
 
 /// The namespace label that opts a namespace in.

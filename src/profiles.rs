@@ -3,7 +3,50 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
-use keyward_webhooks::ProfileSet;
+use clap::Args;
+use keyward_engine::ProfileSet;
+
+#[derive(Debug, Args)]
+/// The flags that say which profiles to load, shared by every subcommand.
+pub struct ProfileArgs {
+    /// A directory of profile YAML files (*.yaml, *.yml), or one file. A profile named like a
+    /// built-in one replaces it; others are added.
+    #[arg(long, env = "KEYWARD_PROFILES", value_name = "DIR|FILE")]
+    pub profiles: Option<PathBuf>,
+    /// Use only the profiles from --profiles, not the built-in ones.
+    #[arg(long, env = "KEYWARD_NO_DEFAULT_PROFILES", requires = "profiles")]
+    pub no_default_profiles: bool,
+    /// PROFILE=NAMESPACE: only the operator's service account in NAMESPACE may create the
+    /// profile's pods (its `system:serviceaccount:*:NAME` requesters get that namespace).
+    /// Repeat, or comma-separate, for several profiles.
+    #[arg(
+        long = "operator-namespace",
+        env = "KEYWARD_OPERATOR_NAMESPACES",
+        value_delimiter = ',',
+        value_name = "PROFILE=NAMESPACE",
+        value_parser = parse_pin
+    )]
+    pub operator_namespaces: Vec<(String, String)>,
+}
+
+impl ProfileArgs {
+    pub fn source(&self) -> ProfileSource {
+        ProfileSource {
+            dir: self.profiles.clone(),
+            with_builtin: !self.no_default_profiles,
+            operator_namespaces: self.operator_namespaces.clone(),
+        }
+    }
+}
+
+fn parse_pin(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((profile, namespace)) if !profile.is_empty() && !namespace.is_empty() => {
+            Ok((profile.to_string(), namespace.to_string()))
+        }
+        _ => Err(format!("{s:?}: expected PROFILE=NAMESPACE, e.g. lmeval-job=opendatahub")),
+    }
+}
 
 /// Which profiles to load. Built-ins first; a directory's profile replaces the built-in of the
 /// same name.

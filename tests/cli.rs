@@ -164,11 +164,12 @@ fn explain_bad_input_is_one_clear_line() {
 fn explain_reports_an_invalid_pod_as_a_refusal() {
     let o = keyward(
         &["explain", "-o", "json", "-"],
-        Some("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: nope}\n"),
+        Some("apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  labels: {app.kubernetes.io/name: ta-lmes}\n  ownerReferences: [{apiVersion: trustyai.opendatahub.io/v1alpha1, kind: LMEvalJob, name: j, uid: u, controller: true}]\nspec: {containers: nope}\n"),
     );
     assert_eq!(o.status.code(), Some(3));
     let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(v["reason"], "invalid-pod");
+    assert!(v["message"].as_str().unwrap().contains("expected spec.containers as a list"), "{v}");
 }
 
 #[test]
@@ -205,8 +206,7 @@ fn check_profiles_reports_every_problem_with_file_and_field() {
     );
 
     // A directory profile named like a built-in replaces it.
-    std::fs::write(dir.join("bad.yaml"), std::fs::read_to_string("webhooks/profiles/lmeval-job.yaml").unwrap())
-        .unwrap();
+    std::fs::write(dir.join("bad.yaml"), std::fs::read_to_string("engine/profiles/lmeval-job.yaml").unwrap()).unwrap();
     let o = keyward(&["check-profiles", "--profiles", dir.to_str().unwrap()], None);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(stdout(&o).contains(&format!("lmeval-job               {path}")), "{}", stdout(&o));

@@ -7,16 +7,16 @@ mod support;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use keyward_webhooks::review::AdmissionReview;
+use base64::Engine as _;
+use keyward_engine::review;
 use rustls::pki_types::pem::PemObject;
 use serde_json::{json, Value};
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn decode_patch(response: &Value) -> Value {
-    let review: AdmissionReview = serde_json::from_value(response.clone()).unwrap();
-    let patch = review.response.unwrap().patch.unwrap();
-    serde_json::from_slice(&patch.0).unwrap()
+    let patch = response["response"]["patch"].as_str().unwrap();
+    serde_json::from_slice(&base64::engine::general_purpose::STANDARD.decode(patch).unwrap()).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -38,10 +38,11 @@ async fn a_matching_pod_gets_the_patch_and_others_pass_untouched() {
     // The patch on the wire is the engine's, and applies to the pod the apiserver sent.
     let patch = decode_patch(&response);
     let request: Value = serde_json::from_slice(&review).unwrap();
-    let expected = keyward_webhooks::decide(
-        &AdmissionReview::parse_request(&review).unwrap().facts(),
-        &request["request"]["object"],
-        &keyward_webhooks::ProfileSet::builtin().unwrap(),
+    let parsed = review::parse_request(&review).unwrap();
+    let expected = keyward_engine::decide(
+        &parsed.facts(),
+        parsed.object.unwrap(),
+        &keyward_engine::ProfileSet::builtin().unwrap(),
     );
     assert_eq!(patch, serde_json::to_value(expected.patch()).unwrap());
     assert_eq!(patch[0], json!({"op": "replace", "path": "/spec/serviceAccountName", "value": "keyward-lmeval-job"}));

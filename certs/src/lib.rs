@@ -8,6 +8,8 @@
 //! - [`store`]: the certificate rustls serves, swapped atomically when the directory changes
 //!   (watched and polled), never replaced by a bad one.
 
+#![warn(unreachable_pub)]
+
 mod error;
 pub mod pem;
 pub mod pki;

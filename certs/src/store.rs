@@ -13,7 +13,6 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -71,7 +70,6 @@ pub struct CertStore {
     dir: PathBuf,
     current: ArcSwapOption<ServingCert>,
     last_error: Mutex<Option<String>>,
-    attempts: AtomicU64,
     events: broadcast::Sender<ReloadEvent>,
     observer: Option<Observer>,
 }
@@ -93,7 +91,6 @@ impl CertStore {
             dir: dir.into(),
             current: ArcSwapOption::empty(),
             last_error: Mutex::new(None),
-            attempts: AtomicU64::new(0),
             events: broadcast::channel(64).0,
             observer: None,
         }
@@ -119,11 +116,6 @@ impl CertStore {
         self.current.load_full()
     }
 
-    /// Reload attempts so far.
-    pub fn attempts(&self) -> u64 {
-        self.attempts.load(Ordering::Relaxed)
-    }
-
     /// `Ok` when a certificate is served and valid at `now`; otherwise why not.
     pub fn ready(&self, now: SystemTime) -> Result<(), String> {
         match self.current() {
@@ -138,7 +130,6 @@ impl CertStore {
     /// Reads, checks and (if new) swaps in the pair on disk. Never replaces a good certificate
     /// with a bad one.
     pub fn reload(&self, trigger: Trigger) -> ReloadOutcome {
-        self.attempts.fetch_add(1, Ordering::Relaxed);
         let checked = read_pair(&self.dir).and_then(|pair| {
             pair.info.check_valid_at(&self.dir.join(CERT_FILE), SystemTime::now())?;
             Ok(pair)

@@ -8,9 +8,8 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::Args;
 
-use crate::cli::ProfileArgs;
 use crate::logging::LogFormat;
-use crate::profiles::ProfileSource;
+use crate::profiles::{ProfileArgs, ProfileSource};
 
 /// Bodies above this get HTTP 413. The apiserver caps request bodies at 3 MiB, and a pod
 /// in an AdmissionReview is well under that; 7 MiB leaves room for `oldObject` on UPDATE.
@@ -60,6 +59,13 @@ pub struct ServeArgs {
     /// Lowered at start-up to fit the open-files limit.
     #[arg(long, env = "KEYWARD_MAX_CONNECTIONS", default_value_t = 256)]
     max_connections: usize,
+    /// Bytes of admission request bodies held at once, all requests together (read, or being
+    /// decided on): the bound on memory. Accepts Ki, Mi, Gi. At least the 7 MiB body limit.
+    #[arg(long, env = "KEYWARD_REQUEST_BYTES_IN_FLIGHT", default_value = "32Mi", value_parser = parse_size)]
+    request_bytes_in_flight: usize,
+    /// Admission decisions running at once (default: the number of CPUs).
+    #[arg(long, env = "KEYWARD_MAX_CONCURRENT_DECISIONS")]
+    max_concurrent_decisions: Option<usize>,
     /// Most connections open at once on the metrics port (same rules).
     #[arg(long, env = "KEYWARD_METRICS_MAX_CONNECTIONS", default_value_t = 16)]
     metrics_max_connections: usize,
@@ -96,6 +102,8 @@ pub struct ServeConfig {
     pub tls_handshake_timeout: Duration,
     pub max_connections: usize,
     pub metrics_max_connections: usize,
+    pub request_bytes_in_flight: usize,
+    pub max_concurrent_decisions: usize,
     pub shutdown_delay: Duration,
     pub shutdown_grace: Duration,
     pub max_body_bytes: usize,
@@ -132,6 +140,17 @@ impl ServeArgs {
         if metrics_listen.is_some_and(|m: SocketAddr| m == self.listen && m.port() != 0) {
             bail!("--metrics-listen {}: must differ from --listen", self.listen);
         }
+        if self.request_bytes_in_flight < MAX_BODY_BYTES {
+            bail!(
+                "--request-bytes-in-flight {}: must be at least the {MAX_BODY_BYTES}-byte body limit, or a large pod could never be read",
+                self.request_bytes_in_flight
+            );
+        }
+        let max_concurrent_decisions = match self.max_concurrent_decisions {
+            Some(0) => bail!("--max-concurrent-decisions: must be at least 1"),
+            Some(n) => n,
+            None => std::thread::available_parallelism().map_or(2, usize::from),
+        };
         let tls = match self.tls_dir {
             Some(dir) => {
                 if !self.dns_names.is_empty() {
@@ -153,6 +172,8 @@ impl ServeArgs {
             tls_handshake_timeout: self.tls_handshake_timeout,
             max_connections: self.max_connections,
             metrics_max_connections: self.metrics_max_connections,
+            request_bytes_in_flight: self.request_bytes_in_flight,
+            max_concurrent_decisions,
             shutdown_delay: self.shutdown_delay,
             shutdown_grace: self.shutdown_grace,
             max_body_bytes: MAX_BODY_BYTES,
@@ -172,6 +193,21 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "h" => Ok(Duration::from_secs(n * 3600)),
         _ => Err(format!("{s:?}: unknown unit {unit:?}; use ms, s, m or h")),
     }
+}
+
+/// `4096`, `512Ki`, `32Mi`, `1Gi`.
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let n: usize = number.parse().map_err(|_| format!("{s:?}: expected a number of bytes, like 32Mi or 1048576"))?;
+    let scale: usize = match unit {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?}; use Ki, Mi or Gi")),
+    };
+    n.checked_mul(scale).ok_or_else(|| format!("{s:?}: too large"))
 }
 
 #[cfg(test)]
@@ -202,6 +238,8 @@ mod tests {
         assert_eq!(c.max_body_bytes, 7 * 1024 * 1024);
         assert_eq!((c.request_read_timeout, c.idle_timeout), (Duration::from_secs(10), Duration::from_secs(120)));
         assert_eq!((c.max_connections, c.metrics_max_connections), (256, 16));
+        assert_eq!(c.request_bytes_in_flight, 32 * 1024 * 1024);
+        assert!(c.max_concurrent_decisions >= 1);
         assert_eq!(c.profiles, ProfileSource { dir: None, with_builtin: true, operator_namespaces: vec![] });
     }
 
@@ -231,6 +269,18 @@ mod tests {
         assert!(err.contains("\"lmeval-job\": expected PROFILE=NAMESPACE, e.g. lmeval-job=opendatahub"), "{err}");
         let err = config(&["--max-connections", "0"]).unwrap_err().to_string();
         assert_eq!(err, "--max-connections: must be at least 1");
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("32Mi"), Ok(32 << 20));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("3MB").is_err());
+        let err = config(&["--request-bytes-in-flight", "1Mi"]).unwrap_err().to_string();
+        assert!(
+            err.starts_with("--request-bytes-in-flight 1048576: must be at least the 7340032-byte body limit"),
+            "{err}"
+        );
     }
 
     #[test]

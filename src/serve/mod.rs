@@ -101,6 +101,8 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         draining,
         read_timeout: config.request_read_timeout,
         max_body_bytes: config.max_body_bytes,
+        body_budget: Arc::new(tokio::sync::Semaphore::new(config.request_bytes_in_flight)),
+        decisions: Arc::new(tokio::sync::Semaphore::new(config.max_concurrent_decisions)),
     };
     let listener =
         TcpListener::bind(config.listen).await.with_context(|| format!("--listen {}: cannot bind", config.listen))?;

@@ -1,21 +1,27 @@
 //! The HTTP surface: `POST /mutate`, `GET /healthz`, `GET /readyz`. Tested in-process.
+//!
+//! An admission holds a share of a byte budget for its body from the first byte read to the
+//! response, and decides on a blocking thread, at most `decisions` at once: memory stays bounded
+//! whatever arrives, and a large pod never stalls the health endpoints on the async workers.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
-use axum::http::header::CONTENT_LENGTH;
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Router;
+use http_body_util::BodyExt;
 use keyward_certs::CertStore;
-use keyward_webhooks::review::{AdmissionRequest, AdmissionReview};
-use keyward_webhooks::text::clip;
-use keyward_webhooks::{decide, Decision, ProfileSet};
-use serde_json::Value;
+use keyward_engine::review::{self, AdmissionRequest};
+use keyward_engine::text::clip;
+use keyward_engine::{decide, Decision, ProfileSet};
+use serde_json::value::RawValue;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::metrics::Metrics;
 
@@ -29,10 +35,13 @@ pub struct AppState {
     pub draining: Arc<AtomicBool>,
     pub read_timeout: Duration,
     pub max_body_bytes: usize,
+    /// Bytes of request bodies being read or decided on, all requests together.
+    pub body_budget: Arc<Semaphore>,
+    /// Decisions running at once.
+    pub decisions: Arc<Semaphore>,
 }
 
 pub fn router(state: AppState) -> Router {
-    let limit = state.max_body_bytes;
     Router::new()
         .route("/mutate", post(mutate))
         .route("/healthz", get(|| async { "ok\n" }))
@@ -40,7 +49,6 @@ pub fn router(state: AppState) -> Router {
         .fallback(|| async {
             (StatusCode::NOT_FOUND, "not found: keyward serves POST /mutate, GET /healthz and GET /readyz\n")
         })
-        .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
 }
 
@@ -54,77 +62,138 @@ async fn readyz(State(state): State<AppState>) -> Response {
     }
 }
 
+/// A refusal before any decision: counted, logged, answered with a one-line reason.
+fn refuse(state: &AppState, status: StatusCode, reason: String) -> Response {
+    state.metrics.observe_bad_request();
+    tracing::warn!(
+        status = status.as_u16(),
+        reason = clip(&reason, LOG_DENIAL_MAX).as_ref(),
+        "admission request refused"
+    );
+    (status, format!("{reason}\n")).into_response()
+}
+
 async fn mutate(State(state): State<AppState>, request: Request) -> Response {
     // A declared length over the limit is refused before waiting for a body that may never come.
     let declared = request.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if let Some(declared) = declared.filter(|n| *n > state.max_body_bytes as u64) {
-        state.metrics.observe_bad_request();
-        let message = format!("body of {declared} bytes is over the {}-byte limit\n", state.max_body_bytes);
-        return (StatusCode::PAYLOAD_TOO_LARGE, message).into_response();
+        let reason = format!("body of {declared} bytes is over the {}-byte limit", state.max_body_bytes);
+        return refuse(&state, StatusCode::PAYLOAD_TOO_LARGE, reason);
     }
     // A slow client cannot hold a worker: the body must arrive within the read timeout.
-    let body = match tokio::time::timeout(state.read_timeout, Bytes::from_request(request, &state)).await {
-        Ok(Ok(body)) => body,
-        Ok(Err(rejection)) => {
-            state.metrics.observe_bad_request();
-            tracing::warn!(
-                status = rejection.status().as_u16(),
-                reason = clip(&rejection.body_text(), LOG_DENIAL_MAX).as_ref(),
-                "admission request refused"
-            );
-            return rejection.into_response();
-        }
-        Err(_) => {
-            state.metrics.observe_bad_request();
-            return (StatusCode::REQUEST_TIMEOUT, "request body not received in time\n").into_response();
-        }
+    let (body, budget) = match tokio::time::timeout(state.read_timeout, read_body(&state, request.into_body())).await {
+        Ok(Ok(read)) => read,
+        Ok(Err((status, reason))) => return refuse(&state, status, reason),
+        Err(_) => return refuse(&state, StatusCode::REQUEST_TIMEOUT, "request body not received in time".into()),
     };
-    let started = Instant::now();
-    let request = match AdmissionReview::parse_request(&body) {
-        Ok(r) => r,
-        Err(e) => {
-            state.metrics.observe_bad_request();
-            tracing::warn!(
-                reason = clip(&e.to_string(), LOG_DENIAL_MAX).as_ref(),
-                bytes = body.len(),
-                "admission request refused"
-            );
-            return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response();
-        }
+    let Ok(decision) = state.decisions.clone().acquire_owned().await else {
+        return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response();
     };
-    let decision = decide(&request.facts(), request.object.as_ref().unwrap_or(&Value::Null), &state.profiles);
-    let took = started.elapsed();
-    state.metrics.observe_decision(decision.profile.as_deref(), decision.allowed(), decision.reason.as_str(), took);
-    log_decision(&request, &decision, took);
-    match AdmissionReview::respond(&request.uid, &decision) {
-        Ok(review) => Json(review).into_response(),
+    let worker = state.clone();
+    let answered = tokio::task::spawn_blocking(move || {
+        let response = answer(&worker, &body);
+        drop((budget, decision));
+        response
+    });
+    match answered.await {
+        Ok(response) => response,
         Err(e) => {
-            tracing::error!(
-                uid = clip(&request.uid, LOG_FIELD_MAX).as_ref(),
-                error = clip(&e.to_string(), LOG_DENIAL_MAX).as_ref(),
-                "cannot encode the admission response"
-            );
-            (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response()
+            tracing::error!(error = %e, "an admission decision failed");
+            (StatusCode::INTERNAL_SERVER_ERROR, "internal error\n").into_response()
         }
     }
 }
+
+/// Reads the body, taking its bytes from the budget as they arrive.
+async fn read_body(
+    state: &AppState,
+    mut body: Body,
+) -> Result<(Bytes, Option<OwnedSemaphorePermit>), (StatusCode, String)> {
+    let mut buf = Vec::new();
+    let mut held: Option<OwnedSemaphorePermit> = None;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| (StatusCode::BAD_REQUEST, format!("cannot read the body: {e}")))?;
+        let Ok(data) = frame.into_data() else { continue };
+        if buf.len() + data.len() > state.max_body_bytes {
+            return Err((
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("body is over the {}-byte limit", state.max_body_bytes),
+            ));
+        }
+        let n = u32::try_from(data.len()).unwrap_or(u32::MAX);
+        if n > 0 {
+            let permit = state
+                .body_budget
+                .clone()
+                .acquire_many_owned(n)
+                .await
+                .map_err(|_| (StatusCode::SERVICE_UNAVAILABLE, "shutting down".to_string()))?;
+            match &mut held {
+                Some(h) => h.merge(permit),
+                None => held = Some(permit),
+            }
+        }
+        buf.extend_from_slice(&data);
+    }
+    Ok((Bytes::from(buf), held))
+}
+
+/// Parses, decides and answers one admission (on a blocking thread).
+fn answer(state: &AppState, body: &[u8]) -> Response {
+    let started = Instant::now();
+    let request = match review::parse_request(body) {
+        Ok(r) => r,
+        Err(e) => return refuse(state, StatusCode::BAD_REQUEST, e.to_string()),
+    };
+    let decision = decide(&request.facts(), request.object.unwrap_or(NULL), &state.profiles);
+    let took = started.elapsed();
+    state.metrics.observe_decision(decision.profile.as_deref(), decision.allowed(), decision.reason.as_str(), took);
+    log_decision(&request, &decision, took);
+    ([(CONTENT_TYPE, "application/json")], review::respond(&request.uid, &decision)).into_response()
+}
+
+const NULL: &RawValue = RawValue::NULL;
 
 /// The longest request-supplied string a log line carries.
 const LOG_FIELD_MAX: usize = 256;
 /// The longest denial a log line carries (the response has it whole).
 const LOG_DENIAL_MAX: usize = 1024;
 
+/// The pod's name for the log: `metadata.name`, else `metadata.generateName*`.
+fn pod_name(request: &AdmissionRequest<'_>) -> String {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Names<'a> {
+        #[serde(borrow, default)]
+        name: Option<std::borrow::Cow<'a, str>>,
+        #[serde(borrow, default)]
+        generate_name: Option<std::borrow::Cow<'a, str>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Object<'a> {
+        #[serde(borrow, default)]
+        metadata: Option<&'a RawValue>,
+    }
+    let names = request
+        .object
+        .and_then(|o| serde_json::from_str::<Object<'_>>(o.get()).ok())
+        .and_then(|o| o.metadata)
+        .and_then(|m| serde_json::from_str::<Names<'_>>(m.get()).ok());
+    match names {
+        Some(Names { name: Some(name), .. }) if !name.is_empty() => clip(&name, LOG_FIELD_MAX).into_owned(),
+        Some(Names { generate_name: Some(g), .. }) if !g.is_empty() => format!("{}*", clip(&g, LOG_FIELD_MAX)),
+        _ => String::new(),
+    }
+}
+
 /// One line per decision. Names only: never Secret data or tokens (the decision has none).
 /// Every request-supplied value is a clipped string field (see [`crate::logging`]).
-fn log_decision(request: &AdmissionRequest, decision: &Decision, took: Duration) {
-    let meta = request.object.as_ref().and_then(|o| o.get("metadata"));
-    let field = |k: &str| meta.and_then(|m| m.get(k)).and_then(Value::as_str).filter(|s| !s.is_empty());
-    let pod = field("name").map(str::to_string).or_else(|| field("generateName").map(|g| format!("{g}*")));
+fn log_decision(request: &AdmissionRequest<'_>, decision: &Decision, took: Duration) {
     tracing::info!(
         uid = clip(&request.uid, LOG_FIELD_MAX).as_ref(),
         operation = clip(&request.operation, LOG_FIELD_MAX).as_ref(),
         namespace = clip(request.namespace.as_deref().unwrap_or_default(), LOG_FIELD_MAX).as_ref(),
-        pod = clip(pod.as_deref().unwrap_or_default(), LOG_FIELD_MAX).as_ref(),
+        pod = pod_name(request).as_str(),
         requester = clip(request.user_info.username.as_deref().unwrap_or_default(), LOG_FIELD_MAX).as_ref(),
         profile = decision.profile.as_deref().unwrap_or_default(),
         allowed = decision.allowed(),
@@ -143,7 +212,7 @@ mod tests {
     use super::*;
     use axum::body::Body;
     use http_body_util::BodyExt;
-    use keyward_webhooks::review::AdmissionReview;
+    use serde_json::Value;
     use tower::ServiceExt;
 
     fn state() -> AppState {
@@ -154,6 +223,8 @@ mod tests {
             draining: Arc::new(AtomicBool::new(false)),
             read_timeout: Duration::from_secs(5),
             max_body_bytes: 1024 * 1024,
+            body_budget: Arc::new(Semaphore::new(8 * 1024 * 1024)),
+            decisions: Arc::new(Semaphore::new(2)),
         }
     }
 
@@ -252,11 +323,12 @@ mod tests {
         review["request"]["operation"] = Value::from(format!("CREATE{forged}"));
         review["request"]["namespace"] = Value::from(format!("team-a{forged}"));
         review["request"]["userInfo"]["username"] = Value::from(format!("mallory allowed=true{forged}"));
-        let request = AdmissionReview::parse_request(&serde_json::to_vec(&review).unwrap()).unwrap();
+        let body = serde_json::to_vec(&review).unwrap();
+        let request = review::parse_request(&body).unwrap();
         let profiles = ProfileSet::builtin().unwrap();
         let mut facts = request.facts();
-        facts.operation = "CREATE".into();
-        let decision = decide(&facts, request.object.as_ref().unwrap(), &profiles);
+        facts.operation = "CREATE";
+        let decision = decide(&facts, request.object.unwrap(), &profiles);
         assert!(!decision.allowed(), "the requester is not the operator: a denial that quotes the username");
         let out = Captured::default();
         let dispatch = crate::logging::dispatch(format, tracing_subscriber::EnvFilter::new("info"), out.clone(), false);

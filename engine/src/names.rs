@@ -1,6 +1,9 @@
 //! Name rules the apiserver enforces, the glob patterns profiles use, and name templates.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// The prefix the ServiceAccount admission plugin gives the API-token volume.
 pub const KUBE_API_ACCESS_PREFIX: &str = "kube-api-access-";
@@ -214,13 +217,16 @@ enum Part {
     Label(String),
 }
 
+/// A pod's labels, borrowed from the request where the JSON allows.
+pub type Labels<'a> = BTreeMap<Cow<'a, str>, Cow<'a, str>>;
+
 /// What a template may draw on: facts from the AdmissionReview, never the pod's own name
 /// (which may be empty under `generateName`).
 #[derive(Debug, Clone, Copy)]
 pub struct TemplateContext<'a> {
     pub namespace: &'a str,
     pub owner_name: Option<&'a str>,
-    pub labels: &'a BTreeMap<String, String>,
+    pub labels: &'a Labels<'a>,
 }
 
 impl NameTemplate {
@@ -287,7 +293,7 @@ impl NameTemplate {
                         self.source
                     )
                 })?),
-                Part::Label(key) => out.push_str(ctx.labels.get(key).ok_or_else(|| {
+                Part::Label(key) => out.push_str(ctx.labels.get(key.as_str()).ok_or_else(|| {
                     format!("{:?} needs the pod label {key:?}, which the pod does not have", self.source)
                 })?),
             }
@@ -306,6 +312,20 @@ impl NameTemplate {
                 self.source
             ))
         }
+    }
+}
+
+/// Parsed when the profile is read, so an unparsable template is a load error.
+impl<'de> Deserialize<'de> for NameTemplate {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let source = String::deserialize(deserializer)?;
+        NameTemplate::parse(&source).map_err(serde::de::Error::custom)
+    }
+}
+
+impl Serialize for NameTemplate {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.source)
     }
 }
 
@@ -431,7 +451,7 @@ mod tests {
 
     #[test]
     fn templates_resolve_from_owner_labels_and_namespace() {
-        let labels = BTreeMap::from([("serving.kserve.io/inferencegraph".to_string(), "my-graph".to_string())]);
+        let labels = Labels::from([("serving.kserve.io/inferencegraph".into(), "my-graph".into())]);
         let ctx = TemplateContext { namespace: "team-a", owner_name: Some("eval-7"), labels: &labels };
         let t = NameTemplate::parse("{owner.name}-keyward-client").unwrap();
         assert_eq!(t.resolve(&ctx).unwrap(), "eval-7-keyward-client");
@@ -449,7 +469,7 @@ mod tests {
         assert!(NameTemplate::parse("{pod.name}").unwrap_err().contains("unknown placeholder {pod.name}"));
         assert!(NameTemplate::parse("{owner.name").unwrap_err().contains("unclosed"));
         assert!(NameTemplate::parse("Bad_Name").unwrap_err().contains("not a valid object name"));
-        let labels = BTreeMap::new();
+        let labels = Labels::new();
         let owner = "o".repeat(240);
         let ctx = TemplateContext { namespace: "ns", owner_name: Some(&owner), labels: &labels };
         let err = NameTemplate::parse("{owner.name}-keyward-client").unwrap().resolve(&ctx).unwrap_err();
@@ -462,7 +482,7 @@ mod tests {
         let ctx = TemplateContext { namespace: "ns", owner_name: Some(owner), labels: &labels };
         let name = NameTemplate::parse("{owner.name}-keyward-client").unwrap().resolve(&ctx).unwrap();
         assert_eq!(name.len(), owner.len() + 15);
-        let labels = BTreeMap::from([("app".to_string(), "Upper".to_string())]);
+        let labels = Labels::from([("app".into(), "Upper".into())]);
         let ctx = TemplateContext { namespace: "ns", owner_name: None, labels: &labels };
         let err = NameTemplate::parse("{label:app}").unwrap().resolve(&ctx).unwrap_err();
         assert!(err.contains("resolves to \"Upper\""), "{err}");

@@ -4,8 +4,7 @@
 
 mod support;
 
-use keyward_webhooks::engine::Reason;
-use keyward_webhooks::{decide, RequestFacts, Requester, ANNOTATION_INJECTED, ANNOTATION_ORIGINAL_SA};
+use keyward_engine::{Reason, RequestFacts, Requester, ANNOTATION_INJECTED, ANNOTATION_ORIGINAL_SA};
 use serde_json::{json, Value};
 use support::*;
 
@@ -147,11 +146,11 @@ fn only_pod_create_is_mutated() {
     let set = builtin();
     let base = create("team-a", LMEVAL_OPERATOR);
     for facts in [
-        RequestFacts { operation: "UPDATE".into(), ..base.clone() },
-        RequestFacts { operation: "DELETE".into(), ..base.clone() },
-        RequestFacts { sub_resource: "ephemeralcontainers".into(), operation: "UPDATE".into(), ..base.clone() },
-        RequestFacts { sub_resource: "binding".into(), ..base.clone() },
-        RequestFacts { resource: "deployments".into(), group: "apps".into(), ..base.clone() },
+        RequestFacts { operation: "UPDATE", ..base },
+        RequestFacts { operation: "DELETE", ..base },
+        RequestFacts { sub_resource: "ephemeralcontainers", operation: "UPDATE", ..base },
+        RequestFacts { sub_resource: "binding", ..base },
+        RequestFacts { resource: "deployments", group: "apps", ..base },
     ] {
         let d = decide(&facts, &pod, &set);
         assert!(d.allowed());
@@ -164,11 +163,12 @@ fn only_pod_create_is_mutated() {
 fn unselected_pod_is_admitted_unchanged_and_explained() {
     let mut pod = fixture("lmeval-driver-pod.json");
     pod["metadata"]["labels"]["app.kubernetes.io/name"] = json!("something-else");
-    let d = decide(&create("team-a", LMEVAL_OPERATOR), &pod, &builtin());
+    let e = explain(&create("team-a", LMEVAL_OPERATOR), &pod, &builtin());
+    let d = &e.decision;
     assert_eq!(d.reason, Reason::NoProfile);
     assert!(d.patch().is_empty());
-    assert_eq!(d.trace[0].why, "label app.kubernetes.io/name=\"something-else\", the profile wants \"ta-lmes\"");
-    assert_eq!(d.trace[1].why, "label ray.io/is-ray-node is missing (the profile wants ray.io/is-ray-node=\"yes\")");
+    assert_eq!(e.trace[0].why, "label app.kubernetes.io/name=\"something-else\", the profile wants \"ta-lmes\"");
+    assert_eq!(e.trace[1].why, "label ray.io/is-ray-node is missing (the profile wants ray.io/is-ray-node=\"yes\")");
 }
 
 #[test]
@@ -402,17 +402,20 @@ fn unresolvable_template_denies_with_the_field() {
 
 #[test]
 fn an_object_that_is_not_a_pod_is_refused() {
-    let d = decide(
-        &create("default", "ci-bot"),
-        &json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": "nope"}}),
-        &builtin(),
-    );
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "labels": {"app": "minimal", "team": "blue"}}, "spec": {"containers": "nope"}});
+    let d = decide(&create("default", "ci-bot"), &pod, &profiles(MINIMAL_PROFILE));
     assert_eq!(d.reason, Reason::InvalidPod);
     assert!(
-        d.message().unwrap().starts_with("keyward: request.object is not a valid Pod: invalid type: string \"nope\""),
+        d.message().unwrap().starts_with("keyward: request.object is not a valid Pod: invalid type: string \"nope\", expected spec.containers as a list"),
         "{:?}",
         d.message()
     );
+    // A pod no profile selects is answered from its metadata alone: its spec is never read.
+    let d = decide(&create("default", "ci-bot"), &pod, &builtin());
+    assert_eq!(d.reason, Reason::NoProfile);
+    assert!(d.allowed());
+    let d = decide(&create("default", "ci-bot"), &json!({"metadata": {"labels": "nope"}}), &builtin());
+    assert_eq!(d.reason, Reason::InvalidPod, "metadata is always read");
 }
 
 #[test]
@@ -457,9 +460,9 @@ fn namespace_patterns_limit_where_a_profile_applies() {
         assert_eq!(d.reason, Reason::Injected, "{ns}");
     }
     // The namespace comes from request.namespace, not from the pod (empty on CREATE).
-    let d = decide(&create("default", "ci-bot"), &pod, &set);
-    assert_eq!(d.reason, Reason::NoProfile);
-    assert_eq!(d.trace[0].why, "namespace \"default\" matches none of [\"team-*\", \"evals\"]");
+    let e = explain(&create("default", "ci-bot"), &pod, &set);
+    assert_eq!(e.decision.reason, Reason::NoProfile);
+    assert_eq!(e.trace[0].why, "namespace \"default\" matches none of [\"team-*\", \"evals\"]");
 }
 
 #[test]
@@ -467,15 +470,15 @@ fn an_owner_of_another_kind_is_not_selected() {
     let mut pod = fixture("lmeval-driver-pod.json");
     pod["metadata"]["ownerReferences"][0]["kind"] = json!("Job");
     pod["metadata"]["ownerReferences"][0]["apiVersion"] = json!("batch/v1");
-    let d = decide(&create("team-a", LMEVAL_OPERATOR), &pod, &builtin());
-    assert_eq!(d.reason, Reason::NoProfile);
+    let e = explain(&create("team-a", LMEVAL_OPERATOR), &pod, &builtin());
+    assert_eq!(e.decision.reason, Reason::NoProfile);
     assert_eq!(
-        d.trace[0].why,
+        e.trace[0].why,
         "controller owner batch/Job (evaljob-sample) is not one of trustyai.opendatahub.io/LMEvalJob"
     );
     pod["metadata"]["ownerReferences"][0]["controller"] = json!(false);
-    let d = decide(&create("team-a", LMEVAL_OPERATOR), &pod, &builtin());
-    assert_eq!(d.trace[0].why, "the pod has no controller ownerReference");
+    let e = explain(&create("team-a", LMEVAL_OPERATOR), &pod, &builtin());
+    assert_eq!(e.trace[0].why, "the pod has no controller ownerReference");
 }
 
 #[test]

@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::inject::AuditItem;
+
 /// The annotation holding the [`AuditRecord`] as compact JSON.
 pub const ANNOTATION_INJECTED: &str = "keyward.io/injected";
 /// The apiserver's limit on the total size of a pod's annotations (keys and values).
@@ -10,11 +12,12 @@ pub const TOTAL_ANNOTATION_SIZE_LIMIT: usize = 256 * 1024;
 pub const ANNOTATION_ORIGINAL_SA: &str = "keyward.io/original-service-account";
 
 /// The machine-readable record in `keyward.io/injected`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AuditRecord {
     pub profile: String,
-    pub injected: Vec<InjectedItem>,
+    /// Each kind's own entry (see [`AuditItem`]).
+    pub injected: Vec<AuditItem>,
     /// The containers (init and regular) that received the mounts and env vars.
     pub containers: ContainerScope,
 }
@@ -42,7 +45,7 @@ impl ContainerScope {
         Self::All(All::All)
     }
 
-    /// For people: `all containers`, or the names.
+    /// For people: `all`, or the names.
     pub fn describe(&self) -> String {
         match self {
             Self::All(_) => "all".into(),
@@ -51,58 +54,14 @@ impl ContainerScope {
     }
 }
 
-/// One credential handed to the pod.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "camelCase", rename_all_fields = "camelCase")]
-pub enum InjectedItem {
-    ClientCertificate {
-        secret: String,
-        volume: String,
-        mount_path: String,
-    },
-    #[serde(rename = "serverCA")]
-    ServerCa {
-        #[serde(skip_serializing_if = "Option::is_none")]
-        secret: Option<String>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        config_map: Option<String>,
-        volume: String,
-        mount_path: String,
-    },
-    Token {
-        secret: String,
-        key: String,
-        volume: String,
-        mount_path: String,
-    },
-    ServiceAccountToken {
-        audience: String,
-        expiration_seconds: i64,
-        volume: String,
-        mount_path: String,
-    },
-    ServiceAccount {
-        name: String,
-        api_token: crate::profile::ApiToken,
-    },
-}
-
-impl InjectedItem {
-    /// The kind, as in the profile's `spec.inject` key.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::ClientCertificate { .. } => "clientCertificate",
-            Self::ServerCa { .. } => "serverCA",
-            Self::Token { .. } => "token",
-            Self::ServiceAccountToken { .. } => "serviceAccountToken",
-            Self::ServiceAccount { .. } => "serviceAccount",
-        }
-    }
-}
-
 impl AuditRecord {
     pub fn to_annotation(&self) -> String {
-        // Serialising plain strings and numbers cannot fail.
+        // Serialising strings and numbers into a String cannot fail.
         serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// The kinds injected, comma-separated (`clientCertificate,serverCA`).
+    pub fn kinds(&self) -> String {
+        self.injected.iter().map(AuditItem::kind).collect::<Vec<_>>().join(",")
     }
 }

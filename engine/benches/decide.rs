@@ -1,0 +1,74 @@
+//! The engine's cost per admission, on the fixtures the tests use.
+//! Run: `cargo bench -p keyward-engine --bench decide`.
+#![allow(clippy::unwrap_used)] // a panic is the benchmark failure report
+
+use std::hint::black_box;
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use keyward_engine::review;
+use keyward_engine::{decide, ProfileSet, RequestFacts, Requester};
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+fn fixture(name: &str) -> Vec<u8> {
+    std::fs::read(format!("{}/../tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+}
+
+fn raw(v: &Value) -> Box<RawValue> {
+    serde_json::value::to_raw_value(v).unwrap()
+}
+
+fn bench(c: &mut Criterion) {
+    let profiles = ProfileSet::builtin().unwrap();
+    let operator = "system:serviceaccount:opendatahub:trustyai-service-operator-controller-manager";
+    let lmeval: Value = serde_json::from_slice(&fixture("lmeval-driver-pod.json")).unwrap();
+    let facts = RequestFacts::pod_create("team-a", Requester::User(operator));
+
+    let pod = raw(&lmeval);
+    c.bench_function("decide/lmeval-inject", |b| b.iter(|| decide(black_box(&facts), black_box(&pod), &profiles)));
+
+    let d = decide(&facts, &pod, &profiles);
+    let patch: json_patch::Patch = serde_json::from_value(serde_json::to_value(d.patch()).unwrap()).unwrap();
+    let mut injected = lmeval.clone();
+    json_patch::patch(&mut injected, &patch).unwrap();
+    let injected = raw(&injected);
+    c.bench_function("decide/lmeval-reinvocation-noop", |b| {
+        b.iter(|| decide(black_box(&facts), black_box(&injected), &profiles))
+    });
+
+    let mut unselected = lmeval.clone();
+    unselected["metadata"]["labels"] = serde_json::json!({"app": "web"});
+    let unselected = raw(&unselected);
+    c.bench_function("decide/no-profile", |b| b.iter(|| decide(black_box(&facts), black_box(&unselected), &profiles)));
+
+    for (name, file) in
+        [("lmeval", "admissionreview-lmeval.json"), ("kuberay-worker", "admissionreview-kuberay-worker.json")]
+    {
+        let body = fixture(file);
+        c.bench_function(&format!("review/{name}/parse"), |b| {
+            b.iter(|| review::parse_request(black_box(&body)).unwrap())
+        });
+        let request = review::parse_request(&body).unwrap();
+        let object = request.object.unwrap();
+        c.bench_function(&format!("review/{name}/decide"), |b| {
+            b.iter(|| decide(black_box(&request.facts()), black_box(object), &profiles))
+        });
+        let decision = decide(&request.facts(), object, &profiles);
+        assert!(decision.allowed() && !decision.patch().is_empty(), "{name}: {:?}", decision.message());
+        c.bench_function(&format!("review/{name}/respond"), |b| {
+            b.iter(|| review::respond(black_box(&request.uid), black_box(&decision)))
+        });
+        c.bench_function(&format!("review/{name}/parse-decide-respond"), |b| {
+            b.iter(|| {
+                let request = review::parse_request(black_box(&body)).unwrap();
+                let decision = decide(&request.facts(), request.object.unwrap(), &profiles);
+                review::respond(&request.uid, &decision)
+            })
+        });
+    }
+
+    c.bench_function("profiles/load-builtin", |b| b.iter(|| ProfileSet::builtin().unwrap()));
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

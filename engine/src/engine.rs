@@ -1,0 +1,439 @@
+//! The decision: `(request facts, pod, profiles) -> Decision`. Pure and synchronous.
+//!
+//! The pod arrives raw. Its metadata is decoded first and every profile matched against it; a
+//! pod no profile selects is answered then, without its spec ever being read. For the one
+//! profile that selects it, each kind plans its injection, the spec is scanned for exactly what
+//! those injections touch, the patch is planned and self-checked, and the audit record written.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+use crate::audit::{
+    AuditRecord, ContainerScope, ANNOTATION_INJECTED, ANNOTATION_ORIGINAL_SA, TOTAL_ANNOTATION_SIZE_LIMIT,
+};
+use crate::check::violations;
+use crate::inject::{ApiToken, Injection};
+use crate::names::TemplateContext;
+use crate::patch::{PatchOp, Pointer};
+use crate::plan::plan;
+use crate::pod::{self, Metadata, PodObject, Wanted};
+use crate::profile::{Otherwise, Profile, ProfileSet};
+use crate::select;
+use crate::text::{clip, quoted};
+
+/// What the engine needs from an AdmissionReview request besides the object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestFacts<'a> {
+    /// `CREATE`, `UPDATE`, `DELETE` or `CONNECT`.
+    pub operation: &'a str,
+    /// `request.resource.group` (`""` for core).
+    pub group: &'a str,
+    /// `request.resource.resource` (`pods`).
+    pub resource: &'a str,
+    /// `request.subResource` (`""` when none).
+    pub sub_resource: &'a str,
+    /// `request.namespace`: the pod's own `metadata.namespace` may be empty on CREATE.
+    pub namespace: &'a str,
+    pub requester: Requester<'a>,
+}
+
+/// Who is creating the pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Requester<'a> {
+    /// `request.userInfo.username`.
+    User(&'a str),
+    /// Not known (`keyward explain` on a bare Pod without `--user`): assume the profile's
+    /// requesters, and say so.
+    Assumed,
+}
+
+impl<'a> RequestFacts<'a> {
+    /// A pod CREATE in `namespace` by `requester`: what the apiserver sends for a new pod.
+    pub fn pod_create(namespace: &'a str, requester: Requester<'a>) -> Self {
+        Self { operation: "CREATE", group: "", resource: "pods", sub_resource: "", namespace, requester }
+    }
+
+    fn is_pod_create(&self) -> bool {
+        self.operation == "CREATE" && self.group.is_empty() && self.resource == "pods" && self.sub_resource.is_empty()
+    }
+}
+
+/// Why the decision came out the way it did: short, stable, fit for a metrics label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Reason {
+    /// Not a CREATE of a pod: never mutated.
+    NotPodCreate,
+    /// No profile selects the pod.
+    NoProfile,
+    /// Credentials were injected.
+    Injected,
+    /// Everything was already there (a reinvocation on our own output).
+    AlreadyInjected,
+    /// A profile selects the pod but the requester is not allowed; admitted unchanged.
+    RequesterSkipped,
+    /// A profile selects the pod but the requester is not allowed; denied.
+    RequesterDenied,
+    /// More than one profile selects the pod.
+    Ambiguous,
+    /// The pod already has something that collides with the injection.
+    Conflict,
+    /// A name template could not be resolved for this pod.
+    Unresolvable,
+    /// The object is not a valid Pod.
+    InvalidPod,
+    /// keyward would have produced an invalid pod (a bug); denied instead.
+    Internal,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NotPodCreate => "not-pod-create",
+            Self::NoProfile => "no-profile",
+            Self::Injected => "injected",
+            Self::AlreadyInjected => "already-injected",
+            Self::RequesterSkipped => "requester-skipped",
+            Self::RequesterDenied => "requester-denied",
+            Self::Ambiguous => "ambiguous",
+            Self::Conflict => "conflict",
+            Self::Unresolvable => "unresolvable",
+            Self::InvalidPod => "invalid-pod",
+            Self::Internal => "internal",
+        }
+    }
+}
+
+/// A refusal: the message names the field, the profile and the fix.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Denial {
+    pub message: String,
+}
+
+/// An admission: the patch (maybe empty) and what goes with it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Mutation {
+    pub patch: Vec<PatchOp>,
+    pub audit: Option<AuditRecord>,
+}
+
+/// The engine's answer for one request.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Decision {
+    pub reason: Reason,
+    pub profile: Option<String>,
+    /// `Ok` to admit (with a patch, maybe empty), `Err` to refuse.
+    #[serde(skip)]
+    pub outcome: Result<Mutation, Denial>,
+    pub warnings: Vec<String>,
+    /// For the apiserver's audit log (the apiserver prefixes keys with the webhook name).
+    pub audit_annotations: BTreeMap<String, String>,
+}
+
+/// How one profile fared against the pod, for `keyward explain`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ProfileTrace {
+    pub profile: String,
+    pub selected: bool,
+    pub why: String,
+}
+
+/// A decision with what `keyward explain` shows besides: why each profile did or did not select
+/// the pod, and each injection in words.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Explanation {
+    pub decision: Decision,
+    pub trace: Vec<ProfileTrace>,
+    pub injects: Vec<String>,
+}
+
+impl Decision {
+    fn new(reason: Reason, outcome: Result<Mutation, Denial>) -> Self {
+        Self { reason, profile: None, outcome, warnings: Vec::new(), audit_annotations: BTreeMap::new() }
+    }
+
+    fn unchanged(reason: Reason) -> Self {
+        Self::new(reason, Ok(Mutation { patch: Vec::new(), audit: None }))
+    }
+
+    fn deny(reason: Reason, message: String) -> Self {
+        Self::new(reason, Err(Denial { message }))
+    }
+
+    pub fn allowed(&self) -> bool {
+        self.outcome.is_ok()
+    }
+
+    /// The JSON patch, empty when there is nothing to change or the pod is refused.
+    pub fn patch(&self) -> &[PatchOp] {
+        self.outcome.as_ref().map(|m| m.patch.as_slice()).unwrap_or_default()
+    }
+
+    /// The denial message, when refused.
+    pub fn message(&self) -> Option<&str> {
+        self.outcome.as_ref().err().map(|d| d.message.as_str())
+    }
+}
+
+/// Decides what to do with one admission request.
+pub fn decide(facts: &RequestFacts<'_>, object: &RawValue, profiles: &ProfileSet) -> Decision {
+    run(facts, object, profiles, None)
+}
+
+/// Decides, and explains: the trace and the injections in words are built only here.
+pub fn explain(facts: &RequestFacts<'_>, object: &RawValue, profiles: &ProfileSet) -> Explanation {
+    let mut explanation =
+        Explanation { decision: Decision::unchanged(Reason::NoProfile), trace: Vec::new(), injects: Vec::new() };
+    explanation.decision = run(facts, object, profiles, Some(&mut explanation));
+    explanation
+}
+
+fn invalid_pod(reason: &str) -> Decision {
+    Decision::deny(Reason::InvalidPod, format!("keyward: request.object is not a valid Pod: {}", clip(reason, 512)))
+}
+
+fn run(
+    facts: &RequestFacts<'_>,
+    object: &RawValue,
+    profiles: &ProfileSet,
+    mut explain: Option<&mut Explanation>,
+) -> Decision {
+    if !facts.is_pod_create() {
+        return Decision::unchanged(Reason::NotPodCreate);
+    }
+    let pod = match pod::split(object) {
+        Ok(pod) => pod,
+        Err(e) => return invalid_pod(&e),
+    };
+    let meta = match pod::metadata(pod.metadata, &[ANNOTATION_INJECTED, ANNOTATION_ORIGINAL_SA]) {
+        Ok(meta) => meta,
+        Err(e) => return invalid_pod(&e),
+    };
+
+    let mut selected: Vec<&Profile> = Vec::new();
+    for profile in profiles.iter() {
+        let result = select::selects(profile, &meta, facts.namespace);
+        if result.is_ok() {
+            selected.push(profile);
+        }
+        if let Some(explain) = explain.as_deref_mut() {
+            explain.trace.push(ProfileTrace {
+                profile: profile.name.clone(),
+                selected: result.is_ok(),
+                why: result.err().map_or_else(|| "selects this pod".to_string(), |m| m.to_string()),
+            });
+        }
+    }
+    match selected.as_slice() {
+        [] => Decision::unchanged(Reason::NoProfile),
+        [profile] => {
+            let mut d = decide_for(facts, &pod, &meta, profile, explain);
+            d.profile = Some(profile.name.clone());
+            d
+        }
+        several => {
+            let names: Vec<String> = several.iter().map(|p| format!("{:?} ({})", p.name, p.source)).collect();
+            Decision::deny(
+                Reason::Ambiguous,
+                format!(
+                    "keyward: profiles {} all select this pod, and keyward will not guess which credentials it should get; narrow their selectors (spec.selector, spec.controllerOwners, spec.namespaces) so that one profile selects it",
+                    names.join(" and ")
+                ),
+            )
+        }
+    }
+}
+
+fn decide_for(
+    facts: &RequestFacts<'_>,
+    pod: &PodObject<'_>,
+    meta: &Metadata<'_>,
+    profile: &Profile,
+    explain: Option<&mut Explanation>,
+) -> Decision {
+    let mut notes = Vec::new();
+    match facts.requester {
+        Requester::User(user) if !select::requester_allowed(profile, user) => {
+            let allowed = profile.spec.requesters.usernames.join(", ");
+            let user = quoted(user, 256);
+            return match profile.spec.requesters.otherwise {
+                Otherwise::Skip => {
+                    let mut d = Decision::unchanged(Reason::RequesterSkipped);
+                    d.warnings.push(format!(
+                        "keyward: profile {:?} selects this pod, but {user} may not receive its credentials (allowed: {allowed}); nothing was injected",
+                        profile.name
+                    ));
+                    d
+                }
+                Otherwise::Deny => Decision::deny(
+                    Reason::RequesterDenied,
+                    format!(
+                        "keyward: profile {:?} selects this pod, and only {allowed} may create such pods, not {user}; let the operator create it, or change the pod's labels so the profile does not select it",
+                        profile.name
+                    ),
+                ),
+            };
+        }
+        Requester::User(_) => {}
+        Requester::Assumed => notes.push(format!(
+            "requester not given: assumed to be one of {}",
+            profile.spec.requesters.usernames.join(", ")
+        )),
+    }
+    let mut d = inject(facts, pod, meta, profile, explain);
+    d.warnings.extend(notes);
+    d
+}
+
+fn inject(
+    facts: &RequestFacts<'_>,
+    pod: &PodObject<'_>,
+    meta: &Metadata<'_>,
+    profile: &Profile,
+    explain: Option<&mut Explanation>,
+) -> Decision {
+    // Each kind plans its injection for this pod.
+    let ctx = TemplateContext {
+        namespace: facts.namespace,
+        owner_name: meta.controller_owner.as_ref().map(|o| o.name.as_ref()),
+        labels: &meta.labels,
+    };
+    let mut injections: Vec<(&'static str, Injection)> = Vec::new();
+    let mut unresolved = Vec::new();
+    for (key, kind) in profile.spec.inject.kinds() {
+        match kind.plan(&ctx) {
+            Ok(injection) => injections.push((key, injection)),
+            Err(e) => unresolved.push(format!("spec.inject.{key}.{}: {}", e.field, e.reason)),
+        }
+    }
+    if !unresolved.is_empty() {
+        return Decision::deny(
+            Reason::Unresolvable,
+            format!(
+                "keyward: profile {:?} cannot name this pod's credentials: {}; give the pod what the profile needs, or fix the profile",
+                profile.name,
+                unresolved.join("; ")
+            ),
+        );
+    }
+    if let Some(explain) = explain {
+        for (key, kind) in profile.spec.inject.kinds() {
+            if let Some((_, injection)) = injections.iter().find(|(k, _)| *k == key) {
+                explain.injects.push(kind.describe(injection));
+            }
+        }
+    }
+
+    // The spec, scanned for exactly what the injections touch.
+    let mut wanted = Wanted::default();
+    for (_, injection) in &injections {
+        if let Some((volume, mount)) = &injection.volume {
+            wanted.volume_names.push(&volume.name);
+            wanted.mount_paths.push(&mount.path);
+        }
+        wanted.env_names.extend(injection.env.iter().map(|e| e.name.as_str()));
+        wanted.api_token |= injection.api_token == ApiToken::Remove;
+    }
+    let spec = match pod::spec(pod.spec, &wanted) {
+        Ok(spec) => spec,
+        Err(e) => return invalid_pod(&e),
+    };
+
+    let mut planned = plan(profile, &spec, &injections);
+    if !planned.conflicts.is_empty() {
+        let mut d = Decision::deny(
+            Reason::Conflict,
+            format!(
+                "keyward: profile {:?} cannot inject into this pod: {}",
+                profile.name,
+                planned.conflicts.join("; ")
+            ),
+        );
+        d.warnings = planned.warnings;
+        return d;
+    }
+
+    // The audit record, on the pod and for the apiserver's audit log.
+    let containers = if profile.spec.containers.is_empty() {
+        ContainerScope::all()
+    } else {
+        ContainerScope::Named(
+            profile
+                .spec
+                .containers
+                .iter()
+                .filter(|name| spec.all_containers().any(|c| c.name == name.as_str()))
+                .cloned()
+                .collect(),
+        )
+    };
+    let record = AuditRecord {
+        profile: profile.name.clone(),
+        injected: injections.iter().map(|(_, i)| i.item.clone()).collect(),
+        containers,
+    };
+    let annotation = record.to_annotation();
+    let existing = |key: &str| meta.annotations.kept.get(key).map(|v| v.as_ref());
+    let mut added: Vec<(&str, String)> = Vec::new();
+    if existing(ANNOTATION_INJECTED) != Some(annotation.as_str()) {
+        added.push((ANNOTATION_INJECTED, annotation));
+    }
+    if let Some(original) = &planned.original_service_account {
+        if existing(ANNOTATION_ORIGINAL_SA).is_none() {
+            added.push((ANNOTATION_ORIGINAL_SA, original.clone()));
+        }
+    }
+    let replaced: usize = added.iter().filter_map(|(k, _)| existing(k).map(|v| k.len() + v.len())).sum();
+    let annotation_bytes =
+        meta.annotations.total_bytes - replaced + added.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
+    if annotation_bytes > TOTAL_ANNOTATION_SIZE_LIMIT {
+        return Decision::deny(
+            Reason::Conflict,
+            format!(
+                "keyward: profile {:?} cannot inject into this pod: metadata.annotations would take {annotation_bytes} bytes with keyward's audit record, over the apiserver's limit of {TOTAL_ANNOTATION_SIZE_LIMIT}; shorten the pod's annotations",
+                profile.name
+            ),
+        );
+    }
+    let at = Pointer::root().key("metadata").key("annotations");
+    let mut annotations_there = meta.annotations.state.is_there();
+    for (key, value) in added {
+        if annotations_there {
+            let path = at.clone().key(key).into_string();
+            planned.ops.push(if existing(key).is_some() {
+                PatchOp::replace(path, value.into())
+            } else {
+                PatchOp::add(path, value.into())
+            });
+        } else {
+            planned.ops.push(PatchOp::add(at.clone().into_string(), serde_json::json!({ key: value })));
+            annotations_there = true;
+        }
+    }
+
+    if !planned.ops.is_empty() {
+        let broken = violations(&spec, &planned.changes, annotation_bytes);
+        if !broken.is_empty() {
+            return Decision::deny(
+                Reason::Internal,
+                format!(
+                    "keyward: internal error: the patched pod would fail validation: {}; the pod was refused rather than risk a wrong one",
+                    broken.join("; ")
+                ),
+            );
+        }
+    }
+    let mut audit_annotations =
+        BTreeMap::from([("profile".to_string(), profile.name.clone()), ("injected".to_string(), record.kinds())]);
+    if let Some(original) = planned.original_service_account {
+        audit_annotations.insert("original-service-account".into(), original);
+    }
+    let reason = if planned.ops.is_empty() { Reason::AlreadyInjected } else { Reason::Injected };
+    let mut d = Decision::new(reason, Ok(Mutation { patch: planned.ops, audit: Some(record) }));
+    d.warnings = planned.warnings;
+    d.audit_annotations = audit_annotations;
+    d
+}

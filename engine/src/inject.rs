@@ -1,0 +1,410 @@
+//! The building blocks every kind of injection is made of, described without the pod: the
+//! volume, mount and env vars a kind wants, its audit entry, and the checks a profile's
+//! settings go through. This module sits below the kinds and imports none of them, nor the
+//! profile schema, the engine or the audit record.
+
+use std::fmt;
+
+use serde::ser::{SerializeMap, Serializer};
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::names::{
+    is_dns1123_label, is_env_var_name, mount_path_problem, relative_path_problem, DNS1123_LABEL_RULE,
+    ENV_VAR_NAME_RULE, KUBE_API_ACCESS_PREFIX, SERVICE_ACCOUNT_MOUNT_PATH,
+};
+
+/// `0644`, the mode the apiserver defaults onto secret, configMap and projected volumes. keyward
+/// writes it itself so that a reinvocation, which sees the defaulted pod, finds its volume
+/// identical to what it would inject.
+pub const DEFAULT_MODE: i64 = 0o644;
+/// The apiserver refuses projected tokens that expire sooner than this.
+pub const MIN_TOKEN_EXPIRATION_SECONDS: i64 = 600;
+/// The longest token lifetime the apiserver issues by default.
+pub const MAX_TOKEN_EXPIRATION_SECONDS: i64 = 48 * 3600;
+/// What the apiserver defaults a projected token's `expirationSeconds` to.
+pub const DEFAULT_TOKEN_EXPIRATION_SECONDS: i64 = 3600;
+
+// === volumes, mounts, env ===
+
+/// Where a volume's files come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// A Secret: all its keys (`keys: None`), or only these, each at a file of its own name.
+    Secret { name: String, keys: Option<Vec<String>> },
+    /// A ConfigMap, likewise.
+    ConfigMap { name: String, keys: Option<Vec<String>> },
+    /// A projected service-account token for `audience`, at `path` in the volume.
+    ServiceAccountToken { audience: String, expiration_seconds: i64, path: String },
+}
+
+/// A volume a kind adds to the pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeSpec {
+    pub name: String,
+    pub source: Source,
+}
+
+impl VolumeSpec {
+    /// The volume as the pod spec has it, with the apiserver's defaults written out.
+    pub fn to_json(&self) -> Value {
+        let items = |keys: &Option<Vec<String>>| {
+            keys.as_ref().map(|keys| keys.iter().map(|k| json!({"key": k, "path": k})).collect::<Vec<_>>())
+        };
+        match &self.source {
+            Source::Secret { name, keys } => {
+                let mut secret = json!({"secretName": name});
+                if let Some(items) = items(keys) {
+                    secret["items"] = Value::Array(items);
+                }
+                secret["defaultMode"] = json!(DEFAULT_MODE);
+                json!({"name": self.name, "secret": secret})
+            }
+            Source::ConfigMap { name, keys } => {
+                let mut config_map = json!({"name": name});
+                if let Some(items) = items(keys) {
+                    config_map["items"] = Value::Array(items);
+                }
+                config_map["defaultMode"] = json!(DEFAULT_MODE);
+                json!({"name": self.name, "configMap": config_map})
+            }
+            Source::ServiceAccountToken { audience, expiration_seconds, path } => json!({
+                "name": self.name,
+                "projected": {"defaultMode": DEFAULT_MODE, "sources": [
+                    {"serviceAccountToken": {"audience": audience, "expirationSeconds": expiration_seconds, "path": path}}
+                ]}
+            }),
+        }
+    }
+}
+
+/// A read-only mount of one of the kind's volumes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountSpec {
+    pub volume: String,
+    pub path: String,
+}
+
+impl MountSpec {
+    pub fn to_json(&self) -> Value {
+        json!({"name": self.volume, "mountPath": self.path, "readOnly": true})
+    }
+}
+
+/// The value of an env var a kind sets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EnvValue {
+    /// A plain value (often a file path inside a mounted volume).
+    Value(String),
+    /// A Secret key, via `valueFrom.secretKeyRef`.
+    SecretKey { secret: String, key: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvSpec {
+    pub name: String,
+    pub value: EnvValue,
+}
+
+impl EnvSpec {
+    /// `name` set to `<mount_path>/<file>`.
+    pub fn file(name: &str, mount_path: &str, file: &str) -> Self {
+        Self { name: name.to_string(), value: EnvValue::Value(format!("{mount_path}/{file}")) }
+    }
+
+    pub fn to_json(&self) -> Value {
+        match &self.value {
+            EnvValue::Value(v) => json!({"name": self.name, "value": v}),
+            EnvValue::SecretKey { secret, key } => {
+                json!({"name": self.name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}})
+            }
+        }
+    }
+}
+
+/// What the pod's Kubernetes API token becomes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ApiToken {
+    /// Leave the `kube-api-access-*` volume; the kubelet issues it for the pod's account.
+    #[default]
+    Keep,
+    /// Set `automountServiceAccountToken: false` and remove the `kube-api-access-*` volume and
+    /// every mount at `/var/run/secrets/kubernetes.io/serviceaccount`.
+    Remove,
+}
+
+impl ApiToken {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Keep => "keep",
+            Self::Remove => "remove",
+        }
+    }
+}
+
+// === the injection ===
+
+/// Everything one kind puts into a pod, resolved for that pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Injection {
+    /// A volume and where it is mounted in every target container.
+    pub volume: Option<(VolumeSpec, MountSpec)>,
+    /// Env vars for every target container.
+    pub env: Vec<EnvSpec>,
+    /// Run the pod as this service account.
+    pub service_account: Option<String>,
+    /// What happens to the pod's Kubernetes API token.
+    pub api_token: ApiToken,
+    /// What the audit record says about it.
+    pub item: AuditItem,
+}
+
+impl Injection {
+    /// An injection of nothing yet, recorded as `item`.
+    pub fn new(item: AuditItem) -> Self {
+        Self { volume: None, env: Vec::new(), service_account: None, api_token: ApiToken::Keep, item }
+    }
+}
+
+/// A name template that could not be resolved for a pod: the field and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unresolved {
+    /// The field under the kind, e.g. `secretName`.
+    pub field: &'static str,
+    pub reason: String,
+}
+
+// === impl AuditItem ===
+
+/// One entry of the audit record: the kind, then its fields (names, paths, audiences; never
+/// secret data), serialised as one JSON object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditItem {
+    kind: &'static str,
+    fields: Vec<(&'static str, AuditValue)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum AuditValue {
+    Str(String),
+    Int(i64),
+}
+
+impl AuditItem {
+    pub fn new(kind: &'static str) -> Self {
+        Self { kind, fields: Vec::new() }
+    }
+
+    pub fn with(mut self, field: &'static str, value: impl Into<String>) -> Self {
+        self.fields.push((field, AuditValue::Str(value.into())));
+        self
+    }
+
+    pub fn with_int(mut self, field: &'static str, value: i64) -> Self {
+        self.fields.push((field, AuditValue::Int(value)));
+        self
+    }
+
+    /// The kind, as in the profile's `spec.inject` key.
+    pub fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    /// A string field's value.
+    pub fn get(&self, field: &str) -> Option<&str> {
+        self.fields.iter().find_map(|(f, v)| match v {
+            AuditValue::Str(s) if *f == field => Some(s.as_str()),
+            _ => None,
+        })
+    }
+
+    /// An integer field's value.
+    pub fn get_int(&self, field: &str) -> Option<i64> {
+        self.fields.iter().find_map(|(f, v)| match v {
+            AuditValue::Int(n) if *f == field => Some(*n),
+            _ => None,
+        })
+    }
+}
+
+impl Serialize for AuditItem {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(self.fields.len() + 1))?;
+        map.serialize_entry("kind", self.kind)?;
+        for (field, value) in &self.fields {
+            match value {
+                AuditValue::Str(s) => map.serialize_entry(field, s)?,
+                AuditValue::Int(n) => map.serialize_entry(field, n)?,
+            }
+        }
+        map.end()
+    }
+}
+
+// === impl Check ===
+
+/// Collects one profile's problems while its kinds check their settings, and the names each
+/// kind claims in the pod, so that two kinds never claim the same one.
+#[derive(Debug, Default)]
+pub struct Check {
+    prefix: String,
+    problems: Vec<(String, String)>,
+    claims: Vec<Claim>,
+}
+
+/// A name a kind puts into every pod it selects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    pub what: ClaimKind,
+    pub value: String,
+    pub field: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimKind {
+    Volume,
+    MountPath,
+    EnvVar,
+}
+
+impl fmt::Display for ClaimKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Volume => "volume name",
+            Self::MountPath => "mount path",
+            Self::EnvVar => "env var",
+        })
+    }
+}
+
+impl Check {
+    /// Checks under `prefix` (e.g. `spec.inject.token`).
+    pub fn scoped(&mut self, prefix: &str) -> &mut Self {
+        self.prefix = prefix.to_string();
+        self
+    }
+
+    fn field(&self, field: &str) -> String {
+        if field.is_empty() {
+            self.prefix.clone()
+        } else {
+            format!("{}.{field}", self.prefix)
+        }
+    }
+
+    pub fn problem(&mut self, field: &str, reason: impl Into<String>) {
+        let field = self.field(field);
+        self.problems.push((field, reason.into()));
+    }
+
+    /// A volume name: a DNS-1123 label, not the ServiceAccount plugin's.
+    pub fn volume_name(&mut self, field: &str, name: &str) {
+        if !is_dns1123_label(name) {
+            self.problem(field, format!("{name:?} is not a DNS-1123 label ({DNS1123_LABEL_RULE})"));
+        } else if name.starts_with(KUBE_API_ACCESS_PREFIX) {
+            self.problem(field, format!("{name:?} starts with {KUBE_API_ACCESS_PREFIX:?}, which belongs to the ServiceAccount admission plugin; use a keyward-… name"));
+        }
+        self.claim(ClaimKind::Volume, field, name);
+    }
+
+    /// An absolute mount path, away from the API token's.
+    pub fn mount_path(&mut self, field: &str, path: &str) {
+        if let Some(p) = mount_path_problem(path) {
+            self.problem(field, format!("{path:?} {p}"));
+        } else if path.starts_with(SERVICE_ACCOUNT_MOUNT_PATH) {
+            self.problem(field, format!("{path:?} is where Kubernetes mounts the API token; choose another path, e.g. /var/run/secrets/keyward/…"));
+        }
+        self.claim(ClaimKind::MountPath, field, path);
+    }
+
+    /// An env var name keyward sets.
+    pub fn env_name(&mut self, field: &str, name: &str) {
+        if !is_env_var_name(name) {
+            self.problem(field, format!("{name:?} is not a valid environment variable name ({ENV_VAR_NAME_RULE})"));
+        }
+        self.claim(ClaimKind::EnvVar, field, name);
+    }
+
+    /// A Secret or ConfigMap key, used as a file name in the volume.
+    pub fn data_key(&mut self, field: &str, key: &str) {
+        let valid = !key.is_empty()
+            && key.len() <= 253
+            && key != "."
+            && key != ".."
+            && key.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+        if !valid {
+            self.problem(
+                field,
+                "must be a Secret or ConfigMap key: letters, digits, '-', '_' and '.', not '.' or '..'",
+            );
+        }
+    }
+
+    /// A path inside a volume: relative, without `..`.
+    pub fn relative_path(&mut self, field: &str, path: &str) {
+        if let Some(p) = relative_path_problem(path) {
+            self.problem(field, p);
+        }
+    }
+
+    fn claim(&mut self, what: ClaimKind, field: &str, value: &str) {
+        let field = self.field(field);
+        self.claims.push(Claim { what, value: value.to_string(), field });
+    }
+
+    /// Every problem found, then every claim made.
+    pub fn finish(self) -> (Vec<(String, String)>, Vec<Claim>) {
+        (self.problems, self.claims)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn volumes_are_written_as_the_apiserver_defaults_them() {
+        let secret = VolumeSpec { name: "v".into(), source: Source::Secret { name: "s".into(), keys: None } };
+        assert_eq!(secret.to_json(), json!({"name": "v", "secret": {"secretName": "s", "defaultMode": 420}}));
+        let config_map = VolumeSpec {
+            name: "v".into(),
+            source: Source::ConfigMap { name: "c".into(), keys: Some(vec!["ca.crt".into()]) },
+        };
+        assert_eq!(
+            config_map.to_json(),
+            json!({"name": "v", "configMap": {"name": "c", "items": [{"key": "ca.crt", "path": "ca.crt"}], "defaultMode": 420}})
+        );
+        let token = VolumeSpec {
+            name: "t".into(),
+            source: Source::ServiceAccountToken { audience: "a".into(), expiration_seconds: 900, path: "token".into() },
+        };
+        assert_eq!(
+            token.to_json(),
+            json!({"name": "t", "projected": {"defaultMode": 420, "sources": [{"serviceAccountToken": {"audience": "a", "expirationSeconds": 900, "path": "token"}}]}})
+        );
+    }
+
+    #[test]
+    fn audit_items_serialise_kind_first() {
+        let item = AuditItem::new("token").with("secret", "s").with_int("n", 3);
+        assert_eq!(serde_json::to_string(&item).unwrap(), r#"{"kind":"token","secret":"s","n":3}"#);
+        assert_eq!(item.get("secret"), Some("s"));
+        assert_eq!(item.get_int("n"), Some(3));
+    }
+
+    #[test]
+    fn checks_name_the_field_under_the_prefix() {
+        let mut check = Check::default();
+        check.scoped("spec.inject.token").volume_name("volumeName", "Bad_Name");
+        check.mount_path("mountPath", "relative");
+        check.env_name("fileEnv", "1BAD");
+        let (problems, claims) = check.finish();
+        let fields: Vec<&str> = problems.iter().map(|(f, _)| f.as_str()).collect();
+        assert_eq!(
+            fields,
+            ["spec.inject.token.volumeName", "spec.inject.token.mountPath", "spec.inject.token.fileEnv"]
+        );
+        assert_eq!(claims.len(), 3);
+    }
+}

@@ -1,0 +1,39 @@
+//! keyward's injection engine.
+//!
+//! Everything here is pure: `(request facts, pod, profiles) -> Decision`. No async, no clock,
+//! no I/O. The binary reads files and sockets; this crate only decides.
+//!
+//! Layers, each using only those above it in this list:
+//! - [`text`], [`names`]: clipping and quoting, Kubernetes' name rules, globs, name templates.
+//! - [`inject`]: the building blocks of an injection (volume, mount, env, audit entry, checks).
+//! - [`kinds`]: one module per kind of injection, and the registry that lists them.
+//! - [`profile`]: the `InjectionProfile` schema (listing the kinds), loading and validation.
+//! - [`pod`]: the narrow view of the pod, decoded from the raw request.
+//! - [`select`], `plan`, `check`, [`audit`]: selection, the patch, the self-check, the record.
+//! - [`engine`]: the decision; [`review`]: the AdmissionReview envelope.
+
+#![warn(unreachable_pub)]
+
+pub mod audit;
+mod check;
+pub mod engine;
+mod error;
+pub mod inject;
+pub mod kinds;
+pub mod names;
+pub mod patch;
+mod plan;
+pub mod pod;
+pub mod profile;
+pub mod review;
+pub mod select;
+pub mod text;
+
+pub use audit::{
+    AuditRecord, ContainerScope, ANNOTATION_INJECTED, ANNOTATION_ORIGINAL_SA, TOTAL_ANNOTATION_SIZE_LIMIT,
+};
+pub use engine::{
+    decide, explain, Decision, Denial, Explanation, Mutation, ProfileTrace, Reason, RequestFacts, Requester,
+};
+pub use error::{Error, ProfileError};
+pub use profile::{Profile, ProfileSet};

@@ -1,0 +1,388 @@
+//! Planning the patch: a profile's injections merged into the pod view, never clobbering what
+//! the pod has. Identical things already there are left alone (so a second call is a no-op),
+//! and anything that collides and differs is a conflict that names the field and the fix.
+//!
+//! Paths are computed against the pod as the apiserver holds it: removals go from the highest
+//! index down, additions append (`/-`), and a missing or `null` array or map is added whole
+//! (strict RFC 6902 fails an `add` under a missing parent).
+
+use serde_json::Value;
+
+use crate::inject::{
+    ApiToken, EnvSpec, Injection, MountSpec, VolumeSpec, DEFAULT_MODE, DEFAULT_TOKEN_EXPIRATION_SECONDS,
+};
+use crate::patch::{PatchOp, Pointer};
+use crate::pod::{Container, ContainerList, Presence, Spec};
+use crate::profile::{EnvConflictPolicy, Profile};
+use crate::text::{clip, quoted};
+
+/// The patch for one profile, or why it cannot be made.
+#[derive(Debug, Default)]
+pub(crate) struct Plan<'p> {
+    pub ops: Vec<PatchOp>,
+    pub conflicts: Vec<String>,
+    pub warnings: Vec<String>,
+    /// The account the pod asked for, when the patch swaps it.
+    pub original_service_account: Option<String>,
+    /// What the patch adds and removes, for the self-check.
+    pub changes: Changes<'p>,
+}
+
+/// What a patch does to the pod's volumes, mounts and service account.
+#[derive(Debug, Default)]
+pub(crate) struct Changes<'p> {
+    pub volumes_added: Vec<&'p VolumeSpec>,
+    pub volumes_removed: Vec<usize>,
+    pub containers: Vec<ContainerChanges<'p>>,
+    /// `serviceAccountName` and `serviceAccount` after the patch, when either is set.
+    pub service_account: Option<(Option<String>, Option<String>)>,
+}
+
+#[derive(Debug)]
+pub(crate) struct ContainerChanges<'p> {
+    pub list: ContainerList,
+    pub index: usize,
+    pub mounts_added: Vec<&'p MountSpec>,
+    pub mounts_removed: Vec<usize>,
+}
+
+/// Merges `injections` (each kind's, in registry order) into the pod.
+pub(crate) fn plan<'p>(profile: &Profile, spec: &Spec<'_>, injections: &'p [(&'static str, Injection)]) -> Plan<'p> {
+    let mut plan = Plan::default();
+    let spec_at = || Pointer::root().key("spec");
+
+    // 1. The service account, and the Kubernetes API token.
+    if let Some(target) = injections.iter().find_map(|(_, i)| i.service_account.as_deref()) {
+        swap_service_account(spec, target, &mut plan);
+    }
+    let remove_token = injections.iter().any(|(_, i)| i.api_token == ApiToken::Remove);
+    if remove_token {
+        remove_api_token(spec, &mut plan);
+    }
+
+    // 2. Volumes.
+    let mut volumes = spec.volumes;
+    for (_, injection) in injections {
+        let Some((volume, _)) = &injection.volume else { continue };
+        let removed = |index: usize| plan.changes.volumes_removed.contains(&index);
+        match spec.volume_hits.iter().find(|h| h.name == volume.name && !removed(h.index)) {
+            Some(hit) if same_volume(hit.raw.get(), volume) => {}
+            Some(hit) => plan.conflicts.push(format!(
+                "spec.volumes[{}] is a volume named {:?} that differs from the one profile {:?} injects; rename your volume (names starting with keyward- are reserved for keyward)",
+                hit.index, volume.name, profile.name
+            )),
+            None => {
+                push(&mut plan.ops, &mut volumes, spec_at().key("volumes"), volume.to_json());
+                plan.changes.volumes_added.push(volume);
+            }
+        }
+    }
+
+    // 3. Mounts and env vars, in every container the profile targets.
+    let listed = &profile.spec.containers;
+    for container in spec.all_containers() {
+        if !listed.is_empty() && !listed.iter().any(|n| *n == container.name) {
+            continue;
+        }
+        let at = spec_at().key(container.list.field()).index(container.index);
+        let mut mounts = container.mounts;
+        let mut env = container.env;
+        let mut added = Vec::new();
+        for (_, injection) in injections {
+            if let Some((_, mount)) = &injection.volume {
+                match container.mount_hits.iter().find(|h| h.path == mount.path) {
+                    Some(hit) if same_mount(hit.raw.get(), mount) => {}
+                    Some(hit) => plan.conflicts.push(format!(
+                        "container {:?} already mounts volume {:?} at {:?} (spec.{}[{}].volumeMounts[{}]), where profile {:?} mounts {:?}; move that mount to another path{}",
+                        container.name, hit.volume, mount.path, container.list.field(), container.index, hit.index,
+                        profile.name, mount.volume, container_hint(profile)
+                    )),
+                    None => {
+                        push(&mut plan.ops, &mut mounts, at.clone().key("volumeMounts"), mount.to_json());
+                        added.push(mount);
+                    }
+                }
+            }
+            for var in &injection.env {
+                merge_env(profile, container, var, &at, &mut env, &mut plan);
+            }
+        }
+        if let Some(changes) =
+            plan.changes.containers.iter_mut().find(|c| c.list == container.list && c.index == container.index)
+        {
+            changes.mounts_added = added;
+        } else if !added.is_empty() {
+            plan.changes.containers.push(ContainerChanges {
+                list: container.list,
+                index: container.index,
+                mounts_added: added,
+                mounts_removed: Vec::new(),
+            });
+        }
+    }
+    for name in listed {
+        if !spec.all_containers().any(|c| c.name == name.as_str()) {
+            plan.warnings.push(format!(
+                "keyward: profile {:?} lists container {name:?}, which this pod does not have",
+                profile.name
+            ));
+        }
+    }
+    plan
+}
+
+fn merge_env(
+    profile: &Profile,
+    container: &Container<'_>,
+    var: &EnvSpec,
+    at: &Pointer,
+    env: &mut Presence,
+    plan: &mut Plan<'_>,
+) {
+    match container.env_hits.iter().find(|h| h.name == var.name) {
+        Some(hit) if same_env(hit.raw.get(), var) => {}
+        Some(hit) => {
+            let what = format!(
+                "container {:?} already sets {} (spec.{}[{}].env[{}]) to {}, profile {:?} sets it to {}",
+                container.name,
+                var.name,
+                container.list.field(),
+                container.index,
+                hit.index,
+                describe_env(&parse(hit.raw.get())),
+                profile.name,
+                describe_env(&var.to_json())
+            );
+            match profile.spec.on_env_conflict {
+                EnvConflictPolicy::KeepUser => {
+                    plan.warnings.push(format!("keyward: {what}; keeping the container's value"))
+                }
+                EnvConflictPolicy::Deny => plan.conflicts.push(format!(
+                    "{what}; remove it from the container, or set spec.onEnvConflict: keepUser in the profile"
+                )),
+            }
+        }
+        None => push(&mut plan.ops, env, at.clone().key("env"), var.to_json()),
+    }
+}
+
+/// Appends `item` to the array at `at`, adding the whole array when it is absent or `null`.
+fn push(ops: &mut Vec<PatchOp>, array: &mut Presence, at: Pointer, item: Value) {
+    match *array {
+        Presence::Present(n) => {
+            ops.push(PatchOp::add(at.end().into_string(), item));
+            *array = Presence::Present(n + 1);
+        }
+        Presence::Absent | Presence::Null => {
+            ops.push(PatchOp::add(at.into_string(), Value::Array(vec![item])));
+            *array = Presence::Present(1);
+        }
+    }
+}
+
+/// Sets a field of `spec`: `replace` when the key is there (even `null`), else `add`.
+fn set(ops: &mut Vec<PatchOp>, present: bool, field: &str, value: Value) {
+    let path = Pointer::root().key("spec").key(field).into_string();
+    ops.push(if present { PatchOp::replace(path, value) } else { PatchOp::add(path, value) });
+}
+
+/// Runs the pod as `target`, setting the deprecated `serviceAccount` to agree.
+fn swap_service_account(spec: &Spec<'_>, target: &str, plan: &mut Plan<'_>) {
+    let value =
+        |f: &Option<Option<std::borrow::Cow<'_, str>>>| f.as_ref().and_then(|v| v.as_deref()).map(str::to_string);
+    let (name, deprecated) = (value(&spec.service_account_name), value(&spec.service_account));
+    let current = name
+        .as_deref()
+        .filter(|s| !s.is_empty())
+        .or(deprecated.as_deref().filter(|s| !s.is_empty()))
+        .unwrap_or("default");
+    if current != target {
+        plan.original_service_account = Some(current.to_string());
+    }
+    if name.as_deref() != Some(target) {
+        set(&mut plan.ops, spec.service_account_name.is_some(), "serviceAccountName", Value::from(target));
+    }
+    if deprecated.as_deref() != Some(target) {
+        set(&mut plan.ops, spec.service_account.is_some(), "serviceAccount", Value::from(target));
+    }
+    plan.changes.service_account = Some((Some(target.to_string()), Some(target.to_string())));
+}
+
+/// Removes the API token the ServiceAccount admission plugin added: `automountServiceAccountToken:
+/// false`, the `kube-api-access-*` volumes, and every mount of them or at the token's path.
+fn remove_api_token(spec: &Spec<'_>, plan: &mut Plan<'_>) {
+    if spec.automount_service_account_token != Some(Some(false)) {
+        set(
+            &mut plan.ops,
+            spec.automount_service_account_token.is_some(),
+            "automountServiceAccountToken",
+            Value::Bool(false),
+        );
+    }
+    let removed: Vec<&str> = spec
+        .volume_hits
+        .iter()
+        .filter(|h| h.name.starts_with(crate::names::KUBE_API_ACCESS_PREFIX))
+        .map(|h| h.name.as_ref())
+        .collect();
+    // Mounts first, from the last container and the last index down.
+    for container in spec.all_containers().rev() {
+        let doomed: Vec<usize> = container
+            .mount_hits
+            .iter()
+            .filter(|m| m.path == crate::names::SERVICE_ACCOUNT_MOUNT_PATH || removed.contains(&m.volume.as_ref()))
+            .map(|m| m.index)
+            .collect();
+        for &index in doomed.iter().rev() {
+            let at = Pointer::root().key("spec").key(container.list.field()).index(container.index);
+            plan.ops.push(PatchOp::remove(at.key("volumeMounts").index(index).into_string()));
+        }
+        if !doomed.is_empty() {
+            plan.changes.containers.push(ContainerChanges {
+                list: container.list,
+                index: container.index,
+                mounts_added: Vec::new(),
+                mounts_removed: doomed,
+            });
+        }
+    }
+    let doomed: Vec<usize> = spec
+        .volume_hits
+        .iter()
+        .filter(|h| h.name.starts_with(crate::names::KUBE_API_ACCESS_PREFIX))
+        .map(|h| h.index)
+        .collect();
+    for &index in doomed.iter().rev() {
+        plan.ops.push(PatchOp::remove(Pointer::root().key("spec").key("volumes").index(index).into_string()));
+    }
+    plan.changes.volumes_removed = doomed;
+}
+
+fn container_hint(profile: &Profile) -> &'static str {
+    if profile.spec.containers.is_empty() {
+        ", or list the containers that need credentials in the profile's spec.containers"
+    } else {
+        ""
+    }
+}
+
+fn describe_env(e: &Value) -> String {
+    match (e.get("value").and_then(Value::as_str), e.pointer("/valueFrom/secretKeyRef")) {
+        (_, Some(secret)) => format!(
+            "secretKeyRef {}/{}",
+            clip(secret.get("name").and_then(Value::as_str).unwrap_or_default(), 64),
+            clip(secret.get("key").and_then(Value::as_str).unwrap_or_default(), 64)
+        ),
+        (_, None) if e.get("valueFrom").is_some_and(|v| !v.is_null()) => "a valueFrom reference".into(),
+        (Some(v), None) => quoted(v, 64),
+        (None, None) => "\"\"".into(),
+    }
+}
+
+// === comparing with what the pod has ===
+
+fn parse(raw: &str) -> Value {
+    serde_json::from_str(raw).unwrap_or(Value::Null)
+}
+
+/// Drops `null` members, which Kubernetes treats as absent.
+fn without_nulls(v: &mut Value) {
+    match v {
+        Value::Object(map) => {
+            map.retain(|_, v| !v.is_null());
+            map.values_mut().for_each(without_nulls);
+        }
+        Value::Array(items) => items.iter_mut().for_each(without_nulls),
+        _ => {}
+    }
+}
+
+/// A volume as the apiserver leaves it after defaulting, so that keyward's own output compares
+/// equal on a reinvocation.
+fn normalized_volume(mut v: Value) -> Value {
+    without_nulls(&mut v);
+    for source in ["secret", "configMap", "projected"] {
+        if let Some(Value::Object(s)) = v.get_mut(source) {
+            s.entry("defaultMode").or_insert(Value::from(DEFAULT_MODE));
+        }
+    }
+    if let Some(Value::Array(sources)) = v.pointer_mut("/projected/sources") {
+        for source in sources {
+            if let Some(Value::Object(token)) = source.get_mut("serviceAccountToken") {
+                token.entry("expirationSeconds").or_insert(Value::from(DEFAULT_TOKEN_EXPIRATION_SECONDS));
+            }
+        }
+    }
+    v
+}
+
+fn same_volume(theirs: &str, ours: &VolumeSpec) -> bool {
+    normalized_volume(parse(theirs)) == normalized_volume(ours.to_json())
+}
+
+fn same_mount(theirs: &str, ours: &MountSpec) -> bool {
+    let mut v = parse(theirs);
+    without_nulls(&mut v);
+    if let Value::Object(m) = &mut v {
+        if m.get("subPath").and_then(Value::as_str) == Some("") {
+            m.remove("subPath");
+        }
+        if m.get("mountPropagation").and_then(Value::as_str) == Some("None") {
+            m.remove("mountPropagation");
+        }
+    }
+    v == ours.to_json()
+}
+
+fn same_env(theirs: &str, ours: &EnvSpec) -> bool {
+    let mut v = parse(theirs);
+    without_nulls(&mut v);
+    if let Value::Object(e) = &mut v {
+        if e.get("value").and_then(Value::as_str) == Some("") && e.contains_key("valueFrom") {
+            e.remove("value");
+        }
+    }
+    v == ours.to_json()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inject::Source;
+    use serde_json::json;
+
+    #[test]
+    fn a_defaulted_volume_compares_equal_to_ours() {
+        let ours = VolumeSpec { name: "v".into(), source: Source::Secret { name: "s".into(), keys: None } };
+        assert!(same_volume(r#"{"name":"v","secret":{"secretName":"s"}}"#, &ours));
+        assert!(same_volume(r#"{"name":"v","secret":{"secretName":"s","defaultMode":420,"optional":null}}"#, &ours));
+        assert!(!same_volume(r#"{"name":"v","secret":{"secretName":"other"}}"#, &ours));
+        let token = VolumeSpec {
+            name: "t".into(),
+            source: Source::ServiceAccountToken {
+                audience: "a".into(),
+                expiration_seconds: 3600,
+                path: "token".into(),
+            },
+        };
+        assert!(same_volume(
+            r#"{"name":"t","projected":{"sources":[{"serviceAccountToken":{"audience":"a","path":"token"}}]}}"#,
+            &token
+        ));
+    }
+
+    #[test]
+    fn mounts_and_env_compare_as_kubernetes_defaults_them() {
+        let mount = MountSpec { volume: "v".into(), path: "/p".into() };
+        assert!(same_mount(r#"{"name":"v","mountPath":"/p","readOnly":true,"subPath":""}"#, &mount));
+        assert!(!same_mount(r#"{"name":"v","mountPath":"/p"}"#, &mount));
+        let env = EnvSpec { name: "A".into(), value: crate::inject::EnvValue::Value("1".into()) };
+        assert!(same_env(r#"{"name":"A","value":"1"}"#, &env));
+        assert!(!same_env(r#"{"name":"A","value":"2"}"#, &env));
+        assert_eq!(describe_env(&json!({"name": "A", "value": "x\ny"})), "\"x\\ny\"");
+        assert_eq!(
+            describe_env(&json!({"name": "A", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}})),
+            "secretKeyRef s/k"
+        );
+    }
+}

@@ -1,0 +1,771 @@
+//! The pod, as far as keyward reads it: a narrow view decoded straight from the request's JSON.
+//!
+//! Nothing here builds the whole pod. `request.object` stays raw; its `metadata` is decoded into
+//! [`Metadata`] (labels, the annotations keyward reads, the controller owner), which is all a
+//! profile needs to decide whether it selects the pod. Only for a selected pod is `spec` scanned
+//! into [`Spec`], and then only for what the planned injections touch: the volumes, mounts and
+//! env vars with their names or paths, the API-token volume and mounts, and the service-account
+//! fields. Everything else is skipped without being allocated, and strings are borrowed from the
+//! request wherever the JSON has no escapes. Time is linear in the size of the JSON, and memory
+//! a small multiple of it.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::names::{Labels, KUBE_API_ACCESS_PREFIX, SERVICE_ACCOUNT_MOUNT_PATH};
+
+// === the view ===
+
+/// The top of the pod object: `metadata` and `spec`, still raw.
+#[derive(Debug, Clone, Copy)]
+pub struct PodObject<'a> {
+    pub metadata: Option<&'a RawValue>,
+    pub spec: Option<&'a RawValue>,
+}
+
+/// What keyward reads of `metadata`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Metadata<'a> {
+    pub name: Option<Cow<'a, str>>,
+    pub generate_name: Option<Cow<'a, str>>,
+    pub labels: Labels<'a>,
+    pub annotations: Annotations<'a>,
+    /// The ownerReference with `controller: true`.
+    pub controller_owner: Option<Owner<'a>>,
+}
+
+/// The annotations: their total size as the apiserver counts it, and the values of the keys
+/// keyward reads (its own, and those profiles select on).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Annotations<'a> {
+    pub state: Presence,
+    /// Keys plus values, in bytes.
+    pub total_bytes: usize,
+    pub kept: Labels<'a>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner<'a> {
+    pub api_version: Cow<'a, str>,
+    pub kind: Cow<'a, str>,
+    pub name: Cow<'a, str>,
+    pub uid: Cow<'a, str>,
+}
+
+/// Whether a field is in the JSON: absent, `null`, or there (for an array, with its length).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Presence {
+    #[default]
+    Absent,
+    Null,
+    Present(usize),
+}
+
+impl Presence {
+    /// Whether an `add` under it needs the whole array or map first.
+    pub fn is_there(self) -> bool {
+        matches!(self, Self::Present(_))
+    }
+}
+
+/// What to look for in `spec`: the names and paths the planned injections use.
+#[derive(Debug, Clone, Default)]
+pub struct Wanted<'w> {
+    pub volume_names: Vec<&'w str>,
+    pub mount_paths: Vec<&'w str>,
+    pub env_names: Vec<&'w str>,
+    /// Also find the Kubernetes API token's volumes and mounts (to remove them).
+    pub api_token: bool,
+}
+
+/// What keyward read of `spec`.
+#[derive(Debug, Clone, Default)]
+pub struct Spec<'a> {
+    pub volumes: Presence,
+    /// The volumes named like an injected one, or (when asked) `kube-api-access-*`.
+    pub volume_hits: Vec<VolumeHit<'a>>,
+    pub init_containers: Vec<Container<'a>>,
+    pub containers: Vec<Container<'a>>,
+    /// `None`: absent; `Some(None)`: `null`.
+    pub service_account_name: Option<Option<Cow<'a, str>>>,
+    pub service_account: Option<Option<Cow<'a, str>>>,
+    pub automount_service_account_token: Option<Option<bool>>,
+}
+
+#[derive(Debug, Clone)]
+pub struct VolumeHit<'a> {
+    pub index: usize,
+    pub name: Cow<'a, str>,
+    pub raw: &'a RawValue,
+}
+
+/// One init container or container.
+#[derive(Debug, Clone)]
+pub struct Container<'a> {
+    pub list: ContainerList,
+    pub index: usize,
+    pub name: Cow<'a, str>,
+    pub mounts: Presence,
+    pub env: Presence,
+    /// Mounts at an injected path, or (when asked) of the API token.
+    pub mount_hits: Vec<MountHit<'a>>,
+    /// Env vars named like an injected one.
+    pub env_hits: Vec<EnvHit<'a>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContainerList {
+    Init,
+    Main,
+}
+
+impl ContainerList {
+    /// The field under `spec`.
+    pub fn field(self) -> &'static str {
+        match self {
+            Self::Init => "initContainers",
+            Self::Main => "containers",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct MountHit<'a> {
+    pub index: usize,
+    pub volume: Cow<'a, str>,
+    pub path: Cow<'a, str>,
+    pub raw: &'a RawValue,
+}
+
+impl MountHit<'_> {
+    /// A mount of the Kubernetes API token.
+    pub fn is_api_token(&self) -> bool {
+        self.path == SERVICE_ACCOUNT_MOUNT_PATH || self.volume.starts_with(KUBE_API_ACCESS_PREFIX)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct EnvHit<'a> {
+    pub index: usize,
+    pub name: Cow<'a, str>,
+    pub raw: &'a RawValue,
+}
+
+impl<'a> Spec<'a> {
+    /// Init containers first (they run first; native sidecars are init containers), then
+    /// containers.
+    pub fn all_containers(&self) -> impl DoubleEndedIterator<Item = &Container<'a>> {
+        self.init_containers.iter().chain(self.containers.iter())
+    }
+}
+
+// === decoding ===
+
+/// Splits the pod object into its raw `metadata` and `spec`.
+pub fn split(object: &RawValue) -> Result<PodObject<'_>, String> {
+    #[derive(Deserialize)]
+    struct Top<'a> {
+        #[serde(borrow, default)]
+        metadata: Option<&'a RawValue>,
+        #[serde(borrow, default)]
+        spec: Option<&'a RawValue>,
+    }
+    if !is_object(object) {
+        return Err("expected an object".into());
+    }
+    let top: Top<'_> = serde_json::from_str(object.get()).map_err(|e| e.to_string())?;
+    Ok(PodObject { metadata: top.metadata, spec: top.spec })
+}
+
+/// Decodes `metadata`, keeping the values of the annotations in `keep`.
+pub fn metadata<'a>(raw: Option<&'a RawValue>, keep: &[&str]) -> Result<Metadata<'a>, String> {
+    match raw {
+        None => Ok(Metadata::default()),
+        Some(raw) => {
+            let mut de = serde_json::Deserializer::from_str(raw.get());
+            let meta = MetadataSeed { keep }.deserialize(&mut de).map_err(|e| e.to_string())?;
+            Ok(meta.unwrap_or_default())
+        }
+    }
+}
+
+/// Scans `spec` for what `wanted` names.
+pub fn spec<'a>(raw: Option<&'a RawValue>, wanted: &Wanted<'_>) -> Result<Spec<'a>, String> {
+    let Some(raw) = raw else { return Err("spec is missing".into()) };
+    let mut de = serde_json::Deserializer::from_str(raw.get());
+    SpecSeed { wanted }.deserialize(&mut de).map_err(|e| e.to_string())?.ok_or_else(|| "spec is null".into())
+}
+
+/// A string, borrowed from the input when it has no escapes.
+struct Str;
+
+impl<'de> DeserializeSeed<'de> for Str {
+    type Value = Cow<'de, str>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_str(StrVisitor)
+    }
+}
+
+struct StrVisitor;
+
+impl<'de> Visitor<'de> for StrVisitor {
+    type Value = Cow<'de, str>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a string")
+    }
+    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+        Ok(Cow::Borrowed(v))
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(Cow::Owned(v.to_string()))
+    }
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
+        Ok(Cow::Owned(v))
+    }
+}
+
+/// A string's length, never copied (an escaped string is decoded into the parser's scratch
+/// buffer and measured there).
+struct StrLen;
+
+impl<'de> DeserializeSeed<'de> for StrLen {
+    type Value = usize;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<usize, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = usize;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<usize, E> {
+                Ok(v.len())
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// `null`, or what `inner` reads.
+struct Nullable<S>(S);
+
+impl<'de, S: DeserializeSeed<'de>> DeserializeSeed<'de> for Nullable<S> {
+    type Value = Option<S::Value>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        struct V<S>(S);
+        impl<'de, S: DeserializeSeed<'de>> Visitor<'de> for V<S> {
+            type Value = Option<S::Value>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a value or null")
+            }
+            fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(None)
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(None)
+            }
+            fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+                self.0.deserialize(d).map(Some)
+            }
+        }
+        d.deserialize_option(V(self.0))
+    }
+}
+
+// --- metadata ---
+
+struct MetadataSeed<'k> {
+    keep: &'k [&'k str],
+}
+
+impl<'de> DeserializeSeed<'de> for MetadataSeed<'_> {
+    type Value = Option<Metadata<'de>>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        Nullable(MetadataMap { keep: self.keep }).deserialize(d)
+    }
+}
+
+struct MetadataMap<'k> {
+    keep: &'k [&'k str],
+}
+
+impl<'de> DeserializeSeed<'de> for MetadataMap<'_> {
+    type Value = Metadata<'de>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for MetadataMap<'_> {
+    type Value = Metadata<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("metadata as an object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut meta = Metadata::default();
+        while let Some(key) = map.next_key_seed(Str)? {
+            match key.as_ref() {
+                "name" => meta.name = map.next_value_seed(Nullable(Str))?,
+                "generateName" => meta.generate_name = map.next_value_seed(Nullable(Str))?,
+                "labels" => meta.labels = map.next_value_seed(Nullable(StringMap))?.unwrap_or_default(),
+                "annotations" => {
+                    meta.annotations = map
+                        .next_value_seed(Nullable(AnnotationsSeed { keep: self.keep }))?
+                        .unwrap_or(Annotations { state: Presence::Null, ..Annotations::default() })
+                }
+                "ownerReferences" => meta.controller_owner = map.next_value_seed(Nullable(OwnersSeed))?.flatten(),
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(meta)
+    }
+}
+
+/// A map of strings to strings (labels).
+struct StringMap;
+
+impl<'de> DeserializeSeed<'de> for StringMap {
+    type Value = Labels<'de>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for StringMap {
+    type Value = Labels<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a map of strings to strings")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut out = Labels::new();
+        while let Some(key) = map.next_key_seed(Str)? {
+            let value = map.next_value_seed(Str)?;
+            out.insert(key, value);
+        }
+        Ok(out)
+    }
+}
+
+struct AnnotationsSeed<'k> {
+    keep: &'k [&'k str],
+}
+
+impl<'de> DeserializeSeed<'de> for AnnotationsSeed<'_> {
+    type Value = Annotations<'de>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for AnnotationsSeed<'_> {
+    type Value = Annotations<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("annotations as a map of strings to strings")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut out = Annotations { state: Presence::Present(0), ..Annotations::default() };
+        let mut count = 0;
+        while let Some(key) = map.next_key_seed(Str)? {
+            count += 1;
+            if self.keep.contains(&key.as_ref()) {
+                let value = map.next_value_seed(Str)?;
+                out.total_bytes += key.len() + value.len();
+                out.kept.insert(key, value);
+            } else {
+                out.total_bytes += key.len() + map.next_value_seed(StrLen)?;
+            }
+        }
+        out.state = Presence::Present(count);
+        Ok(out)
+    }
+}
+
+/// The ownerReferences: only the controller is kept.
+struct OwnersSeed;
+
+impl<'de> DeserializeSeed<'de> for OwnersSeed {
+    type Value = Option<Owner<'de>>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for OwnersSeed {
+    type Value = Option<Owner<'de>>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ownerReferences as a list")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Reference<'a> {
+            #[serde(borrow)]
+            api_version: Cow<'a, str>,
+            #[serde(borrow)]
+            kind: Cow<'a, str>,
+            #[serde(borrow)]
+            name: Cow<'a, str>,
+            #[serde(borrow)]
+            uid: Cow<'a, str>,
+            #[serde(default)]
+            controller: Option<bool>,
+        }
+        let mut controller = None;
+        let mut index = 0;
+        while let Some(raw) = seq.next_element::<&'de RawValue>()? {
+            let r: Reference<'de> = element(raw, "metadata.ownerReferences", index)?;
+            index += 1;
+            if controller.is_none() && r.controller == Some(true) {
+                controller = Some(Owner { api_version: r.api_version, kind: r.kind, name: r.name, uid: r.uid });
+            }
+        }
+        Ok(controller)
+    }
+}
+
+// --- spec ---
+
+struct SpecSeed<'w> {
+    wanted: &'w Wanted<'w>,
+}
+
+impl<'de> DeserializeSeed<'de> for SpecSeed<'_> {
+    type Value = Option<Spec<'de>>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        Nullable(SpecMap { wanted: self.wanted }).deserialize(d)
+    }
+}
+
+struct SpecMap<'w> {
+    wanted: &'w Wanted<'w>,
+}
+
+impl<'de> DeserializeSeed<'de> for SpecMap<'_> {
+    type Value = Spec<'de>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for SpecMap<'_> {
+    type Value = Spec<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("spec as an object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut spec = Spec::default();
+        while let Some(key) = map.next_key_seed(Str)? {
+            match key.as_ref() {
+                "volumes" => {
+                    (spec.volumes, spec.volume_hits) = map
+                        .next_value_seed(Nullable(VolumesSeed { wanted: self.wanted }))?
+                        .map_or((Presence::Null, Vec::new()), |(n, hits)| (Presence::Present(n), hits));
+                }
+                "initContainers" => {
+                    let seed = ContainersSeed { wanted: self.wanted, list: ContainerList::Init };
+                    spec.init_containers = map.next_value_seed(Nullable(seed))?.unwrap_or_default();
+                }
+                "containers" => {
+                    let seed = ContainersSeed { wanted: self.wanted, list: ContainerList::Main };
+                    spec.containers = map.next_value_seed(Nullable(seed))?.unwrap_or_default();
+                }
+                "serviceAccountName" => spec.service_account_name = Some(map.next_value_seed(Nullable(Str))?),
+                "serviceAccount" => spec.service_account = Some(map.next_value_seed(Nullable(Str))?),
+                "automountServiceAccountToken" => {
+                    spec.automount_service_account_token = Some(map.next_value::<Option<bool>>()?)
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(spec)
+    }
+}
+
+/// Whether a raw value is a JSON object (serde's derived structs would also take a list).
+fn is_object(raw: &RawValue) -> bool {
+    raw.get().trim_start().starts_with('{')
+}
+
+/// A list element kept raw, with the fields that name it read from it.
+fn element<'de, T: Deserialize<'de>, E: de::Error>(raw: &'de RawValue, what: &str, index: usize) -> Result<T, E> {
+    if !is_object(raw) {
+        return Err(E::custom(format_args!("{what}[{index}]: expected an object")));
+    }
+    serde_json::from_str(raw.get()).map_err(|e| E::custom(format_args!("{what}[{index}]: {e}")))
+}
+
+struct VolumesSeed<'w> {
+    wanted: &'w Wanted<'w>,
+}
+
+impl<'de> DeserializeSeed<'de> for VolumesSeed<'_> {
+    type Value = (usize, Vec<VolumeHit<'de>>);
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for VolumesSeed<'_> {
+    type Value = (usize, Vec<VolumeHit<'de>>);
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("spec.volumes as a list")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        #[derive(Deserialize)]
+        struct Named<'a> {
+            #[serde(borrow)]
+            name: Cow<'a, str>,
+        }
+        let mut hits = Vec::new();
+        let mut index = 0;
+        while let Some(raw) = seq.next_element::<&'de RawValue>()? {
+            let Named { name } = element(raw, "spec.volumes", index)?;
+            let wanted = self.wanted.volume_names.contains(&name.as_ref())
+                || (self.wanted.api_token && name.starts_with(KUBE_API_ACCESS_PREFIX));
+            if wanted {
+                hits.push(VolumeHit { index, name, raw });
+            }
+            index += 1;
+        }
+        Ok((index, hits))
+    }
+}
+
+struct ContainersSeed<'w> {
+    wanted: &'w Wanted<'w>,
+    list: ContainerList,
+}
+
+impl<'de> DeserializeSeed<'de> for ContainersSeed<'_> {
+    type Value = Vec<Container<'de>>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ContainersSeed<'_> {
+    type Value = Vec<Container<'de>>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "spec.{} as a list", self.list.field())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut out = Vec::new();
+        while let Some(c) =
+            seq.next_element_seed(ContainerSeed { wanted: self.wanted, list: self.list, index: out.len() })?
+        {
+            out.push(c);
+        }
+        Ok(out)
+    }
+}
+
+struct ContainerSeed<'w> {
+    wanted: &'w Wanted<'w>,
+    list: ContainerList,
+    index: usize,
+}
+
+impl<'de> DeserializeSeed<'de> for ContainerSeed<'_> {
+    type Value = Container<'de>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ContainerSeed<'_> {
+    type Value = Container<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "spec.{}[{}] as an object", self.list.field(), self.index)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let at = |field: &str| format!("spec.{}[{}].{field}", self.list.field(), self.index);
+        let mut name = None;
+        let mut c = Container {
+            list: self.list,
+            index: self.index,
+            name: Cow::Borrowed(""),
+            mounts: Presence::Absent,
+            env: Presence::Absent,
+            mount_hits: Vec::new(),
+            env_hits: Vec::new(),
+        };
+        while let Some(key) = map.next_key_seed(Str)? {
+            match key.as_ref() {
+                "name" => name = Some(map.next_value_seed(Str)?),
+                "volumeMounts" => {
+                    let seed = MountsSeed { wanted: self.wanted, at: at("volumeMounts") };
+                    (c.mounts, c.mount_hits) = map
+                        .next_value_seed(Nullable(seed))?
+                        .map_or((Presence::Null, Vec::new()), |(n, hits)| (Presence::Present(n), hits));
+                }
+                "env" => {
+                    let seed = EnvSeed { wanted: self.wanted, at: at("env") };
+                    (c.env, c.env_hits) = map
+                        .next_value_seed(Nullable(seed))?
+                        .map_or((Presence::Null, Vec::new()), |(n, hits)| (Presence::Present(n), hits));
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        c.name = name.ok_or_else(|| de::Error::custom(format_args!("{}: required", at("name"))))?;
+        Ok(c)
+    }
+}
+
+struct MountsSeed<'w> {
+    wanted: &'w Wanted<'w>,
+    at: String,
+}
+
+impl<'de> DeserializeSeed<'de> for MountsSeed<'_> {
+    type Value = (usize, Vec<MountHit<'de>>);
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for MountsSeed<'_> {
+    type Value = (usize, Vec<MountHit<'de>>);
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} as a list", self.at)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Mount<'a> {
+            #[serde(borrow)]
+            name: Cow<'a, str>,
+            #[serde(borrow)]
+            mount_path: Cow<'a, str>,
+        }
+        let mut hits = Vec::new();
+        let mut index = 0;
+        while let Some(raw) = seq.next_element::<&'de RawValue>()? {
+            let Mount { name, mount_path } = element(raw, &self.at, index)?;
+            let hit = MountHit { index, volume: name, path: mount_path, raw };
+            if self.wanted.mount_paths.contains(&hit.path.as_ref()) || (self.wanted.api_token && hit.is_api_token()) {
+                hits.push(hit);
+            }
+            index += 1;
+        }
+        Ok((index, hits))
+    }
+}
+
+struct EnvSeed<'w> {
+    wanted: &'w Wanted<'w>,
+    at: String,
+}
+
+impl<'de> DeserializeSeed<'de> for EnvSeed<'_> {
+    type Value = (usize, Vec<EnvHit<'de>>);
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for EnvSeed<'_> {
+    type Value = (usize, Vec<EnvHit<'de>>);
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} as a list", self.at)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        #[derive(Deserialize)]
+        struct Named<'a> {
+            #[serde(borrow)]
+            name: Cow<'a, str>,
+        }
+        let mut hits = Vec::new();
+        let mut index = 0;
+        while let Some(raw) = seq.next_element::<&'de RawValue>()? {
+            let Named { name } = element(raw, &self.at, index)?;
+            if self.wanted.env_names.contains(&name.as_ref()) {
+                hits.push(EnvHit { index, name, raw });
+            }
+            index += 1;
+        }
+        Ok((index, hits))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(json: &str) -> Box<RawValue> {
+        RawValue::from_string(json.to_string()).unwrap()
+    }
+
+    #[test]
+    fn metadata_keeps_labels_owner_and_only_the_annotations_asked_for() {
+        let pod =
+            raw(r#"{"apiVersion":"v1","kind":"Pod","metadata":{"generateName":"job-","labels":{"app":"x","a\/b":"y"},
+            "annotations":{"keyward.io/injected":"{}","big":"aa\"bb"},
+            "ownerReferences":[{"apiVersion":"apps/v1","kind":"ReplicaSet","name":"rs","uid":"u0"},
+                               {"apiVersion":"batch/v1","kind":"Job","name":"j","uid":"u1","controller":true}]},
+            "spec":{"containers":[]}}"#);
+        let top = split(&pod).unwrap();
+        let meta = metadata(top.metadata, &["keyward.io/injected"]).unwrap();
+        assert_eq!(meta.generate_name.as_deref(), Some("job-"));
+        assert_eq!(meta.labels.get("a/b").map(|v| v.as_ref()), Some("y"), "escaped keys are decoded");
+        assert_eq!(meta.annotations.kept.len(), 1);
+        // keys and decoded values: "keyward.io/injected" + "{}" + "big" + `aa"bb`
+        assert_eq!(meta.annotations.total_bytes, 19 + 2 + 3 + 5);
+        let owner = meta.controller_owner.unwrap();
+        assert_eq!((owner.kind.as_ref(), owner.name.as_ref(), owner.uid.as_ref()), ("Job", "j", "u1"));
+        assert!(matches!(owner.name, Cow::Borrowed(_)), "unescaped strings are borrowed");
+    }
+
+    #[test]
+    fn spec_records_only_what_is_wanted() {
+        let pod = raw(
+            r#"{"spec":{"volumes":[{"name":"data","emptyDir":{}},{"name":"kube-api-access-x","projected":{}},{"name":"keyward-token","secret":{}}],
+            "initContainers":[{"name":"init","volumeMounts":[{"name":"kube-api-access-x","mountPath":"/var/run/secrets/kubernetes.io/serviceaccount"}]}],
+            "containers":[{"name":"main","image":"x","env":[{"name":"A","value":"1"},{"name":"TOKEN","value":"2"}],
+               "volumeMounts":[{"name":"data","mountPath":"/data"},{"name":"x","mountPath":"/t"}]}],
+            "serviceAccountName":"default","automountServiceAccountToken":null}}"#,
+        );
+        let wanted = Wanted {
+            volume_names: vec!["keyward-token"],
+            mount_paths: vec!["/t"],
+            env_names: vec!["TOKEN"],
+            api_token: true,
+        };
+        let spec = spec(split(&pod).unwrap().spec, &wanted).unwrap();
+        assert_eq!(spec.volumes, Presence::Present(3));
+        let hits: Vec<(usize, &str)> = spec.volume_hits.iter().map(|h| (h.index, h.name.as_ref())).collect();
+        assert_eq!(hits, [(1, "kube-api-access-x"), (2, "keyward-token")]);
+        assert!(spec.init_containers[0].mount_hits[0].is_api_token());
+        let main = &spec.containers[0];
+        assert_eq!((main.mounts, main.env), (Presence::Present(2), Presence::Present(2)));
+        assert_eq!(main.mount_hits.len(), 1);
+        assert_eq!(main.mount_hits[0].index, 1);
+        assert_eq!(main.env_hits[0].index, 1);
+        assert_eq!(spec.service_account_name, Some(Some(Cow::Borrowed("default"))));
+        assert_eq!(spec.service_account, None);
+        assert_eq!(spec.automount_service_account_token, Some(None));
+    }
+
+    #[test]
+    fn wrong_types_are_errors_that_say_where() {
+        let pod = raw(r#"{"spec":{"containers":[{"name":"c","env":"nope"}]}}"#);
+        let err = spec(split(&pod).unwrap().spec, &Wanted::default()).unwrap_err();
+        assert!(err.starts_with("invalid type: string \"nope\", expected spec.containers[0].env as a list"), "{err}");
+        let pod = raw(r#"{"spec":{"containers":[{"image":"x"}]}}"#);
+        let err = spec(split(&pod).unwrap().spec, &Wanted::default()).unwrap_err();
+        assert!(err.starts_with("spec.containers[0].name: required"), "{err}");
+        let pod = raw(r#"{"metadata":{"labels":["a"]}}"#);
+        let err = metadata(split(&pod).unwrap().metadata, &[]).unwrap_err();
+        assert!(err.contains("expected a map of strings to strings"), "{err}");
+        assert!(split(&raw("[1]")).is_err());
+    }
+}

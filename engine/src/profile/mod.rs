@@ -1,0 +1,269 @@
+//! Injection profiles: which pods, who may create them, what to inject.
+//!
+//! - [`schema`]: the `InjectionProfile` document as written in YAML.
+//! - `load`: reading YAML sources and the built-ins.
+//! - `validate`: what serde cannot check, every problem with its file, profile and field.
+//!
+//! Profiles are validated as a whole before any is used, so a typo never turns into a silently
+//! skipped injection.
+
+mod load;
+pub mod schema;
+mod validate;
+
+pub use schema::{
+    EnvConflictPolicy, LabelSelector, LabelSelectorRequirement, Otherwise, OwnerKind, ProfileDocument, ProfileSpec,
+    Requesters, SelectorOperator, API_VERSION, KIND,
+};
+
+use crate::names::{is_dns1123_label, service_account_pattern, DNS1123_LABEL_RULE};
+
+/// A profile that passed validation. Only these reach the engine.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Profile {
+    pub name: String,
+    /// Where it came from (a file path or `builtin:…`), for messages.
+    pub source: String,
+    pub spec: ProfileSpec,
+}
+
+/// The profiles in force, validated together (names unique).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ProfileSet {
+    profiles: Vec<Profile>,
+}
+
+impl ProfileSet {
+    fn new(profiles: Vec<Profile>) -> Self {
+        Self { profiles }
+    }
+
+    /// This set, with every profile of `overrides` added; an override replaces the profile of
+    /// the same name. This is how `--profiles DIR` extends or replaces the built-ins.
+    pub fn overlay(mut self, overrides: ProfileSet) -> Self {
+        for profile in overrides.profiles {
+            match self.profiles.iter_mut().find(|p| p.name == profile.name) {
+                Some(slot) => *slot = profile,
+                None => self.profiles.push(profile),
+            }
+        }
+        self
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Profile> {
+        self.profiles.iter()
+    }
+
+    pub fn len(&self) -> usize {
+        self.profiles.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.profiles.is_empty()
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Profile> {
+        self.profiles.iter().find(|p| p.name == name)
+    }
+
+    /// Pins the operator's namespace in a profile's requesters: every
+    /// `system:serviceaccount:NAMESPACE:NAME` pattern whose namespace is a wildcard gets
+    /// `namespace` instead, so that only the operator's own account (not a tenant's account of
+    /// the same name) may create the profile's pods. Returns the patterns now in force.
+    pub fn pin_operator_namespace(&mut self, profile: &str, namespace: &str) -> Result<Vec<String>, String> {
+        if !is_dns1123_label(namespace) {
+            return Err(format!("{namespace:?} is not a namespace name ({DNS1123_LABEL_RULE})"));
+        }
+        let known = self.profiles.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", ");
+        let Some(p) = self.profiles.iter_mut().find(|p| p.name == profile) else {
+            return Err(format!("no profile named {profile:?} (profiles: {known})"));
+        };
+        let mut pinned = 0;
+        for pattern in &mut p.spec.requesters.usernames {
+            if let Some((ns, name)) = service_account_pattern(pattern) {
+                if ns.contains(['*', '?']) {
+                    *pattern = format!("system:serviceaccount:{namespace}:{name}");
+                    pinned += 1;
+                }
+            }
+        }
+        if pinned == 0 {
+            return Err(format!(
+                "profile {profile:?} has no requester of the form system:serviceaccount:*:NAME to pin (requesters: {})",
+                p.spec.requesters.usernames.join(", ")
+            ));
+        }
+        Ok(p.spec.requesters.usernames.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Error;
+
+    fn load(yaml: &str) -> Result<ProfileSet, Vec<String>> {
+        ProfileSet::from_sources([("profiles/test.yaml".to_string(), yaml.to_string())]).map_err(|e| match e {
+            Error::Profiles(errs) => errs.iter().map(ToString::to_string).collect(),
+            other => vec![other.to_string()],
+        })
+    }
+
+    const VALID: &str = r#"
+apiVersion: keyward.io/v1alpha1
+kind: InjectionProfile
+metadata:
+  name: demo
+spec:
+  selector:
+    matchLabels:
+      app: demo
+  requesters:
+    usernames: ["system:serviceaccount:*:demo-operator"]
+  inject:
+    serviceAccountToken:
+      audience: https://control-plane.example
+      mountPath: /var/run/secrets/keyward/sa-token
+"#;
+
+    #[test]
+    fn builtin_profiles_are_valid() {
+        let set = ProfileSet::builtin().unwrap();
+        let names: Vec<_> = set.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["lmeval-job", "kuberay-node", "rayjob-submitter", "kserve-inferencegraph"]);
+    }
+
+    #[test]
+    fn defaults_fill_in() {
+        let set = load(VALID).unwrap();
+        let sat = set.get("demo").unwrap().spec.inject.service_account_token.clone().unwrap();
+        assert_eq!(sat.expiration_seconds, 3600);
+        assert_eq!(sat.path, "token");
+        assert_eq!(sat.volume_name, "keyward-sa-token");
+        assert_eq!(set.get("demo").unwrap().spec.requesters.otherwise, Otherwise::Skip);
+    }
+
+    #[test]
+    fn unknown_field_is_refused_with_file_and_profile() {
+        let errs = load(&VALID.replace("audience:", "audiense:")).unwrap_err();
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(
+            errs[0].starts_with("profiles/test.yaml: profile \"demo\": spec.inject.serviceAccountToken.audiense: document 1: unknown field `audiense`, expected one of `audience`"),
+            "{}",
+            errs[0]
+        );
+    }
+
+    #[test]
+    fn short_expiration_is_refused() {
+        let errs = load(
+            &VALID.replace("audience: https://control-plane.example", "audience: a\n      expirationSeconds: 599"),
+        )
+        .unwrap_err();
+        assert_eq!(errs.len(), 1);
+        assert_eq!(
+            errs[0],
+            "profiles/test.yaml: profile \"demo\": spec.inject.serviceAccountToken.expirationSeconds: is 599; the apiserver refuses projected tokens under 600 seconds (10 minutes): use 600 or more (3600 is usual)"
+        );
+    }
+
+    #[test]
+    fn bad_names_and_paths_are_each_reported() {
+        let yaml = VALID.replace(
+            "      mountPath: /var/run/secrets/keyward/sa-token\n",
+            "      mountPath: /var/run/secrets/keyward/sa-token\n      volumeName: kube-api-access-x\n      path: ../token\n    token:\n      secretName: api-key\n      volumeName: Bad_Name\n      mountPath: relative/path\n      fileEnv: 1BAD\n    serverCA:\n      secretName: ca\n      mountPath: /var/run/secrets/keyward/sa-token\n",
+        );
+        let errs = load(&yaml).unwrap_err();
+        let joined = errs.join("\n");
+        for needle in [
+            "spec.inject.serviceAccountToken.volumeName: \"kube-api-access-x\" starts with \"kube-api-access-\"",
+            "spec.inject.serviceAccountToken.path: must not contain a '..' segment",
+            "spec.inject.token.volumeName: \"Bad_Name\" is not a DNS-1123 label",
+            "spec.inject.token.mountPath: \"relative/path\" must be an absolute path",
+            "spec.inject.token.fileEnv: \"1BAD\" is not a valid environment variable name",
+            "spec.inject.serviceAccountToken.mountPath: mount path \"/var/run/secrets/keyward/sa-token\" is already used by spec.inject.serverCA.mountPath",
+        ] {
+            assert!(joined.contains(needle), "missing {needle:?} in:\n{joined}");
+        }
+    }
+
+    #[test]
+    fn requester_patterns_must_name_someone() {
+        for (pattern, reason) in [
+            ("*", "would allow anyone"),
+            ("*:*", "would allow anyone"),
+            ("system:serviceaccount:*:*", "would allow every service account"),
+            ("system:serviceaccount::op", "has an empty ':'-separated segment"),
+        ] {
+            let joined = load(&VALID.replace("system:serviceaccount:*:demo-operator", pattern)).unwrap_err().join("\n");
+            assert!(joined.contains(&format!("spec.requesters.usernames[0]: {pattern:?} {reason}")), "{joined}");
+        }
+    }
+
+    #[test]
+    fn selector_keys_and_values_follow_kubernetes() {
+        let yaml = VALID.replace(
+            "    matchLabels:\n      app: demo\n",
+            "    matchLabels:\n      app: \"-bad\"\n    matchExpressions:\n      - {key: \"Bad Key\", operator: In, values: [ok, \"not ok\"]}\n",
+        );
+        let joined = load(&yaml).unwrap_err().join("\n");
+        for needle in [
+            "spec.selector.matchLabels[\"app\"]: \"-bad\" is not a valid label value",
+            "spec.selector.matchExpressions[0].key: \"Bad Key\" is not a valid label key",
+            "spec.selector.matchExpressions[0].values[1]: \"not ok\" is not a valid label value",
+        ] {
+            assert!(joined.contains(needle), "missing {needle:?} in:\n{joined}");
+        }
+    }
+
+    #[test]
+    fn the_operator_namespace_can_be_pinned() {
+        let mut set = ProfileSet::builtin().unwrap();
+        let pinned = set.pin_operator_namespace("lmeval-job", "opendatahub").unwrap();
+        assert_eq!(pinned, ["system:serviceaccount:opendatahub:trustyai-service-operator-controller-manager"]);
+        let err = set.pin_operator_namespace("no-such", "x").unwrap_err();
+        assert!(err.starts_with("no profile named \"no-such\" (profiles: lmeval-job, "), "{err}");
+        let err = set.pin_operator_namespace("rayjob-submitter", "ray").unwrap_err();
+        assert!(err.contains("has no requester of the form system:serviceaccount:*:NAME"), "{err}");
+        let err = set.pin_operator_namespace("lmeval-job", "Bad_NS").unwrap_err();
+        assert!(err.starts_with("\"Bad_NS\" is not a namespace name"), "{err}");
+    }
+
+    #[test]
+    fn empty_selector_and_open_requesters_are_refused() {
+        let yaml = VALID
+            .replace("    matchLabels:\n      app: demo\n", "    matchLabels: {}\n")
+            .replace("[\"system:serviceaccount:*:demo-operator\"]", "[\"*\"]");
+        let joined = load(&yaml).unwrap_err().join("\n");
+        assert!(joined.contains("spec.selector: must not be empty"), "{joined}");
+        assert!(joined.contains("spec.requesters.usernames[0]: \"*\" would allow anyone"), "{joined}");
+    }
+
+    #[test]
+    fn duplicate_names_are_refused_and_overlay_replaces() {
+        let two = format!("{VALID}\n---\n{VALID}");
+        let errs = load(&two).unwrap_err();
+        assert!(errs[0].contains("already defined in profiles/test.yaml"), "{errs:?}");
+
+        let base = ProfileSet::builtin().unwrap();
+        let user = load(&VALID.replace("name: demo", "name: lmeval-job")).unwrap();
+        let merged = base.clone().overlay(user);
+        assert_eq!(merged.len(), base.len());
+        assert_eq!(merged.get("lmeval-job").unwrap().source, "profiles/test.yaml");
+    }
+
+    #[test]
+    fn bad_yaml_and_bad_template_name_the_problem() {
+        let errs = load("spec: [unclosed").unwrap_err();
+        assert!(errs[0].starts_with("profiles/test.yaml: document 1: not valid YAML"), "{errs:?}");
+        let errs = load(&VALID.replace(
+            "    serviceAccountToken:",
+            "    serviceAccount:\n      name: \"{pod.name}-sa\"\n    serviceAccountToken:",
+        ))
+        .unwrap_err();
+        assert!(
+            errs[0].contains("spec.inject.serviceAccount.name: document 1: unknown placeholder {pod.name}"),
+            "{errs:?}"
+        );
+    }
+}
