@@ -1,17 +1,28 @@
-//! Load on the real `keyward serve` over loopback TLS: throughput, latency percentiles, and the
-//! server's CPU and peak memory, for the resource requests in deploy/ and BENCHMARKS.md.
+//! Load on the real `keyward serve` over loopback TLS, measured against a floor in the same run:
+//! a TLS server built here (the same rustls and hyper settings) that reads the whole body and
+//! returns a fixed AdmissionReview answer, without parsing anything. Both run as separate
+//! processes; one load generator (HTTP/1.1 keep-alive, as the apiserver's webhook client)
+//! drives each in turn.
 //!
-//! Run: `cargo bench --bench load` (or `scripts/bench.sh`). Bounded: a fixed number of requests,
-//! to loopback only, and it stops by itself. Knobs: KEYWARD_BENCH_REQUESTS (default 20000),
-//! KEYWARD_BENCH_CONNECTIONS (default 8), KEYWARD_BENCH_HANDSHAKES (default 1000).
-#![allow(clippy::unwrap_used)] // a panic is the benchmark failure report
+//! Run: `cargo bench --bench load` (or `scripts/bench.sh`). Bounded: fixed request counts, to
+//! loopback only, and it stops by itself. Knobs: KEYWARD_BENCH_REQUESTS (default 20000 per
+//! closed-loop run), KEYWARD_BENCH_SECONDS (default 5 per fixed-rate run).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic is the benchmark failure report
 
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use serde_json::{json, Value};
 use support::*;
+use tokio::time::Instant as TokioInstant;
+
+const CONNECTIONS: usize = 16;
 
 fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -36,75 +47,350 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[i.min(sorted.len() - 1)]
 }
 
-fn report(name: &str, mut latencies: Vec<Duration>, wall: Duration, cpu: f64) {
-    latencies.sort();
-    let n = latencies.len() as f64;
-    println!(
-        "| {name} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} |",
-        latencies.len(),
-        n / wall.as_secs_f64(),
-        percentile(&latencies, 0.50).as_secs_f64() * 1e3,
-        percentile(&latencies, 0.90).as_secs_f64() * 1e3,
-        percentile(&latencies, 0.99).as_secs_f64() * 1e3,
-        latencies.last().unwrap().as_secs_f64() * 1e3,
-        cpu / n * 1e6,
-    );
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
 }
 
-#[tokio::main(flavor = "multi_thread")]
-async fn main() {
-    let requests = env_or("KEYWARD_BENCH_REQUESTS", 20_000);
-    let connections = env_or("KEYWARD_BENCH_CONNECTIONS", 8).max(1);
-    let handshakes = env_or("KEYWARD_BENCH_HANDSHAKES", 1_000);
+/// An AdmissionReview body, compact as the apiserver sends it.
+fn compact(review: &Value) -> Vec<u8> {
+    serde_json::to_vec(review).unwrap()
+}
+
+/// The LMEval review with a pod grown to ~200 KB: 20 containers, and the large
+/// `kubectl.kubernetes.io/last-applied-configuration` annotation `kubectl apply` leaves.
+fn large_review() -> Value {
+    let mut review: Value = serde_json::from_slice(&fixture("admissionreview-lmeval.json")).unwrap();
+    let pod = &mut review["request"]["object"];
+    let template = pod["spec"]["containers"][0].clone();
+    for i in 1..20 {
+        let mut c = template.clone();
+        c["name"] = json!(format!("worker-{i}"));
+        c["env"] = json!((0..40)
+            .map(|j| json!({"name": format!("SETTING_{j}"), "value": format!("value-{i}-{j}-{}", "x".repeat(40))}))
+            .collect::<Vec<_>>());
+        pod["spec"]["containers"].as_array_mut().unwrap().push(c);
+    }
+    // kubectl's record of the applied object (a JSON document), about 140 KB: the pod reaches
+    // ~200 KB and stays under the apiserver's 256 KiB for all annotations together.
+    let applied: String = serde_json::to_string(&*pod).unwrap().chars().cycle().take(140_000).collect();
+    pod["metadata"]["annotations"] = json!({"kubectl.kubernetes.io/last-applied-configuration": applied});
+    review
+}
+
+/// A TLS server that answers every POST with a fixed AdmissionReview, having read the body:
+/// what keyward costs beyond TLS and HTTP is measured against it.
+async fn floor_server() {
+    use hyper::service::service_fn;
+    use hyper_util::rt::{TokioIo, TokioTimer};
     let tls = TlsDir::new();
-    let server = tls.start(&[]);
-    let pid = server.pid();
-    let review = std::sync::Arc::new(fixture("admissionreview-lmeval.json"));
-    let (_, idle_rss) = process_usage(pid);
+    let pair = keyward_certs::pem::read_pair(tls.tmp.path()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .unwrap()
+        .with_no_client_auth()
+        .with_cert_resolver(Arc::new(Fixed(pair.key)));
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    println!(
+        "{} {}",
+        listener.local_addr().unwrap(),
+        String::from_utf8(tls.ca.cert_pem().as_bytes().to_vec()).unwrap().replace('\n', "|")
+    );
+    loop {
+        let (tcp, _) = listener.accept().await.unwrap();
+        let _ = tcp.set_nodelay(true);
+        let acceptor = acceptor.clone();
+        tokio::spawn(async move {
+            let Ok(tls) = acceptor.accept(tcp).await else { return };
+            let service = service_fn(|req: hyper::Request<hyper::body::Incoming>| async move {
+                let body = http_body_util::BodyExt::collect(req.into_body()).await?.to_bytes();
+                std::hint::black_box(body);
+                let answer = br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"705ab4f5-6393-11e8-b7cc-42010a800002","allowed":true}}"#;
+                Ok::<_, hyper::Error>(hyper::Response::new(http_body_util::Full::new(hyper::body::Bytes::from_static(
+                    answer,
+                ))))
+            });
+            let mut http = hyper::server::conn::http1::Builder::new();
+            http.timer(TokioTimer::new()).keep_alive(true);
+            let _ = http.serve_connection(TokioIo::new(tls), service).await;
+        });
+    }
+}
 
-    println!("| scenario | requests | req/s | p50 ms | p90 ms | p99 ms | max ms | server CPU µs/req |");
-    println!("|---|---|---|---|---|---|---|---|");
+#[derive(Debug)]
+struct Fixed(Arc<rustls::sign::CertifiedKey>);
 
-    // Keep-alive, as the apiserver does: `connections` clients share the requests.
-    let (cpu0, _) = process_usage(pid);
+impl rustls::server::ResolvesServerCert for Fixed {
+    fn resolve(&self, _: rustls::server::ClientHello<'_>) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(self.0.clone())
+    }
+}
+
+/// The floor, started as a separate process (this same binary, in floor mode).
+struct Floor {
+    child: Child,
+    endpoint: Endpoint,
+}
+
+impl Floor {
+    fn start() -> Self {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .env("KEYWARD_BENCH_FLOOR", "1")
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let (addr, ca) = line.trim().split_once(' ').unwrap();
+        let addr: SocketAddr = addr.parse().unwrap();
+        let endpoint = Endpoint { addr, metrics: addr, ca_pem: ca.replace('|', "\n").into_bytes() };
+        Self { child, endpoint }
+    }
+}
+
+impl Drop for Floor {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// As many requests as `connections` keep-alive connections can send, one after the other on
+/// each; returns requests per second and errors.
+async fn closed_loop(endpoint: &Endpoint, body: &Arc<Vec<u8>>, requests: usize) -> (f64, usize) {
     let started = Instant::now();
     let mut tasks = Vec::new();
-    for c in 0..connections {
-        let (endpoint, review) = (server.endpoint.clone(), review.clone());
-        let share = requests / connections + usize::from(c < requests % connections);
+    for c in 0..CONNECTIONS {
+        let (endpoint, body) = (endpoint.clone(), body.clone());
+        let share = requests / CONNECTIONS + usize::from(c < requests % CONNECTIONS);
         tasks.push(tokio::spawn(async move {
             let (mut client, _) = endpoint.connect().await.unwrap();
-            let mut latencies = Vec::with_capacity(share);
+            let mut errors = 0;
             for _ in 0..share {
-                let t = Instant::now();
-                let r = client.mutate(&review).await.unwrap();
-                assert_eq!(r["response"]["allowed"], true);
-                latencies.push(t.elapsed());
+                if client.mutate_allowed(&body).await != Ok(true) {
+                    errors += 1;
+                }
             }
-            latencies
+            errors
         }));
     }
-    let mut latencies = Vec::new();
+    let mut errors = 0;
     for t in tasks {
-        latencies.extend(t.await.unwrap());
+        errors += t.await.unwrap();
     }
-    let wall = started.elapsed();
-    let (cpu1, _) = process_usage(pid);
-    report(&format!("keep-alive, {connections} connections, inject (LMEvalJob pod)"), latencies, wall, cpu1 - cpu0);
+    (requests as f64 / started.elapsed().as_secs_f64(), errors)
+}
 
-    // A new TLS connection per request: the worst case (the apiserver reuses connections).
-    let started = Instant::now();
-    let mut latencies = Vec::with_capacity(handshakes);
-    for _ in 0..handshakes {
-        let t = Instant::now();
-        let (mut client, _) = server.endpoint.connect().await.unwrap();
-        client.mutate(&review).await.unwrap();
-        latencies.push(t.elapsed());
+/// A fixed `rate` spread over the connections, each request timed from when it was due (so a
+/// slow answer delays the next and counts against it: no coordinated omission).
+async fn fixed_rate(endpoint: &Endpoint, body: &Arc<Vec<u8>>, rate: f64, seconds: usize) -> (Vec<Duration>, usize) {
+    let per_connection = Duration::from_secs_f64(CONNECTIONS as f64 / rate);
+    let count = (rate as usize * seconds) / CONNECTIONS;
+    let mut clients = Vec::new();
+    for _ in 0..CONNECTIONS {
+        clients.push(endpoint.connect().await.unwrap().0);
     }
-    let wall = started.elapsed();
-    let (cpu2, peak_rss) = process_usage(pid);
-    report("new TLS connection per request, 1 client", latencies, wall, cpu2 - cpu1);
+    let start = TokioInstant::now() + Duration::from_millis(50);
+    let mut tasks = Vec::new();
+    for (c, mut client) in clients.into_iter().enumerate() {
+        let body = body.clone();
+        // Staggered, so the connections' requests interleave evenly.
+        let offset = per_connection.mul_f64(c as f64 / CONNECTIONS as f64);
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::with_capacity(count);
+            let mut errors = 0;
+            for i in 0..count {
+                let due = start + offset + per_connection * i as u32;
+                tokio::time::sleep_until(due).await;
+                if client.mutate_allowed(&body).await != Ok(true) {
+                    errors += 1;
+                }
+                latencies.push(TokioInstant::now() - due);
+            }
+            (latencies, errors)
+        }));
+    }
+    let mut all = Vec::new();
+    let mut errors = 0;
+    for t in tasks {
+        let (l, e) = t.await.unwrap();
+        all.extend(l);
+        errors += e;
+    }
+    all.sort();
+    (all, errors)
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    if std::env::var_os("KEYWARD_BENCH_FLOOR").is_some() {
+        return runtime.block_on(floor_server());
+    }
+    runtime.block_on(run());
+}
+
+async fn run() {
+    let requests = env_or("KEYWARD_BENCH_REQUESTS", 20_000);
+    let seconds = env_or("KEYWARD_BENCH_SECONDS", 5);
+    let tls = TlsDir::new();
+    let keyward = tls.start_quiet(&[]);
+    let floor = Floor::start();
+    let pid = keyward.pid();
+
+    let lmeval = Arc::new(compact(&serde_json::from_slice(&fixture("admissionreview-lmeval.json")).unwrap()));
+    let kuberay = Arc::new(compact(&serde_json::from_slice(&fixture("admissionreview-kuberay-worker.json")).unwrap()));
+    let large = Arc::new(compact(&large_review()));
+    // The 200 KB pod at 100/s: 20 MB/s of pods, more than a busy cluster creates.
+    let fixtures = [
+        ("LMEvalJob driver", &lmeval, 1000.0),
+        ("KubeRay worker", &kuberay, 1000.0),
+        ("200 KB pod, 20 containers", &large, 100.0),
+    ];
+
+    // Warm up both (TLS session caches, allocator, the page cache).
+    for body in [&lmeval, &kuberay] {
+        closed_loop(&keyward.endpoint, body, 2000).await;
+        closed_loop(&floor.endpoint, body, 2000).await;
+    }
+    let (_, idle_rss) = process_usage(pid);
+
+    println!("### Throughput: {CONNECTIONS} keep-alive connections, as fast as they go ({requests} requests each)");
+    println!();
+    println!(
+        "| AdmissionReview | bytes | floor req/s | keyward req/s | keyward / floor | keyward CPU µs/req | errors |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for (name, body, _) in &fixtures[..2] {
+        let (floor_rps, floor_errors) = closed_loop(&floor.endpoint, body, requests).await;
+        let (cpu0, _) = process_usage(pid);
+        let (rps, errors) = closed_loop(&keyward.endpoint, body, requests).await;
+        let (cpu1, _) = process_usage(pid);
+        println!(
+            "| {name} | {} | {floor_rps:.0} | {rps:.0} | {:.0}% | {:.0} | {} |",
+            body.len(),
+            rps / floor_rps * 100.0,
+            (cpu1 - cpu0) / requests as f64 * 1e6,
+            errors + floor_errors
+        );
+    }
+    println!();
+    println!("### Latency at a fixed rate over {CONNECTIONS} connections, for {seconds} s, from each request's scheduled start");
+    println!();
+    println!("| AdmissionReview | bytes | requests/s | floor p50 ms | floor p99 ms | keyward p50 ms | keyward p99 ms | keyward max ms | p99 keyward / floor | errors |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for (name, body, rate) in &fixtures {
+        let (floor_lat, floor_errors) = fixed_rate(&floor.endpoint, body, *rate, seconds).await;
+        let (lat, errors) = fixed_rate(&keyward.endpoint, body, *rate, seconds).await;
+        println!(
+            "| {name} | {} | {rate:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2}× | {} |",
+            body.len(),
+            ms(percentile(&floor_lat, 0.5)),
+            ms(percentile(&floor_lat, 0.99)),
+            ms(percentile(&lat, 0.5)),
+            ms(percentile(&lat, 0.99)),
+            ms(*lat.last().unwrap()),
+            percentile(&lat, 0.99).as_secs_f64() / percentile(&floor_lat, 0.99).as_secs_f64(),
+            errors + floor_errors
+        );
+    }
+    let (_, peak_rss) = process_usage(pid);
+    println!();
+    println!(
+        "keyward memory: {:.1} MiB peak RSS after start-up and warm-up, {:.1} MiB peak RSS after all of the above",
+        idle_rss as f64 / 1024.0,
+        peak_rss as f64 / 1024.0
+    );
+    drop(floor);
+
+    hostile(&keyward, &tls).await;
+}
+
+/// The worst a pod creator can send: how long it takes, and how much memory it costs.
+async fn hostile(keyward: &Server, _tls: &TlsDir) {
+    let pid = keyward.pid();
+    let lmeval: Value = serde_json::from_slice(&fixture("admissionreview-lmeval.json")).unwrap();
+    let with_pod = |f: &dyn Fn(&mut Value)| {
+        let mut review = lmeval.clone();
+        f(&mut review["request"]["object"]);
+        compact(&review)
+    };
+    // 100,000 volumes and 10,000 containers, selected by the LMEvalJob profile (which removes
+    // the API token: every mount of it is found and removed).
+    let wide = with_pod(&|pod| {
+        let mut volumes: Vec<Value> = (0..100_000).map(|i| json!({"name": format!("v{i}"), "emptyDir": {}})).collect();
+        volumes.push(json!({"name": "kube-api-access-7xq2m", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}}));
+        pod["spec"]["volumes"] = Value::Array(volumes);
+        let containers: Vec<Value> = (0..10_000)
+            .map(|i| json!({"name": format!("c{i}"), "image": "busybox",
+                "volumeMounts": [{"name": "kube-api-access-7xq2m", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": true}]}))
+            .collect();
+        pod["spec"]["containers"] = Value::Array(containers);
+    });
+    // A pod no profile selects, of ~3.2 MB of emptyDir volumes.
+    let unselected = with_pod(&|pod| {
+        pod["metadata"]["labels"] = json!({"app": "web"});
+        pod["spec"]["volumes"] =
+            Value::Array((0..174_000).map(|i| json!({"name": format!("v{i}"), "emptyDir": {}})).collect());
+    });
+    // Alternating kube-api-access-N volumes, ~7 MB: the old engine's quadratic case.
+    let alternating = with_pod(&|pod| {
+        let volumes: Vec<Value> = (0..176_000)
+            .map(|i| {
+                if i % 2 == 0 {
+                    json!({"name": format!("kube-api-access-{i}"), "emptyDir": {}})
+                } else {
+                    json!({"name": format!("d{i}"), "emptyDir": {}})
+                }
+            })
+            .collect();
+        pod["spec"]["volumes"] = Value::Array(volumes);
+    });
 
     println!();
-    println!("server memory: {idle_rss} KiB peak RSS idle (after start-up), {peak_rss} KiB peak RSS after the load");
+    println!("### Hostile pods (one at a time, then four 7 MB requests at once)");
+    println!();
+    println!("| request | bytes | answered in ms | answer |");
+    println!("|---|---|---|---|");
+    for (name, body) in [
+        ("100,000 volumes + 10,000 containers, selected", &wide),
+        ("174,000 volumes, no profile selects it", &unselected),
+        ("176,000 alternating kube-api-access-N volumes, selected", &alternating),
+    ] {
+        let (mut client, _) = keyward.endpoint.connect().await.unwrap();
+        let t = Instant::now();
+        let r = client.mutate(body).await.unwrap();
+        let answer = if r["response"]["allowed"] == true { "allowed" } else { "refused" };
+        println!(
+            "| {name} | {} | {:.0} | {answer} ({}) |",
+            body.len(),
+            ms(t.elapsed()),
+            r["response"]["status"]["message"].as_str().map_or("", |m| if m.len() > 60 { &m[..60] } else { m })
+        );
+    }
+    let (_, before) = process_usage(pid);
+    let body = Arc::new(alternating);
+    let mut tasks = Vec::new();
+    let t = Instant::now();
+    for _ in 0..4 {
+        let (endpoint, body) = (keyward.endpoint.clone(), body.clone());
+        tasks.push(tokio::spawn(async move {
+            let (mut client, _) = endpoint.connect().await.unwrap();
+            client.mutate(&body).await.is_ok()
+        }));
+    }
+    let mut ok = 0;
+    for task in tasks {
+        ok += usize::from(task.await.unwrap());
+    }
+    let (_, after) = process_usage(pid);
+    println!();
+    println!(
+        "four {:.1} MB requests at once: {ok}/4 answered in {:.0} ms; keyward peak RSS {:.1} MiB before, {:.1} MiB after",
+        body.len() as f64 / 1e6,
+        ms(t.elapsed()),
+        before as f64 / 1024.0,
+        after as f64 / 1024.0
+    );
 }

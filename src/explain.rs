@@ -85,7 +85,7 @@ impl Input {
             "AdmissionReview" => {
                 let bytes = serde_json::to_vec(&value)?;
                 let request = review::parse_request(&bytes).map_err(|e| anyhow::anyhow!("{label}: {e}"))?;
-                if request.object.is_none() {
+                if matches!(request.object, review::Object::Missing) {
                     bail!("{label}: the AdmissionReview has no request.object");
                 }
                 Ok(Self::Review(bytes, label.to_string()))
@@ -155,7 +155,7 @@ fn report(explanation: &Explanation, after: &Value) -> Value {
         "patch": decision.patch(),
         "pod": after,
         "auditAnnotations": decision.audit_annotations,
-        "injected": decision.outcome.as_ref().ok().and_then(|m| m.audit.as_ref()),
+        "injected": decision.outcome.as_ref().ok().and_then(|m| m.audit()),
         "trace": explanation.trace,
     })
 }
@@ -196,7 +196,7 @@ fn text_report(facts: &RequestFacts<'_>, explanation: &Explanation, profiles: &P
         line(format!("message:    {message}"));
     }
     if let Ok(m) = &d.outcome {
-        if let Some(audit) = &m.audit {
+        if let Some(audit) = m.audit() {
             line("injects:".into());
             for item in &explanation.injects {
                 line(format!("  - {item}"));
@@ -206,7 +206,7 @@ fn text_report(facts: &RequestFacts<'_>, explanation: &Explanation, profiles: &P
         if let Some(original) = d.audit_annotations.get("original-service-account") {
             line(format!("service account swapped from: {original}"));
         }
-        line(format!("patch:      {} operations (see --output json or --output diff)", m.patch.len()));
+        line(format!("patch:      {} operations (see --output json or --output diff)", m.ops.len()));
     }
     for w in &d.warnings {
         line(format!("warning:    {w}"));

@@ -1,6 +1,7 @@
 //! Prometheus metrics, served in the text format on the metrics port.
 
-use std::sync::Mutex;
+use std::collections::HashMap;
+use std::sync::{Mutex, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use keyward_certs::ReloadOutcome;
@@ -13,7 +14,7 @@ use prometheus_client::registry::Registry;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
-    profile: String,
+    profile: &'static str,
     decision: &'static str,
     reason: &'static str,
 }
@@ -47,6 +48,10 @@ pub struct Metrics {
     refused_connections: Family<ListenerLabels, Counter>,
     accept_errors: Family<ListenerLabels, Counter>,
     in_flight: Family<ListenerLabels, Gauge>,
+    decisions_running: Gauge,
+    /// Profile names as labels, interned once each (profiles come from configuration, so there
+    /// are few), so that counting a decision allocates nothing.
+    profile_names: RwLock<HashMap<String, &'static str>>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -113,6 +118,12 @@ impl Default for Metrics {
             "Failed accepts (e.g. out of file descriptors), each followed by a back-off",
             accept_errors.clone(),
         );
+        let decisions_running = Gauge::default();
+        registry.register(
+            "admission_decisions_running",
+            "Admission decisions being computed now (bodies read, answers not yet sent)",
+            decisions_running.clone(),
+        );
         let in_flight = Family::<ListenerLabels, Gauge>::default();
         registry.register("requests_in_flight", "Requests being answered now, by listener", in_flight.clone());
         Self {
@@ -127,14 +138,24 @@ impl Default for Metrics {
             refused_connections,
             accept_errors,
             in_flight,
+            decisions_running,
+            profile_names: RwLock::default(),
         }
     }
 }
 
 impl Metrics {
+    fn intern(&self, name: &str) -> &'static str {
+        if let Some(interned) = self.profile_names.read().unwrap_or_else(|p| p.into_inner()).get(name) {
+            return interned;
+        }
+        let mut names = self.profile_names.write().unwrap_or_else(|p| p.into_inner());
+        names.entry(name.to_string()).or_insert_with(|| Box::leak(name.to_string().into_boxed_str()))
+    }
+
     pub fn observe_decision(&self, profile: Option<&str>, allowed: bool, reason: &'static str, took: Duration) {
         let labels = RequestLabels {
-            profile: profile.unwrap_or_default().to_string(),
+            profile: profile.map_or("", |p| self.intern(p)),
             decision: if allowed { "allowed" } else { "denied" },
             reason,
         };
@@ -167,6 +188,11 @@ impl Metrics {
 
     pub fn observe_accept_error(&self, listener: &'static str) {
         self.accept_errors.get_or_create(&ListenerLabels { listener }).inc();
+    }
+
+    /// The gauge of decisions running, for the handler to move.
+    pub fn decisions_running(&self) -> Gauge {
+        self.decisions_running.clone()
     }
 
     /// The gauge of requests in flight on `listener`, for the connection layer to move.

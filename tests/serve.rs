@@ -41,7 +41,7 @@ async fn a_matching_pod_gets_the_patch_and_others_pass_untouched() {
     let parsed = review::parse_request(&review).unwrap();
     let expected = keyward_engine::decide(
         &parsed.facts(),
-        parsed.object.unwrap(),
+        parsed.object.raw().unwrap(),
         &keyward_engine::ProfileSet::builtin().unwrap(),
     );
     assert_eq!(patch, serde_json::to_value(expected.patch()).unwrap());
@@ -436,4 +436,48 @@ async fn sigterm_first_reports_not_ready_while_still_serving() {
     let (status, body) = client.request("GET", "/readyz", Vec::new()).await.unwrap();
     assert_eq!((status, body.as_slice()), (503, &b"not ready: shutting down\n"[..]));
     assert_eq!(client.mutate(&fixture("admissionreview-lmeval.json")).await.unwrap()["response"]["allowed"], true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_pods_being_decided_do_not_hold_up_the_health_endpoints() {
+    let tls = TlsDir::new();
+    let server = tls.start(&["--max-concurrent-decisions", "2"]);
+    // A 5 MB LMEvalJob pod: 100,000 volumes and 10,000 containers (a second or more to decide
+    // in a test build). Two at once would take both async workers if they decided there.
+    let mut review: Value = serde_json::from_slice(&fixture("admissionreview-lmeval.json")).unwrap();
+    let pod = &mut review["request"]["object"];
+    let mut volumes: Vec<Value> = (0..100_000).map(|i| json!({"name": format!("v{i}"), "emptyDir": {}})).collect();
+    volumes.extend(pod["spec"]["volumes"].as_array().unwrap().iter().cloned());
+    pod["spec"]["volumes"] = Value::Array(volumes);
+    pod["spec"]["containers"] = Value::Array(
+        (0..10_000)
+            .map(|i| json!({"name": format!("c{i}"), "image": "busybox",
+                "volumeMounts": [{"name": "kube-api-access-7xq2m", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": true}]}))
+            .collect(),
+    );
+    let big = Arc::new(serde_json::to_vec(&review).unwrap());
+    assert!(big.len() > 4_000_000 && big.len() < 7 * 1024 * 1024, "{}", big.len());
+    let done = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let (endpoint, big, done) = (server.endpoint.clone(), big.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            let (mut client, _) = endpoint.connect().await.unwrap();
+            let response = client.mutate(&big).await.unwrap();
+            done.fetch_add(1, Ordering::SeqCst);
+            response
+        }));
+    }
+    // Both bodies read, both decisions running...
+    server.wait_metric("keyward_admission_decisions_running", 2.0).await;
+    // ...and the health endpoints answer all the while.
+    let (mut client, _) = server.connect().await.unwrap();
+    for path in ["/healthz", "/readyz", "/healthz"] {
+        let (status, _) = client.request("GET", path, Vec::new()).await.unwrap();
+        assert_eq!(status, 200, "{path}");
+    }
+    assert_eq!(done.load(Ordering::SeqCst), 0, "the health checks were answered while both decisions ran");
+    for task in tasks {
+        assert_eq!(task.await.unwrap()["response"]["allowed"], true);
+    }
 }

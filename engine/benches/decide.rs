@@ -5,13 +5,16 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use keyward_engine::engine::{decide_object, ANNOTATIONS_READ};
 use keyward_engine::review;
 use keyward_engine::{decide, ProfileSet, RequestFacts, Requester};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
+/// A fixture, compacted as the apiserver sends JSON (the files are indented for people).
 fn fixture(name: &str) -> Vec<u8> {
-    std::fs::read(format!("{}/../tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+    let text = std::fs::read(format!("{}/../tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    serde_json::to_vec(&serde_json::from_slice::<Value>(&text).unwrap()).unwrap()
 }
 
 fn raw(v: &Value) -> Box<RawValue> {
@@ -49,9 +52,10 @@ fn bench(c: &mut Criterion) {
             b.iter(|| review::parse_request(black_box(&body)).unwrap())
         });
         let request = review::parse_request(&body).unwrap();
-        let object = request.object.unwrap();
+        let object = request.object.raw().unwrap();
+        let read = review::read_request(&body, ANNOTATIONS_READ).unwrap();
         c.bench_function(&format!("review/{name}/decide"), |b| {
-            b.iter(|| decide(black_box(&request.facts()), black_box(object), &profiles))
+            b.iter(|| decide_object(black_box(&read.facts()), black_box(&read.object), &profiles))
         });
         let decision = decide(&request.facts(), object, &profiles);
         assert!(decision.allowed() && !decision.patch().is_empty(), "{name}: {:?}", decision.message());
@@ -60,8 +64,8 @@ fn bench(c: &mut Criterion) {
         });
         c.bench_function(&format!("review/{name}/parse-decide-respond"), |b| {
             b.iter(|| {
-                let request = review::parse_request(black_box(&body)).unwrap();
-                let decision = decide(&request.facts(), request.object.unwrap(), &profiles);
+                let request = review::read_request(black_box(&body), ANNOTATIONS_READ).unwrap();
+                let decision = decide_object(&request.facts(), &request.object, &profiles);
                 review::respond(&request.uid, &decision)
             })
         });

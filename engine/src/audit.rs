@@ -11,15 +11,15 @@ pub const TOTAL_ANNOTATION_SIZE_LIMIT: usize = 256 * 1024;
 /// The service account the pod asked for, when keyward swapped it.
 pub const ANNOTATION_ORIGINAL_SA: &str = "keyward.io/original-service-account";
 
-/// The machine-readable record in `keyward.io/injected`.
+/// The machine-readable record in `keyward.io/injected`, borrowed from the decision.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct AuditRecord {
-    pub profile: String,
+pub struct AuditRecord<'a> {
+    pub profile: &'a str,
     /// Each kind's own entry (see [`AuditItem`]).
-    pub injected: Vec<AuditItem>,
+    pub injected: Vec<&'a AuditItem>,
     /// The containers (init and regular) that received the mounts and env vars.
-    pub containers: ContainerScope,
+    pub containers: &'a ContainerScope,
 }
 
 /// Which containers received the credentials. Never one entry per container of the pod: a pod
@@ -54,7 +54,7 @@ impl ContainerScope {
     }
 }
 
-impl AuditRecord {
+impl AuditRecord<'_> {
     pub fn to_annotation(&self) -> String {
         // Serialising strings and numbers into a String cannot fail.
         serde_json::to_string(self).unwrap_or_default()
@@ -62,6 +62,6 @@ impl AuditRecord {
 
     /// The kinds injected, comma-separated (`clientCertificate,serverCA`).
     pub fn kinds(&self) -> String {
-        self.injected.iter().map(AuditItem::kind).collect::<Vec<_>>().join(",")
+        self.injected.iter().map(|i| i.kind()).collect::<Vec<_>>().join(",")
     }
 }

@@ -16,10 +16,11 @@ use crate::audit::{
 use crate::check::violations;
 use crate::inject::{ApiToken, Injection};
 use crate::names::TemplateContext;
-use crate::patch::{PatchOp, Pointer};
+use crate::patch::{OpValue, Patch, PatchOp, Path};
 use crate::plan::plan;
-use crate::pod::{self, Metadata, PodObject, Wanted};
+use crate::pod::{self, Metadata, Wanted};
 use crate::profile::{Otherwise, Profile, ProfileSet};
+use crate::review::Object;
 use crate::select;
 use crate::text::{clip, quoted};
 
@@ -113,18 +114,40 @@ pub struct Denial {
 }
 
 /// An admission: the patch (maybe empty) and what goes with it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mutation {
-    pub patch: Vec<PatchOp>,
-    pub audit: Option<AuditRecord>,
+    /// The operations; they refer to `injections` for what they add.
+    pub ops: Vec<PatchOp>,
+    /// Each kind's injection, in registry order, with its key.
+    pub injections: Vec<(&'static str, Injection)>,
+    /// The profile and the containers, when a profile injected (even if nothing changed).
+    pub audit: Option<(String, ContainerScope)>,
+}
+
+impl Mutation {
+    /// The patch, ready to serialise as RFC 6902 JSON.
+    pub fn patch(&self) -> Patch<'_> {
+        Patch { ops: &self.ops, injections: &self.injections }
+    }
+
+    /// The audit record (the `keyward.io/injected` annotation).
+    pub fn audit(&self) -> Option<AuditRecord<'_>> {
+        self.audit.as_ref().map(|(profile, containers)| AuditRecord {
+            profile,
+            injected: self.injections.iter().map(|(_, i)| &i.item).collect(),
+            containers,
+        })
+    }
 }
 
 /// The engine's answer for one request.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Decision {
     pub reason: Reason,
     pub profile: Option<String>,
+    /// The pod's `metadata.name`, else its `generateName` followed by `*` (for logs).
+    pub pod: Option<String>,
     /// `Ok` to admit (with a patch, maybe empty), `Err` to refuse.
     #[serde(skip)]
     pub outcome: Result<Mutation, Denial>,
@@ -143,7 +166,7 @@ pub struct ProfileTrace {
 
 /// A decision with what `keyward explain` shows besides: why each profile did or did not select
 /// the pod, and each injection in words.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Explanation {
     pub decision: Decision,
     pub trace: Vec<ProfileTrace>,
@@ -152,11 +175,11 @@ pub struct Explanation {
 
 impl Decision {
     fn new(reason: Reason, outcome: Result<Mutation, Denial>) -> Self {
-        Self { reason, profile: None, outcome, warnings: Vec::new(), audit_annotations: BTreeMap::new() }
+        Self { reason, profile: None, pod: None, outcome, warnings: Vec::new(), audit_annotations: BTreeMap::new() }
     }
 
     fn unchanged(reason: Reason) -> Self {
-        Self::new(reason, Ok(Mutation { patch: Vec::new(), audit: None }))
+        Self::new(reason, Ok(Mutation { ops: Vec::new(), injections: Vec::new(), audit: None }))
     }
 
     fn deny(reason: Reason, message: String) -> Self {
@@ -168,8 +191,8 @@ impl Decision {
     }
 
     /// The JSON patch, empty when there is nothing to change or the pod is refused.
-    pub fn patch(&self) -> &[PatchOp] {
-        self.outcome.as_ref().map(|m| m.patch.as_slice()).unwrap_or_default()
+    pub fn patch(&self) -> Patch<'_> {
+        self.outcome.as_ref().map_or(Patch::empty(), Mutation::patch)
     }
 
     /// The denial message, when refused.
@@ -199,23 +222,60 @@ fn run(
     facts: &RequestFacts<'_>,
     object: &RawValue,
     profiles: &ProfileSet,
-    mut explain: Option<&mut Explanation>,
+    explain: Option<&mut Explanation>,
 ) -> Decision {
     if !facts.is_pod_create() {
         return Decision::unchanged(Reason::NotPodCreate);
     }
-    let pod = match pod::split(object) {
-        Ok(pod) => pod,
-        Err(e) => return invalid_pod(&e),
-    };
-    let meta = match pod::metadata(pod.metadata, &[ANNOTATION_INJECTED, ANNOTATION_ORIGINAL_SA]) {
-        Ok(meta) => meta,
-        Err(e) => return invalid_pod(&e),
-    };
+    match pod::read(object, ANNOTATIONS_READ) {
+        Ok(read) => decide_read(facts, &read, profiles, explain),
+        Err(e) => invalid_pod(&e),
+    }
+}
 
+/// The annotations whose values the engine reads (every annotation is counted for its size).
+pub const ANNOTATIONS_READ: &[&str] = &[ANNOTATION_INJECTED, ANNOTATION_ORIGINAL_SA];
+
+/// Decides on a pod already read (see [`crate::review::read_request`]).
+pub fn decide_object(facts: &RequestFacts<'_>, object: &Object<'_>, profiles: &ProfileSet) -> Decision {
+    match object {
+        Object::Read(read) => {
+            if !facts.is_pod_create() {
+                return Decision::unchanged(Reason::NotPodCreate);
+            }
+            decide_read(facts, read, profiles, None)
+        }
+        Object::Raw(raw) => decide(facts, raw, profiles),
+        Object::Missing => decide(facts, RawValue::NULL, profiles),
+    }
+}
+
+fn decide_read(
+    facts: &RequestFacts<'_>,
+    read: &pod::Read<'_>,
+    profiles: &ProfileSet,
+    explain: Option<&mut Explanation>,
+) -> Decision {
+    let meta = &read.metadata;
+    let mut d = decide_pod(facts, meta, read.spec, profiles, explain);
+    d.pod = match (&meta.name, &meta.generate_name) {
+        (Some(name), _) if !name.is_empty() => Some(clip(name, 253).into_owned()),
+        (_, Some(prefix)) if !prefix.is_empty() => Some(format!("{}*", clip(prefix, 253))),
+        _ => None,
+    };
+    d
+}
+
+fn decide_pod(
+    facts: &RequestFacts<'_>,
+    meta: &Metadata<'_>,
+    spec: Option<&RawValue>,
+    profiles: &ProfileSet,
+    mut explain: Option<&mut Explanation>,
+) -> Decision {
     let mut selected: Vec<&Profile> = Vec::new();
     for profile in profiles.iter() {
-        let result = select::selects(profile, &meta, facts.namespace);
+        let result = select::selects(profile, meta, facts.namespace);
         if result.is_ok() {
             selected.push(profile);
         }
@@ -230,7 +290,7 @@ fn run(
     match selected.as_slice() {
         [] => Decision::unchanged(Reason::NoProfile),
         [profile] => {
-            let mut d = decide_for(facts, &pod, &meta, profile, explain);
+            let mut d = decide_for(facts, spec, meta, profile, explain);
             d.profile = Some(profile.name.clone());
             d
         }
@@ -249,7 +309,7 @@ fn run(
 
 fn decide_for(
     facts: &RequestFacts<'_>,
-    pod: &PodObject<'_>,
+    spec: Option<&RawValue>,
     meta: &Metadata<'_>,
     profile: &Profile,
     explain: Option<&mut Explanation>,
@@ -283,14 +343,14 @@ fn decide_for(
             profile.spec.requesters.usernames.join(", ")
         )),
     }
-    let mut d = inject(facts, pod, meta, profile, explain);
+    let mut d = inject(facts, spec, meta, profile, explain);
     d.warnings.extend(notes);
     d
 }
 
 fn inject(
     facts: &RequestFacts<'_>,
-    pod: &PodObject<'_>,
+    raw_spec: Option<&RawValue>,
     meta: &Metadata<'_>,
     profile: &Profile,
     explain: Option<&mut Explanation>,
@@ -337,7 +397,7 @@ fn inject(
         wanted.env_names.extend(injection.env.iter().map(|e| e.name.as_str()));
         wanted.api_token |= injection.api_token == ApiToken::Remove;
     }
-    let spec = match pod::spec(pod.spec, &wanted) {
+    let spec = match pod::spec(raw_spec, &wanted) {
         Ok(spec) => spec,
         Err(e) => return invalid_pod(&e),
     };
@@ -371,13 +431,14 @@ fn inject(
         )
     };
     let record = AuditRecord {
-        profile: profile.name.clone(),
-        injected: injections.iter().map(|(_, i)| i.item.clone()).collect(),
-        containers,
+        profile: &profile.name,
+        injected: injections.iter().map(|(_, i)| &i.item).collect(),
+        containers: &containers,
     };
     let annotation = record.to_annotation();
+    let kinds = record.kinds();
     let existing = |key: &str| meta.annotations.kept.get(key).map(|v| v.as_ref());
-    let mut added: Vec<(&str, String)> = Vec::new();
+    let mut added: Vec<(&'static str, String)> = Vec::new();
     if existing(ANNOTATION_INJECTED) != Some(annotation.as_str()) {
         added.push((ANNOTATION_INJECTED, annotation));
     }
@@ -398,18 +459,17 @@ fn inject(
             ),
         );
     }
-    let at = Pointer::root().key("metadata").key("annotations");
     let mut annotations_there = meta.annotations.state.is_there();
     for (key, value) in added {
         if annotations_there {
-            let path = at.clone().key(key).into_string();
+            let path = Path::Annotations(Some(key));
             planned.ops.push(if existing(key).is_some() {
-                PatchOp::replace(path, value.into())
+                PatchOp::replace(path, OpValue::Str(value))
             } else {
-                PatchOp::add(path, value.into())
+                PatchOp::add(path, OpValue::Str(value))
             });
         } else {
-            planned.ops.push(PatchOp::add(at.clone().into_string(), serde_json::json!({ key: value })));
+            planned.ops.push(PatchOp::add(Path::Annotations(None), OpValue::Map(key, value)));
             annotations_there = true;
         }
     }
@@ -426,14 +486,17 @@ fn inject(
             );
         }
     }
+
     let mut audit_annotations =
-        BTreeMap::from([("profile".to_string(), profile.name.clone()), ("injected".to_string(), record.kinds())]);
-    if let Some(original) = planned.original_service_account {
+        BTreeMap::from([("profile".to_string(), profile.name.clone()), ("injected".to_string(), kinds)]);
+    let crate::plan::Plan { ops, warnings, original_service_account, .. } = planned;
+    if let Some(original) = original_service_account {
         audit_annotations.insert("original-service-account".into(), original);
     }
-    let reason = if planned.ops.is_empty() { Reason::AlreadyInjected } else { Reason::Injected };
-    let mut d = Decision::new(reason, Ok(Mutation { patch: planned.ops, audit: Some(record) }));
-    d.warnings = planned.warnings;
+    let reason = if ops.is_empty() { Reason::AlreadyInjected } else { Reason::Injected };
+    let mutation = Mutation { ops, injections, audit: Some((profile.name.clone(), containers)) };
+    let mut d = Decision::new(reason, Ok(mutation));
+    d.warnings = warnings;
     d.audit_annotations = audit_annotations;
     d
 }

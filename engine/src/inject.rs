@@ -7,7 +7,7 @@ use std::fmt;
 
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::names::{
     is_dns1123_label, is_env_var_name, mount_path_problem, relative_path_problem, DNS1123_LABEL_RULE,
@@ -48,33 +48,86 @@ pub struct VolumeSpec {
 impl VolumeSpec {
     /// The volume as the pod spec has it, with the apiserver's defaults written out.
     pub fn to_json(&self) -> Value {
-        let items = |keys: &Option<Vec<String>>| {
-            keys.as_ref().map(|keys| keys.iter().map(|k| json!({"key": k, "path": k})).collect::<Vec<_>>())
-        };
-        match &self.source {
-            Source::Secret { name, keys } => {
-                let mut secret = json!({"secretName": name});
-                if let Some(items) = items(keys) {
-                    secret["items"] = Value::Array(items);
-                }
-                secret["defaultMode"] = json!(DEFAULT_MODE);
-                json!({"name": self.name, "secret": secret})
+        serde_json::to_value(self).unwrap_or_default()
+    }
+}
+
+/// Written as the pod spec has it: `{"name", "secret"|"configMap"|"projected"}`, with the
+/// apiserver's defaults (`defaultMode`) written out.
+impl Serialize for VolumeSpec {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        struct Items<'a>(&'a [String]);
+        impl Serialize for Items<'_> {
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.collect_seq(self.0.iter().map(|k| KeyToPath { key: k, path: k }))
             }
-            Source::ConfigMap { name, keys } => {
-                let mut config_map = json!({"name": name});
-                if let Some(items) = items(keys) {
-                    config_map["items"] = Value::Array(items);
-                }
-                config_map["defaultMode"] = json!(DEFAULT_MODE);
-                json!({"name": self.name, "configMap": config_map})
-            }
-            Source::ServiceAccountToken { audience, expiration_seconds, path } => json!({
-                "name": self.name,
-                "projected": {"defaultMode": DEFAULT_MODE, "sources": [
-                    {"serviceAccountToken": {"audience": audience, "expirationSeconds": expiration_seconds, "path": path}}
-                ]}
-            }),
         }
+        #[derive(Serialize)]
+        struct KeyToPath<'a> {
+            key: &'a str,
+            path: &'a str,
+        }
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Object<'a> {
+            #[serde(skip_serializing_if = "Option::is_none")]
+            secret_name: Option<&'a str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            name: Option<&'a str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            items: Option<Items<'a>>,
+            default_mode: i64,
+        }
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Token<'a> {
+            audience: &'a str,
+            expiration_seconds: i64,
+            path: &'a str,
+        }
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Projection<'a> {
+            service_account_token: Token<'a>,
+        }
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Projected<'a> {
+            default_mode: i64,
+            sources: [Projection<'a>; 1],
+        }
+        let mut map = serializer.serialize_map(Some(2))?;
+        map.serialize_entry("name", &self.name)?;
+        match &self.source {
+            Source::Secret { name, keys } => map.serialize_entry(
+                "secret",
+                &Object {
+                    secret_name: Some(name),
+                    name: None,
+                    items: keys.as_deref().map(Items),
+                    default_mode: DEFAULT_MODE,
+                },
+            )?,
+            Source::ConfigMap { name, keys } => map.serialize_entry(
+                "configMap",
+                &Object {
+                    secret_name: None,
+                    name: Some(name),
+                    items: keys.as_deref().map(Items),
+                    default_mode: DEFAULT_MODE,
+                },
+            )?,
+            Source::ServiceAccountToken { audience, expiration_seconds, path } => map.serialize_entry(
+                "projected",
+                &Projected {
+                    default_mode: DEFAULT_MODE,
+                    sources: [Projection {
+                        service_account_token: Token { audience, expiration_seconds: *expiration_seconds, path },
+                    }],
+                },
+            )?,
+        }
+        map.end()
     }
 }
 
@@ -87,7 +140,17 @@ pub struct MountSpec {
 
 impl MountSpec {
     pub fn to_json(&self) -> Value {
-        json!({"name": self.volume, "mountPath": self.path, "readOnly": true})
+        serde_json::to_value(self).unwrap_or_default()
+    }
+}
+
+impl Serialize for MountSpec {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(3))?;
+        map.serialize_entry("name", &self.volume)?;
+        map.serialize_entry("mountPath", &self.path)?;
+        map.serialize_entry("readOnly", &true)?;
+        map.end()
     }
 }
 
@@ -113,12 +176,31 @@ impl EnvSpec {
     }
 
     pub fn to_json(&self) -> Value {
+        serde_json::to_value(self).unwrap_or_default()
+    }
+}
+
+impl Serialize for EnvSpec {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct KeyRef<'a> {
+            name: &'a str,
+            key: &'a str,
+        }
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct From<'a> {
+            secret_key_ref: KeyRef<'a>,
+        }
+        let mut map = serializer.serialize_map(Some(2))?;
+        map.serialize_entry("name", &self.name)?;
         match &self.value {
-            EnvValue::Value(v) => json!({"name": self.name, "value": v}),
+            EnvValue::Value(v) => map.serialize_entry("value", v)?,
             EnvValue::SecretKey { secret, key } => {
-                json!({"name": self.name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}})
+                map.serialize_entry("valueFrom", &From { secret_key_ref: KeyRef { name: secret, key } })?
             }
         }
+        map.end()
     }
 }
 
@@ -362,6 +444,7 @@ impl Check {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn volumes_are_written_as_the_apiserver_defaults_them() {

@@ -11,7 +11,7 @@ use serde_json::Value;
 use crate::inject::{
     ApiToken, EnvSpec, Injection, MountSpec, VolumeSpec, DEFAULT_MODE, DEFAULT_TOKEN_EXPIRATION_SECONDS,
 };
-use crate::patch::{PatchOp, Pointer};
+use crate::patch::{ContainerField, Item, OpValue, PatchOp, Path};
 use crate::pod::{Container, ContainerList, Presence, Spec};
 use crate::profile::{EnvConflictPolicy, Profile};
 use crate::text::{clip, quoted};
@@ -49,11 +49,12 @@ pub(crate) struct ContainerChanges<'p> {
 /// Merges `injections` (each kind's, in registry order) into the pod.
 pub(crate) fn plan<'p>(profile: &Profile, spec: &Spec<'_>, injections: &'p [(&'static str, Injection)]) -> Plan<'p> {
     let mut plan = Plan::default();
-    let spec_at = || Pointer::root().key("spec");
 
     // 1. The service account, and the Kubernetes API token.
-    if let Some(target) = injections.iter().find_map(|(_, i)| i.service_account.as_deref()) {
-        swap_service_account(spec, target, &mut plan);
+    if let Some((index, target)) =
+        injections.iter().enumerate().find_map(|(n, (_, i))| i.service_account.as_deref().map(|t| (n, t)))
+    {
+        swap_service_account(spec, index, target, &mut plan);
     }
     let remove_token = injections.iter().any(|(_, i)| i.api_token == ApiToken::Remove);
     if remove_token {
@@ -62,17 +63,19 @@ pub(crate) fn plan<'p>(profile: &Profile, spec: &Spec<'_>, injections: &'p [(&'s
 
     // 2. Volumes.
     let mut volumes = spec.volumes;
-    for (_, injection) in injections {
+    for (n, (_, injection)) in injections.iter().enumerate() {
         let Some((volume, _)) = &injection.volume else { continue };
         let removed = |index: usize| plan.changes.volumes_removed.contains(&index);
         match spec.volume_hits.iter().find(|h| h.name == volume.name && !removed(h.index)) {
-            Some(hit) if same_volume(hit.raw.get(), volume) => {}
+            Some(hit) if hit.raw.is_some_and(|raw| same_volume(raw.get(), volume)) => {}
             Some(hit) => plan.conflicts.push(format!(
                 "spec.volumes[{}] is a volume named {:?} that differs from the one profile {:?} injects; rename your volume (names starting with keyward- are reserved for keyward)",
                 hit.index, volume.name, profile.name
             )),
             None => {
-                push(&mut plan.ops, &mut volumes, spec_at().key("volumes"), volume.to_json());
+                let array = push(&mut volumes);
+                let item = if array { Item::Whole } else { Item::End };
+                plan.ops.push(PatchOp::add(Path::Volumes(item), OpValue::Volume { injection: n, array }));
                 plan.changes.volumes_added.push(volume);
             }
         }
@@ -84,27 +87,42 @@ pub(crate) fn plan<'p>(profile: &Profile, spec: &Spec<'_>, injections: &'p [(&'s
         if !listed.is_empty() && !listed.iter().any(|n| *n == container.name) {
             continue;
         }
-        let at = spec_at().key(container.list.field()).index(container.index);
+        let at = |field: ContainerField, array: bool| Path::Container {
+            list: container.list,
+            index: container.index,
+            field,
+            item: if array { Item::Whole } else { Item::End },
+        };
         let mut mounts = container.mounts;
         let mut env = container.env;
         let mut added = Vec::new();
-        for (_, injection) in injections {
+        for (n, (_, injection)) in injections.iter().enumerate() {
             if let Some((_, mount)) = &injection.volume {
                 match container.mount_hits.iter().find(|h| h.path == mount.path) {
-                    Some(hit) if same_mount(hit.raw.get(), mount) => {}
+                    Some(hit) if hit.raw.is_some_and(|raw| same_mount(raw.get(), mount)) => {}
                     Some(hit) => plan.conflicts.push(format!(
                         "container {:?} already mounts volume {:?} at {:?} (spec.{}[{}].volumeMounts[{}]), where profile {:?} mounts {:?}; move that mount to another path{}",
                         container.name, hit.volume, mount.path, container.list.field(), container.index, hit.index,
                         profile.name, mount.volume, container_hint(profile)
                     )),
                     None => {
-                        push(&mut plan.ops, &mut mounts, at.clone().key("volumeMounts"), mount.to_json());
+                        let array = push(&mut mounts);
+                        plan.ops.push(PatchOp::add(
+                            at(ContainerField::VolumeMounts, array),
+                            OpValue::Mount { injection: n, array },
+                        ));
                         added.push(mount);
                     }
                 }
             }
-            for var in &injection.env {
-                merge_env(profile, container, var, &at, &mut env, &mut plan);
+            for (v, var) in injection.env.iter().enumerate() {
+                if merge_env(profile, container, var, &mut plan) {
+                    let array = push(&mut env);
+                    plan.ops.push(PatchOp::add(
+                        at(ContainerField::Env, array),
+                        OpValue::Env { injection: n, var: v, array },
+                    ));
+                }
             }
         }
         if let Some(changes) =
@@ -131,16 +149,11 @@ pub(crate) fn plan<'p>(profile: &Profile, spec: &Spec<'_>, injections: &'p [(&'s
     plan
 }
 
-fn merge_env(
-    profile: &Profile,
-    container: &Container<'_>,
-    var: &EnvSpec,
-    at: &Pointer,
-    env: &mut Presence,
-    plan: &mut Plan<'_>,
-) {
+/// Whether `var` is to be added to `container`; a different value already there is a conflict,
+/// or, where the profile says so, a warning that keeps the container's.
+fn merge_env(profile: &Profile, container: &Container<'_>, var: &EnvSpec, plan: &mut Plan<'_>) -> bool {
     match container.env_hits.iter().find(|h| h.name == var.name) {
-        Some(hit) if same_env(hit.raw.get(), var) => {}
+        Some(hit) if hit.raw.is_some_and(|raw| same_env(raw.get(), var)) => false,
         Some(hit) => {
             let what = format!(
                 "container {:?} already sets {} (spec.{}[{}].env[{}]) to {}, profile {:?} sets it to {}",
@@ -149,7 +162,7 @@ fn merge_env(
                 container.list.field(),
                 container.index,
                 hit.index,
-                describe_env(&parse(hit.raw.get())),
+                describe_env(&parse(hit.raw.map_or("{}", |raw| raw.get()))),
                 profile.name,
                 describe_env(&var.to_json())
             );
@@ -161,33 +174,35 @@ fn merge_env(
                     "{what}; remove it from the container, or set spec.onEnvConflict: keepUser in the profile"
                 )),
             }
+            false
         }
-        None => push(&mut plan.ops, env, at.clone().key("env"), var.to_json()),
+        None => true,
     }
 }
 
-/// Appends `item` to the array at `at`, adding the whole array when it is absent or `null`.
-fn push(ops: &mut Vec<PatchOp>, array: &mut Presence, at: Pointer, item: Value) {
+/// Counts one more item in an array; true when the array is absent or `null`, so the first
+/// `add` must bring the whole array (strict RFC 6902 fails an `add` under a missing parent).
+fn push(array: &mut Presence) -> bool {
     match *array {
         Presence::Present(n) => {
-            ops.push(PatchOp::add(at.end().into_string(), item));
             *array = Presence::Present(n + 1);
+            false
         }
         Presence::Absent | Presence::Null => {
-            ops.push(PatchOp::add(at.into_string(), Value::Array(vec![item])));
             *array = Presence::Present(1);
+            true
         }
     }
 }
 
 /// Sets a field of `spec`: `replace` when the key is there (even `null`), else `add`.
-fn set(ops: &mut Vec<PatchOp>, present: bool, field: &str, value: Value) {
-    let path = Pointer::root().key("spec").key(field).into_string();
+fn set(ops: &mut Vec<PatchOp>, present: bool, field: &'static str, value: OpValue) {
+    let path = Path::SpecField(field);
     ops.push(if present { PatchOp::replace(path, value) } else { PatchOp::add(path, value) });
 }
 
 /// Runs the pod as `target`, setting the deprecated `serviceAccount` to agree.
-fn swap_service_account(spec: &Spec<'_>, target: &str, plan: &mut Plan<'_>) {
+fn swap_service_account(spec: &Spec<'_>, injection: usize, target: &str, plan: &mut Plan<'_>) {
     let value =
         |f: &Option<Option<std::borrow::Cow<'_, str>>>| f.as_ref().and_then(|v| v.as_deref()).map(str::to_string);
     let (name, deprecated) = (value(&spec.service_account_name), value(&spec.service_account));
@@ -200,10 +215,15 @@ fn swap_service_account(spec: &Spec<'_>, target: &str, plan: &mut Plan<'_>) {
         plan.original_service_account = Some(current.to_string());
     }
     if name.as_deref() != Some(target) {
-        set(&mut plan.ops, spec.service_account_name.is_some(), "serviceAccountName", Value::from(target));
+        set(
+            &mut plan.ops,
+            spec.service_account_name.is_some(),
+            "serviceAccountName",
+            OpValue::ServiceAccount(injection),
+        );
     }
     if deprecated.as_deref() != Some(target) {
-        set(&mut plan.ops, spec.service_account.is_some(), "serviceAccount", Value::from(target));
+        set(&mut plan.ops, spec.service_account.is_some(), "serviceAccount", OpValue::ServiceAccount(injection));
     }
     plan.changes.service_account = Some((Some(target.to_string()), Some(target.to_string())));
 }
@@ -216,7 +236,7 @@ fn remove_api_token(spec: &Spec<'_>, plan: &mut Plan<'_>) {
             &mut plan.ops,
             spec.automount_service_account_token.is_some(),
             "automountServiceAccountToken",
-            Value::Bool(false),
+            OpValue::Bool(false),
         );
     }
     let removed: Vec<&str> = spec
@@ -234,8 +254,12 @@ fn remove_api_token(spec: &Spec<'_>, plan: &mut Plan<'_>) {
             .map(|m| m.index)
             .collect();
         for &index in doomed.iter().rev() {
-            let at = Pointer::root().key("spec").key(container.list.field()).index(container.index);
-            plan.ops.push(PatchOp::remove(at.key("volumeMounts").index(index).into_string()));
+            plan.ops.push(PatchOp::remove(Path::Container {
+                list: container.list,
+                index: container.index,
+                field: ContainerField::VolumeMounts,
+                item: Item::At(index),
+            }));
         }
         if !doomed.is_empty() {
             plan.changes.containers.push(ContainerChanges {
@@ -253,7 +277,7 @@ fn remove_api_token(spec: &Spec<'_>, plan: &mut Plan<'_>) {
         .map(|h| h.index)
         .collect();
     for &index in doomed.iter().rev() {
-        plan.ops.push(PatchOp::remove(Pointer::root().key("spec").key("volumes").index(index).into_string()));
+        plan.ops.push(PatchOp::remove(Path::Volumes(Item::At(index))));
     }
     plan.changes.volumes_removed = doomed;
 }

@@ -20,13 +20,6 @@ use crate::names::{Labels, KUBE_API_ACCESS_PREFIX, SERVICE_ACCOUNT_MOUNT_PATH};
 
 // === the view ===
 
-/// The top of the pod object: `metadata` and `spec`, still raw.
-#[derive(Debug, Clone, Copy)]
-pub struct PodObject<'a> {
-    pub metadata: Option<&'a RawValue>,
-    pub spec: Option<&'a RawValue>,
-}
-
 /// What keyward reads of `metadata`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Metadata<'a> {
@@ -100,7 +93,8 @@ pub struct Spec<'a> {
 pub struct VolumeHit<'a> {
     pub index: usize,
     pub name: Cow<'a, str>,
-    pub raw: &'a RawValue,
+    /// The element as sent: there whenever the hit is to be compared with an injection.
+    pub raw: Option<&'a RawValue>,
 }
 
 /// One init container or container.
@@ -138,7 +132,7 @@ pub struct MountHit<'a> {
     pub index: usize,
     pub volume: Cow<'a, str>,
     pub path: Cow<'a, str>,
-    pub raw: &'a RawValue,
+    pub raw: Option<&'a RawValue>,
 }
 
 impl MountHit<'_> {
@@ -152,7 +146,7 @@ impl MountHit<'_> {
 pub struct EnvHit<'a> {
     pub index: usize,
     pub name: Cow<'a, str>,
-    pub raw: &'a RawValue,
+    pub raw: Option<&'a RawValue>,
 }
 
 impl<'a> Spec<'a> {
@@ -165,39 +159,42 @@ impl<'a> Spec<'a> {
 
 // === decoding ===
 
-/// Splits the pod object into its raw `metadata` and `spec`.
-pub fn split(object: &RawValue) -> Result<PodObject<'_>, String> {
-    #[derive(Deserialize)]
-    struct Top<'a> {
-        #[serde(borrow, default)]
-        metadata: Option<&'a RawValue>,
-        #[serde(borrow, default)]
-        spec: Option<&'a RawValue>,
-    }
+/// The pod object, read: `metadata` decoded, `spec` still raw.
+#[derive(Debug, Clone, Default)]
+pub struct Read<'a> {
+    pub metadata: Metadata<'a>,
+    pub spec: Option<&'a RawValue>,
+}
+
+/// Reads the pod object in one pass: `metadata` decoded (keeping the values of the annotations
+/// in `keep`), `spec` kept raw for later.
+pub fn read<'a>(object: &'a RawValue, keep: &[&str]) -> Result<Read<'a>, String> {
     if !is_object(object) {
         return Err("expected an object".into());
     }
-    let top: Top<'_> = serde_json::from_str(object.get()).map_err(|e| e.to_string())?;
-    Ok(PodObject { metadata: top.metadata, spec: top.spec })
+    let mut de = serde_json::Deserializer::from_str(object.get());
+    ReadSeed { keep }.deserialize(&mut de).map_err(|e| e.to_string())
 }
 
-/// Decodes `metadata`, keeping the values of the annotations in `keep`.
-pub fn metadata<'a>(raw: Option<&'a RawValue>, keep: &[&str]) -> Result<Metadata<'a>, String> {
-    match raw {
-        None => Ok(Metadata::default()),
-        Some(raw) => {
-            let mut de = serde_json::Deserializer::from_str(raw.get());
-            let meta = MetadataSeed { keep }.deserialize(&mut de).map_err(|e| e.to_string())?;
-            Ok(meta.unwrap_or_default())
-        }
-    }
-}
-
-/// Scans `spec` for what `wanted` names.
+/// Scans `spec` for what `wanted` names. A first pass reads only the fields that name each
+/// volume, mount and env var; only when one is named like an injection's (a reinvocation, or a
+/// collision), and so must be compared with it, does a second pass keep those elements raw.
 pub fn spec<'a>(raw: Option<&'a RawValue>, wanted: &Wanted<'_>) -> Result<Spec<'a>, String> {
     let Some(raw) = raw else { return Err("spec is missing".into()) };
-    let mut de = serde_json::Deserializer::from_str(raw.get());
-    SpecSeed { wanted }.deserialize(&mut de).map_err(|e| e.to_string())?.ok_or_else(|| "spec is null".into())
+    let scan = |full: bool| -> Result<Spec<'a>, String> {
+        let mut de = serde_json::Deserializer::from_str(raw.get());
+        SpecSeed { wanted, full }.deserialize(&mut de).map_err(|e| e.to_string())?.ok_or_else(|| "spec is null".into())
+    };
+    let spec = scan(false)?;
+    let to_compare = spec.volume_hits.iter().any(|h| wanted.volume_names.contains(&h.name.as_ref()))
+        || spec.all_containers().any(|c| {
+            !c.env_hits.is_empty() || c.mount_hits.iter().any(|h| wanted.mount_paths.contains(&h.path.as_ref()))
+        });
+    if to_compare {
+        scan(true)
+    } else {
+        Ok(spec)
+    }
 }
 
 /// A string, borrowed from the input when it has no escapes.
@@ -272,6 +269,43 @@ impl<'de, S: DeserializeSeed<'de>> DeserializeSeed<'de> for Nullable<S> {
             }
         }
         d.deserialize_option(V(self.0))
+    }
+}
+
+// --- the pod object ---
+
+/// Reads a pod object where it stands in a larger document (the AdmissionReview), so that the
+/// pod is not scanned twice.
+#[derive(Debug, Clone, Copy)]
+pub struct ReadSeed<'k> {
+    pub keep: &'k [&'k str],
+}
+
+impl<'de> DeserializeSeed<'de> for ReadSeed<'_> {
+    type Value = Read<'de>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ReadSeed<'_> {
+    type Value = Read<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a Pod object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut meta = None;
+        let mut spec = None;
+        while let Some(key) = map.next_key_seed(Str)? {
+            match key.as_ref() {
+                "metadata" => meta = map.next_value_seed(MetadataSeed { keep: self.keep })?,
+                "spec" => spec = map.next_value::<Option<&'de RawValue>>()?,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(Read { metadata: meta.unwrap_or_default(), spec })
     }
 }
 
@@ -432,17 +466,19 @@ impl<'de> Visitor<'de> for OwnersSeed {
 
 struct SpecSeed<'w> {
     wanted: &'w Wanted<'w>,
+    full: bool,
 }
 
 impl<'de> DeserializeSeed<'de> for SpecSeed<'_> {
     type Value = Option<Spec<'de>>;
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        Nullable(SpecMap { wanted: self.wanted }).deserialize(d)
+        Nullable(SpecMap { wanted: self.wanted, full: self.full }).deserialize(d)
     }
 }
 
 struct SpecMap<'w> {
     wanted: &'w Wanted<'w>,
+    full: bool,
 }
 
 impl<'de> DeserializeSeed<'de> for SpecMap<'_> {
@@ -463,15 +499,15 @@ impl<'de> Visitor<'de> for SpecMap<'_> {
             match key.as_ref() {
                 "volumes" => {
                     (spec.volumes, spec.volume_hits) = map
-                        .next_value_seed(Nullable(VolumesSeed { wanted: self.wanted }))?
+                        .next_value_seed(Nullable(VolumesSeed { wanted: self.wanted, full: self.full }))?
                         .map_or((Presence::Null, Vec::new()), |(n, hits)| (Presence::Present(n), hits));
                 }
                 "initContainers" => {
-                    let seed = ContainersSeed { wanted: self.wanted, list: ContainerList::Init };
+                    let seed = ContainersSeed { wanted: self.wanted, list: ContainerList::Init, full: self.full };
                     spec.init_containers = map.next_value_seed(Nullable(seed))?.unwrap_or_default();
                 }
                 "containers" => {
-                    let seed = ContainersSeed { wanted: self.wanted, list: ContainerList::Main };
+                    let seed = ContainersSeed { wanted: self.wanted, list: ContainerList::Main, full: self.full };
                     spec.containers = map.next_value_seed(Nullable(seed))?.unwrap_or_default();
                 }
                 "serviceAccountName" => spec.service_account_name = Some(map.next_value_seed(Nullable(Str))?),
@@ -493,8 +529,75 @@ fn is_object(raw: &RawValue) -> bool {
     raw.get().trim_start().starts_with('{')
 }
 
+/// The fields a volume, mount or env var is known by.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Named<'a> {
+    #[serde(borrow)]
+    name: Cow<'a, str>,
+    #[serde(borrow, default)]
+    mount_path: Option<Cow<'a, str>>,
+}
+
+/// Reads only `name` and `mountPath` of an element, skipping the rest.
+struct NamedSeed<W> {
+    what: W,
+    index: usize,
+}
+
+impl<'de, W: fmt::Display> DeserializeSeed<'de> for NamedSeed<W> {
+    type Value = Named<'de>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de, W: fmt::Display> Visitor<'de> for NamedSeed<W> {
+    type Value = Named<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}[{}] as an object", self.what, self.index)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let (mut name, mut mount_path) = (None, None);
+        while let Some(key) = map.next_key_seed(Str)? {
+            match key.as_ref() {
+                "name" => name = Some(map.next_value_seed(Str)?),
+                "mountPath" => mount_path = Some(map.next_value_seed(Str)?),
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        let name =
+            name.ok_or_else(|| de::Error::custom(format_args!("{}[{}]: missing field `name`", self.what, self.index)))?;
+        Ok(Named { name, mount_path })
+    }
+}
+
+/// The next element of a list: only the fields that name it, or (`full`) those and the element
+/// itself, raw.
+fn next_named<'de, A: SeqAccess<'de>, W: fmt::Display + Copy>(
+    seq: &mut A,
+    full: bool,
+    what: W,
+    index: usize,
+) -> Result<Option<(Named<'de>, Option<&'de RawValue>)>, A::Error> {
+    if full {
+        match seq.next_element::<&'de RawValue>()? {
+            Some(raw) => Ok(Some((element(raw, what, index)?, Some(raw)))),
+            None => Ok(None),
+        }
+    } else {
+        Ok(seq.next_element_seed(NamedSeed { what, index })?.map(|named| (named, None)))
+    }
+}
+
 /// A list element kept raw, with the fields that name it read from it.
-fn element<'de, T: Deserialize<'de>, E: de::Error>(raw: &'de RawValue, what: &str, index: usize) -> Result<T, E> {
+fn element<'de, T: Deserialize<'de>, E: de::Error>(
+    raw: &'de RawValue,
+    what: impl fmt::Display,
+    index: usize,
+) -> Result<T, E> {
     if !is_object(raw) {
         return Err(E::custom(format_args!("{what}[{index}]: expected an object")));
     }
@@ -503,6 +606,7 @@ fn element<'de, T: Deserialize<'de>, E: de::Error>(raw: &'de RawValue, what: &st
 
 struct VolumesSeed<'w> {
     wanted: &'w Wanted<'w>,
+    full: bool,
 }
 
 impl<'de> DeserializeSeed<'de> for VolumesSeed<'_> {
@@ -518,15 +622,9 @@ impl<'de> Visitor<'de> for VolumesSeed<'_> {
         f.write_str("spec.volumes as a list")
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        #[derive(Deserialize)]
-        struct Named<'a> {
-            #[serde(borrow)]
-            name: Cow<'a, str>,
-        }
         let mut hits = Vec::new();
         let mut index = 0;
-        while let Some(raw) = seq.next_element::<&'de RawValue>()? {
-            let Named { name } = element(raw, "spec.volumes", index)?;
+        while let Some((Named { name, .. }, raw)) = next_named(&mut seq, self.full, "spec.volumes", index)? {
             let wanted = self.wanted.volume_names.contains(&name.as_ref())
                 || (self.wanted.api_token && name.starts_with(KUBE_API_ACCESS_PREFIX));
             if wanted {
@@ -541,6 +639,7 @@ impl<'de> Visitor<'de> for VolumesSeed<'_> {
 struct ContainersSeed<'w> {
     wanted: &'w Wanted<'w>,
     list: ContainerList,
+    full: bool,
 }
 
 impl<'de> DeserializeSeed<'de> for ContainersSeed<'_> {
@@ -557,9 +656,12 @@ impl<'de> Visitor<'de> for ContainersSeed<'_> {
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
         let mut out = Vec::new();
-        while let Some(c) =
-            seq.next_element_seed(ContainerSeed { wanted: self.wanted, list: self.list, index: out.len() })?
-        {
+        while let Some(c) = seq.next_element_seed(ContainerSeed {
+            wanted: self.wanted,
+            list: self.list,
+            index: out.len(),
+            full: self.full,
+        })? {
             out.push(c);
         }
         Ok(out)
@@ -570,6 +672,7 @@ struct ContainerSeed<'w> {
     wanted: &'w Wanted<'w>,
     list: ContainerList,
     index: usize,
+    full: bool,
 }
 
 impl<'de> DeserializeSeed<'de> for ContainerSeed<'_> {
@@ -585,7 +688,7 @@ impl<'de> Visitor<'de> for ContainerSeed<'_> {
         write!(f, "spec.{}[{}] as an object", self.list.field(), self.index)
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let at = |field: &str| format!("spec.{}[{}].{field}", self.list.field(), self.index);
+        let at = |field: &'static str| At { list: self.list, index: self.index, field };
         let mut name = None;
         let mut c = Container {
             list: self.list,
@@ -600,13 +703,13 @@ impl<'de> Visitor<'de> for ContainerSeed<'_> {
             match key.as_ref() {
                 "name" => name = Some(map.next_value_seed(Str)?),
                 "volumeMounts" => {
-                    let seed = MountsSeed { wanted: self.wanted, at: at("volumeMounts") };
+                    let seed = MountsSeed { wanted: self.wanted, at: at("volumeMounts"), full: self.full };
                     (c.mounts, c.mount_hits) = map
                         .next_value_seed(Nullable(seed))?
                         .map_or((Presence::Null, Vec::new()), |(n, hits)| (Presence::Present(n), hits));
                 }
                 "env" => {
-                    let seed = EnvSeed { wanted: self.wanted, at: at("env") };
+                    let seed = EnvSeed { wanted: self.wanted, at: at("env"), full: self.full };
                     (c.env, c.env_hits) = map
                         .next_value_seed(Nullable(seed))?
                         .map_or((Presence::Null, Vec::new()), |(n, hits)| (Presence::Present(n), hits));
@@ -621,9 +724,24 @@ impl<'de> Visitor<'de> for ContainerSeed<'_> {
     }
 }
 
+/// Where a list sits in a container, for messages (formatted only when one is needed).
+#[derive(Debug, Clone, Copy)]
+struct At {
+    list: ContainerList,
+    index: usize,
+    field: &'static str,
+}
+
+impl fmt::Display for At {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "spec.{}[{}].{}", self.list.field(), self.index, self.field)
+    }
+}
+
 struct MountsSeed<'w> {
     wanted: &'w Wanted<'w>,
-    at: String,
+    at: At,
+    full: bool,
 }
 
 impl<'de> DeserializeSeed<'de> for MountsSeed<'_> {
@@ -639,18 +757,11 @@ impl<'de> Visitor<'de> for MountsSeed<'_> {
         write!(f, "{} as a list", self.at)
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        #[derive(Deserialize)]
-        #[serde(rename_all = "camelCase")]
-        struct Mount<'a> {
-            #[serde(borrow)]
-            name: Cow<'a, str>,
-            #[serde(borrow)]
-            mount_path: Cow<'a, str>,
-        }
         let mut hits = Vec::new();
         let mut index = 0;
-        while let Some(raw) = seq.next_element::<&'de RawValue>()? {
-            let Mount { name, mount_path } = element(raw, &self.at, index)?;
+        while let Some((Named { name, mount_path }, raw)) = next_named(&mut seq, self.full, self.at, index)? {
+            let mount_path = mount_path
+                .ok_or_else(|| de::Error::custom(format_args!("{}[{index}]: missing field `mountPath`", self.at)))?;
             let hit = MountHit { index, volume: name, path: mount_path, raw };
             if self.wanted.mount_paths.contains(&hit.path.as_ref()) || (self.wanted.api_token && hit.is_api_token()) {
                 hits.push(hit);
@@ -663,7 +774,8 @@ impl<'de> Visitor<'de> for MountsSeed<'_> {
 
 struct EnvSeed<'w> {
     wanted: &'w Wanted<'w>,
-    at: String,
+    at: At,
+    full: bool,
 }
 
 impl<'de> DeserializeSeed<'de> for EnvSeed<'_> {
@@ -679,15 +791,9 @@ impl<'de> Visitor<'de> for EnvSeed<'_> {
         write!(f, "{} as a list", self.at)
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        #[derive(Deserialize)]
-        struct Named<'a> {
-            #[serde(borrow)]
-            name: Cow<'a, str>,
-        }
         let mut hits = Vec::new();
         let mut index = 0;
-        while let Some(raw) = seq.next_element::<&'de RawValue>()? {
-            let Named { name } = element(raw, &self.at, index)?;
+        while let Some((Named { name, .. }, raw)) = next_named(&mut seq, self.full, self.at, index)? {
             if self.wanted.env_names.contains(&name.as_ref()) {
                 hits.push(EnvHit { index, name, raw });
             }
@@ -713,8 +819,7 @@ mod tests {
             "ownerReferences":[{"apiVersion":"apps/v1","kind":"ReplicaSet","name":"rs","uid":"u0"},
                                {"apiVersion":"batch/v1","kind":"Job","name":"j","uid":"u1","controller":true}]},
             "spec":{"containers":[]}}"#);
-        let top = split(&pod).unwrap();
-        let meta = metadata(top.metadata, &["keyward.io/injected"]).unwrap();
+        let meta = read(&pod, &["keyward.io/injected"]).unwrap().metadata;
         assert_eq!(meta.generate_name.as_deref(), Some("job-"));
         assert_eq!(meta.labels.get("a/b").map(|v| v.as_ref()), Some("y"), "escaped keys are decoded");
         assert_eq!(meta.annotations.kept.len(), 1);
@@ -740,7 +845,7 @@ mod tests {
             env_names: vec!["TOKEN"],
             api_token: true,
         };
-        let spec = spec(split(&pod).unwrap().spec, &wanted).unwrap();
+        let spec = spec(read(&pod, &[]).unwrap().spec, &wanted).unwrap();
         assert_eq!(spec.volumes, Presence::Present(3));
         let hits: Vec<(usize, &str)> = spec.volume_hits.iter().map(|h| (h.index, h.name.as_ref())).collect();
         assert_eq!(hits, [(1, "kube-api-access-x"), (2, "keyward-token")]);
@@ -758,14 +863,14 @@ mod tests {
     #[test]
     fn wrong_types_are_errors_that_say_where() {
         let pod = raw(r#"{"spec":{"containers":[{"name":"c","env":"nope"}]}}"#);
-        let err = spec(split(&pod).unwrap().spec, &Wanted::default()).unwrap_err();
+        let err = spec(read(&pod, &[]).unwrap().spec, &Wanted::default()).unwrap_err();
         assert!(err.starts_with("invalid type: string \"nope\", expected spec.containers[0].env as a list"), "{err}");
         let pod = raw(r#"{"spec":{"containers":[{"image":"x"}]}}"#);
-        let err = spec(split(&pod).unwrap().spec, &Wanted::default()).unwrap_err();
+        let err = spec(read(&pod, &[]).unwrap().spec, &Wanted::default()).unwrap_err();
         assert!(err.starts_with("spec.containers[0].name: required"), "{err}");
         let pod = raw(r#"{"metadata":{"labels":["a"]}}"#);
-        let err = metadata(split(&pod).unwrap().metadata, &[]).unwrap_err();
+        let err = read(&pod, &[]).unwrap_err();
         assert!(err.contains("expected a map of strings to strings"), "{err}");
-        assert!(split(&raw("[1]")).is_err());
+        assert_eq!(read(&raw("[1]"), &[]).unwrap_err(), "expected an object");
     }
 }

@@ -5,12 +5,15 @@
 
 use std::borrow::Cow;
 
-use base64::Engine as _;
+use std::fmt;
+
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use crate::engine::{Decision, RequestFacts, Requester};
 use crate::error::Error;
+use crate::pod::{Read, ReadSeed};
 use crate::text::{clip, quoted};
 
 pub const API_VERSION: &str = "admission.k8s.io/v1";
@@ -20,37 +23,36 @@ pub const MAX_UID_BYTES: usize = 128;
 /// The most of a parse error keyward puts in a 400 answer.
 const MAX_ECHO: usize = 512;
 
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Envelope<'a> {
-    #[serde(borrow, default)]
-    api_version: Cow<'a, str>,
-    #[serde(borrow, default)]
-    kind: Cow<'a, str>,
-    #[serde(borrow, default)]
-    request: Option<AdmissionRequest<'a>>,
+/// `request`, as far as keyward reads it.
+#[derive(Debug)]
+pub struct AdmissionRequest<'a> {
+    pub uid: Cow<'a, str>,
+    pub resource: Resource<'a>,
+    pub sub_resource: Option<Cow<'a, str>>,
+    pub namespace: Option<Cow<'a, str>>,
+    pub operation: Cow<'a, str>,
+    pub user_info: UserInfo<'a>,
+    pub object: Object<'a>,
+    pub dry_run: Option<bool>,
 }
 
-/// `request`, as far as keyward reads it.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct AdmissionRequest<'a> {
-    #[serde(borrow)]
-    pub uid: Cow<'a, str>,
-    #[serde(borrow)]
-    pub resource: Resource<'a>,
-    #[serde(borrow, default)]
-    pub sub_resource: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    pub namespace: Option<Cow<'a, str>>,
-    #[serde(borrow)]
-    pub operation: Cow<'a, str>,
-    #[serde(borrow, default)]
-    pub user_info: UserInfo<'a>,
-    #[serde(borrow, default)]
-    pub object: Option<&'a RawValue>,
-    #[serde(default)]
-    pub dry_run: Option<bool>,
+/// `request.object`: raw, or already read (metadata decoded, spec raw) on the way through.
+#[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)] // one per request, on the stack: boxing would only add an allocation
+pub enum Object<'a> {
+    Missing,
+    Raw(&'a RawValue),
+    Read(Read<'a>),
+}
+
+impl<'a> Object<'a> {
+    /// The object raw, when it was kept raw.
+    pub fn raw(&self) -> Option<&'a RawValue> {
+        match self {
+            Self::Raw(raw) => Some(raw),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -67,10 +69,28 @@ pub struct UserInfo<'a> {
     pub username: Option<Cow<'a, str>>,
 }
 
-/// Parses a request envelope. The error is one line that says what is wrong, and echoes at most
-/// a little of what was sent.
+/// Parses a request envelope, keeping `request.object` raw. The error is one line that says
+/// what is wrong, and echoes at most a little of what was sent.
 pub fn parse_request(body: &[u8]) -> Result<AdmissionRequest<'_>, Error> {
-    let envelope: Envelope<'_> = serde_json::from_slice(body)
+    parse(body, None)
+}
+
+/// Parses a request envelope and reads the pod in the same pass (its metadata decoded, keeping
+/// the values of the annotations in `keep`): the body is scanned once. A pod that is not
+/// readable is left raw, for the engine to refuse with the reason.
+pub fn read_request<'a>(body: &'a [u8], keep: &[&str]) -> Result<AdmissionRequest<'a>, Error> {
+    match parse(body, Some(keep)) {
+        Ok(request) => Ok(request),
+        // Whether the envelope or the pod is at fault, the raw parse tells.
+        Err(_) => parse(body, None),
+    }
+}
+
+fn parse<'a>(body: &'a [u8], read_pod: Option<&[&str]>) -> Result<AdmissionRequest<'a>, Error> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let envelope = EnvelopeSeed { read_pod }
+        .deserialize(&mut de)
+        .and_then(|e| de.end().map(|()| e))
         .map_err(|e| Error::Review(format!("body is not an AdmissionReview: {}", clip(&e.to_string(), MAX_ECHO))))?;
     if envelope.api_version != API_VERSION || envelope.kind != KIND {
         return Err(Error::Review(format!(
@@ -89,6 +109,141 @@ pub fn parse_request(body: &[u8]) -> Result<AdmissionRequest<'_>, Error> {
     Ok(request)
 }
 
+struct Envelope<'a> {
+    api_version: Cow<'a, str>,
+    kind: Cow<'a, str>,
+    request: Option<AdmissionRequest<'a>>,
+}
+
+/// The envelope, with `request.object` read (`read_pod`) or kept raw.
+struct EnvelopeSeed<'k> {
+    read_pod: Option<&'k [&'k str]>,
+}
+
+impl<'de> DeserializeSeed<'de> for EnvelopeSeed<'_> {
+    type Value = Envelope<'de>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for EnvelopeSeed<'_> {
+    type Value = Envelope<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an AdmissionReview object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut envelope = Envelope { api_version: Cow::Borrowed(""), kind: Cow::Borrowed(""), request: None };
+        while let Some(Borrowed(key)) = map.next_key::<Borrowed<'de>>()? {
+            match key.as_ref() {
+                "apiVersion" => envelope.api_version = map.next_value::<Borrowed<'de>>()?.0,
+                "kind" => envelope.kind = map.next_value::<Borrowed<'de>>()?.0,
+                "request" => envelope.request = map.next_value_seed(RequestSeed { read_pod: self.read_pod })?,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(envelope)
+    }
+}
+
+/// A string borrowed where the JSON allows (serde's `Cow` always copies).
+#[derive(Deserialize)]
+struct Borrowed<'a>(#[serde(borrow)] Cow<'a, str>);
+
+struct RequestSeed<'k> {
+    read_pod: Option<&'k [&'k str]>,
+}
+
+impl<'de> DeserializeSeed<'de> for RequestSeed<'_> {
+    type Value = Option<AdmissionRequest<'de>>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_option(self)
+    }
+}
+
+impl<'de> Visitor<'de> for RequestSeed<'_> {
+    type Value = Option<AdmissionRequest<'de>>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("request as an object")
+    }
+    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let (mut uid, mut resource, mut operation) = (None, None, None);
+        let mut request = AdmissionRequest {
+            uid: Cow::Borrowed(""),
+            resource: Resource::default(),
+            sub_resource: None,
+            namespace: None,
+            operation: Cow::Borrowed(""),
+            user_info: UserInfo::default(),
+            object: Object::Missing,
+            dry_run: None,
+        };
+        while let Some(Borrowed(key)) = map.next_key::<Borrowed<'de>>()? {
+            match key.as_ref() {
+                "uid" => uid = Some(map.next_value::<Borrowed<'de>>()?.0),
+                "resource" => resource = Some(map.next_value::<Resource<'de>>()?),
+                "subResource" => request.sub_resource = map.next_value::<Option<Borrowed<'de>>>()?.map(|b| b.0),
+                "namespace" => request.namespace = map.next_value::<Option<Borrowed<'de>>>()?.map(|b| b.0),
+                "operation" => operation = Some(map.next_value::<Borrowed<'de>>()?.0),
+                "userInfo" => request.user_info = map.next_value::<Option<UserInfo<'de>>>()?.unwrap_or_default(),
+                "dryRun" => request.dry_run = map.next_value()?,
+                "object" => {
+                    request.object = match self.read_pod {
+                        Some(keep) => map.next_value_seed(ObjectSeed { keep })?,
+                        None => map.next_value::<Option<&'de RawValue>>()?.map_or(Object::Missing, Object::Raw),
+                    }
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        request.uid = uid.ok_or_else(|| de::Error::missing_field("uid"))?;
+        request.resource = resource.ok_or_else(|| de::Error::missing_field("resource"))?;
+        request.operation = operation.ok_or_else(|| de::Error::missing_field("operation"))?;
+        Ok(Some(request))
+    }
+}
+
+/// `request.object`, read as a pod.
+struct ObjectSeed<'k> {
+    keep: &'k [&'k str],
+}
+
+impl<'de> DeserializeSeed<'de> for ObjectSeed<'_> {
+    type Value = Object<'de>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_option(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ObjectSeed<'_> {
+    type Value = Object<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("request.object as a Pod")
+    }
+    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(Object::Missing)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(Object::Missing)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        ReadSeed { keep: self.keep }.deserialize(d).map(Object::Read)
+    }
+}
+
 impl AdmissionRequest<'_> {
     /// The facts the engine decides on.
     pub fn facts(&self) -> RequestFacts<'_> {
@@ -105,27 +260,39 @@ impl AdmissionRequest<'_> {
 
 /// The response envelope for `uid`, as JSON bytes. `patchType` is set only with a patch.
 pub fn respond(uid: &str, decision: &Decision) -> Vec<u8> {
-    let mut out = Vec::with_capacity(256);
+    let patch = decision.patch();
+    let mut out = Vec::with_capacity(512 + patch.len() * 200 + decision.message().map_or(0, str::len));
     out.extend_from_slice(
         b"{\"apiVersion\":\"admission.k8s.io/v1\",\"kind\":\"AdmissionReview\",\"response\":{\"uid\":",
     );
     write_json(&mut out, uid);
-    out.extend_from_slice(if decision.allowed() { b",\"allowed\":true" } else { b",\"allowed\":false" });
     match &decision.outcome {
-        Ok(m) if !m.patch.is_empty() => {
-            // Serialising owned JSON values into a Vec cannot fail.
-            let patch = serde_json::to_vec(&m.patch).unwrap_or_default();
+        Ok(_) if !patch.is_empty() => {
+            let mark = out.len();
             out.extend_from_slice(b",\"patchType\":\"JSONPatch\",\"patch\":\"");
-            let start = out.len();
-            out.resize(start + base64::encoded_len(patch.len(), true).unwrap_or_default(), 0);
-            let written =
-                base64::engine::general_purpose::STANDARD.encode_slice(&patch, &mut out[start..]).unwrap_or(0);
-            out.truncate(start + written);
-            out.push(b'"');
+            // The patch's JSON goes through a base64 encoder straight into the response.
+            // The patch's JSON, then its base64 straight into the response.
+            let mut json = Vec::with_capacity(patch.len() * 160);
+            let ok = patch.write_json(&mut json).is_ok();
+            if ok {
+                use base64::Engine as _;
+                let start = out.len();
+                out.resize(start + base64::encoded_len(json.len(), true).unwrap_or_default(), 0);
+                let written =
+                    base64::engine::general_purpose::STANDARD.encode_slice(&json, &mut out[start..]).unwrap_or(0);
+                out.truncate(start + written);
+            }
+            if ok {
+                out.extend_from_slice(b"\",\"allowed\":true");
+            } else {
+                // A bug in keyward: refuse rather than send half a patch.
+                out.truncate(mark);
+                out.extend_from_slice(b",\"allowed\":false,\"status\":{\"code\":500,\"reason\":\"InternalError\",\"message\":\"keyward: internal error: the patch could not be written; the pod was refused rather than risk a wrong one\"}");
+            }
         }
-        Ok(_) => {}
+        Ok(_) => out.extend_from_slice(b",\"allowed\":true"),
         Err(denial) => {
-            out.extend_from_slice(b",\"status\":{\"code\":403,\"reason\":\"Forbidden\",\"message\":");
+            out.extend_from_slice(b",\"allowed\":false,\"status\":{\"code\":403,\"reason\":\"Forbidden\",\"message\":");
             write_json(&mut out, &denial.message);
             out.push(b'}');
         }
@@ -157,7 +324,11 @@ mod tests {
         let body = br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u-1","kind":{"group":"","version":"v1","kind":"Pod"},"resource":{"group":"","version":"v1","resource":"pods"},"namespace":"team-a","operation":"CREATE","userInfo":{"username":"system:serviceaccount:a:b","groups":["x"]},"object":{"kind":"Pod"},"oldObject":null,"dryRun":false}}"#;
         let request = parse_request(body).unwrap();
         assert!(matches!(request.uid, Cow::Borrowed("u-1")));
-        assert_eq!(request.object.unwrap().get(), r#"{"kind":"Pod"}"#);
+        assert_eq!(request.object.raw().unwrap().get(), r#"{"kind":"Pod"}"#);
+        let read = read_request(body, &[]).unwrap();
+        assert!(matches!(read.object, Object::Read(_)));
+        let facts = read.facts();
+        assert_eq!(facts.requester, Requester::User("system:serviceaccount:a:b"));
         let facts = request.facts();
         assert_eq!((facts.operation, facts.resource, facts.namespace), ("CREATE", "pods", "team-a"));
         assert_eq!(facts.requester, Requester::User("system:serviceaccount:a:b"));

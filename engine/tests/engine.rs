@@ -6,6 +6,7 @@ mod support;
 
 use keyward_engine::{Reason, RequestFacts, Requester, ANNOTATION_INJECTED, ANNOTATION_ORIGINAL_SA};
 use serde_json::{json, Value};
+
 use support::*;
 
 const LMEVAL_AUDIT: &str = r#"{"profile":"lmeval-job","injected":[{"kind":"clientCertificate","secret":"evaljob-sample-keyward-client","volume":"keyward-client-cert","mountPath":"/var/run/secrets/keyward/client"},{"kind":"serverCA","configMap":"keyward-server-ca","volume":"keyward-server-ca","mountPath":"/var/run/secrets/keyward/ca"},{"kind":"serviceAccountToken","audience":"keyward.io/control-plane","expirationSeconds":3600,"volume":"keyward-sa-token","mountPath":"/var/run/secrets/keyward/sa-token"},{"kind":"serviceAccount","name":"keyward-lmeval-job","apiToken":"remove"}],"containers":"all"}"#;
@@ -323,15 +324,34 @@ fn bare_pod_gets_whole_arrays_and_maps() {
 }
 
 #[test]
-fn keys_with_slash_and_tilde_are_escaped() {
+fn annotation_keys_are_escaped_in_patch_paths() {
+    // The pod already has annotations (one with `~` and `/` in its key), so keyward adds its
+    // own key to the map: the path must escape the `/` in keyward.io/injected as `~1` (and a
+    // `~` would be `~0`, tested on the pointer itself), or the apiserver would look for a map
+    // "keyward.io" with a key "injected".
     let pod = json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "p", "labels": {"app": "minimal", "team": "blue"}, "annotations": {"a~b/c": "x"}},
         "spec": {"containers": [{"name": "c", "image": "busybox"}]}
     });
-    let (_, after) = admit(&create("default", "ci-bot"), &pod, &profiles(MINIMAL_PROFILE));
-    assert_eq!(after["metadata"]["annotations"]["a~b/c"], "x");
+    let (d, after) = admit(&create("default", "ci-bot"), &pod, &profiles(MINIMAL_PROFILE));
+    let ops = patch_json(&d);
+    let last = ops.as_array().unwrap().last().unwrap();
+    assert_eq!(last["op"], "add");
+    assert_eq!(last["path"], "/metadata/annotations/keyward.io~1injected");
+    assert_eq!(after["metadata"]["annotations"]["a~b/c"], "x", "the pod's own key is untouched");
     assert!(after["metadata"]["annotations"][ANNOTATION_INJECTED].is_string());
+    // Unescaped, the same operation fails under strict RFC 6902: the escape is what makes it work.
+    let mut wrong: json_patch::Patch = serde_json::from_value(
+        json!([{"op": "add", "path": "/metadata/annotations/keyward.io/injected", "value": "x"}]),
+    )
+    .unwrap();
+    assert!(json_patch::patch(&mut pod.clone(), &wrong).is_err());
+    wrong =
+        serde_json::from_value(json!([{"op": "add", "path": "/metadata/annotations/a~0b~1c", "value": "y"}])).unwrap();
+    let mut tilde = pod.clone();
+    json_patch::patch(&mut tilde, &wrong).unwrap();
+    assert_eq!(tilde["metadata"]["annotations"]["a~b/c"], "y", "~0 and ~1 address the key with ~ and /");
 }
 
 #[test]
@@ -547,4 +567,38 @@ fn a_pod_whose_annotations_would_overflow_is_refused_with_the_reason() {
         ),
         "{message}"
     );
+}
+
+#[test]
+fn a_huge_pod_is_answered_in_linear_time_and_bounded_work() {
+    // 100,000 volumes and 10,000 containers, each mounting the API token that the LMEvalJob
+    // profile removes: every such mount is found and removed. The old engine took seconds on
+    // pods like this (its token removal was quadratic); this one reads each element once. The
+    // bound below is generous for an unoptimised build; BENCHMARKS.md has the release figure.
+    let mut pod = fixture("lmeval-driver-pod.json");
+    let mut volumes: Vec<Value> = (0..100_000).map(|i| json!({"name": format!("v{i}"), "emptyDir": {}})).collect();
+    volumes.push(json!({"name": "shared", "emptyDir": {}}));
+    volumes.push(json!({"name": "kube-api-access-7xq2m", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}}));
+    pod["spec"]["volumes"] = Value::Array(volumes);
+    pod["spec"]["containers"] = Value::Array(
+        (0..10_000)
+            .map(|i| json!({"name": format!("c{i}"), "image": "busybox",
+                "volumeMounts": [{"name": "kube-api-access-7xq2m", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": true}]}))
+            .collect(),
+    );
+    let body = raw(&pod);
+    assert!(body.get().len() > 4_000_000);
+    let started = std::time::Instant::now();
+    let d = keyward_engine::decide(&create("team-a", LMEVAL_OPERATOR), &body, &builtin());
+    let took = started.elapsed();
+    assert!(d.allowed(), "{:?}", d.message());
+    assert!(took < std::time::Duration::from_secs(20), "took {took:?}");
+    let after = apply(&pod, &d);
+    assert_valid(&after);
+    assert!(after["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|c| { c["volumeMounts"].as_array().unwrap().iter().all(|m| m["name"] != "kube-api-access-7xq2m") }));
+    assert_eq!(after["spec"]["volumes"].as_array().unwrap().len(), 100_001 + 3);
 }

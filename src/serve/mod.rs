@@ -30,7 +30,9 @@ pub fn run(config: ServeConfig) -> anyhow::Result<()> {
     crate::logging::init(config.log_format);
     let runtime =
         tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the runtime")?;
-    runtime.block_on(serve(config))
+    let result = runtime.block_on(serve(config));
+    crate::logging::flush();
+    result
 }
 
 async fn serve(config: ServeConfig) -> anyhow::Result<()> {

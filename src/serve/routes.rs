@@ -17,10 +17,10 @@ use axum::routing::{get, post};
 use axum::Router;
 use http_body_util::BodyExt;
 use keyward_certs::CertStore;
+use keyward_engine::engine::{decide_object, ANNOTATIONS_READ};
 use keyward_engine::review::{self, AdmissionRequest};
 use keyward_engine::text::clip;
-use keyward_engine::{decide, Decision, ProfileSet};
-use serde_json::value::RawValue;
+use keyward_engine::{Decision, ProfileSet};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::metrics::Metrics;
@@ -81,14 +81,25 @@ async fn mutate(State(state): State<AppState>, request: Request) -> Response {
         return refuse(&state, StatusCode::PAYLOAD_TOO_LARGE, reason);
     }
     // A slow client cannot hold a worker: the body must arrive within the read timeout.
-    let (body, budget) = match tokio::time::timeout(state.read_timeout, read_body(&state, request.into_body())).await {
-        Ok(Ok(read)) => read,
-        Ok(Err((status, reason))) => return refuse(&state, status, reason),
-        Err(_) => return refuse(&state, StatusCode::REQUEST_TIMEOUT, "request body not received in time".into()),
-    };
+    let (body, budget) =
+        match tokio::time::timeout(state.read_timeout, read_body(&state, declared, request.into_body())).await {
+            Ok(Ok(read)) => read,
+            Ok(Err((status, reason))) => return refuse(&state, status, reason),
+            Err(_) => return refuse(&state, StatusCode::REQUEST_TIMEOUT, "request body not received in time".into()),
+        };
     let Ok(decision) = state.decisions.clone().acquire_owned().await else {
         return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response();
     };
+    let running = Running::start(&state.metrics);
+    let decision = (decision, running);
+    // A typical pod is decided in tens of microseconds, cheaper than a hand-off to another
+    // thread; a large one goes to a blocking thread so that it never holds up an async worker
+    // (and with it /healthz and /readyz).
+    if body.len() <= INLINE_DECISION_BYTES {
+        let response = answer(&state, &body);
+        drop((budget, decision));
+        return response;
+    }
     let worker = state.clone();
     let answered = tokio::task::spawn_blocking(move || {
         let response = answer(&worker, &body);
@@ -104,17 +115,43 @@ async fn mutate(State(state): State<AppState>, request: Request) -> Response {
     }
 }
 
+/// Counts a decision in `keyward_admission_decisions_running` while it lives.
+struct Running(prometheus_client::metrics::gauge::Gauge);
+
+impl Running {
+    fn start(metrics: &Metrics) -> Self {
+        let gauge = metrics.decisions_running();
+        gauge.inc();
+        Self(gauge)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// Bodies up to this size are decided on the async worker that read them (well under a
+/// millisecond); larger ones on a blocking thread.
+const INLINE_DECISION_BYTES: usize = 64 * 1024;
+
 /// Reads the body, taking its bytes from the budget as they arrive.
 async fn read_body(
     state: &AppState,
+    declared: Option<u64>,
     mut body: Body,
 ) -> Result<(Bytes, Option<OwnedSemaphorePermit>), (StatusCode, String)> {
-    let mut buf = Vec::new();
+    // Bodies usually arrive in one frame, kept as is; several are joined. The declared length
+    // is already checked against the limit, and trusted only that far.
+    let mut frames: Vec<Bytes> = Vec::new();
+    let mut total = 0;
     let mut held: Option<OwnedSemaphorePermit> = None;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| (StatusCode::BAD_REQUEST, format!("cannot read the body: {e}")))?;
         let Ok(data) = frame.into_data() else { continue };
-        if buf.len() + data.len() > state.max_body_bytes {
+        total += data.len();
+        if total > state.max_body_bytes {
             return Err((
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!("body is over the {}-byte limit", state.max_body_bytes),
@@ -132,59 +169,40 @@ async fn read_body(
                 Some(h) => h.merge(permit),
                 None => held = Some(permit),
             }
+            frames.push(data);
         }
-        buf.extend_from_slice(&data);
     }
-    Ok((Bytes::from(buf), held))
+    let body = match frames.len() {
+        0 => Bytes::new(),
+        1 => frames.swap_remove(0),
+        _ => {
+            let mut joined =
+                Vec::with_capacity(declared.map_or(total, |n| usize::try_from(n).unwrap_or(total).min(total)));
+            frames.iter().for_each(|f| joined.extend_from_slice(f));
+            Bytes::from(joined)
+        }
+    };
+    Ok((body, held))
 }
 
 /// Parses, decides and answers one admission (on a blocking thread).
 fn answer(state: &AppState, body: &[u8]) -> Response {
     let started = Instant::now();
-    let request = match review::parse_request(body) {
+    let request = match review::read_request(body, ANNOTATIONS_READ) {
         Ok(r) => r,
         Err(e) => return refuse(state, StatusCode::BAD_REQUEST, e.to_string()),
     };
-    let decision = decide(&request.facts(), request.object.unwrap_or(NULL), &state.profiles);
+    let decision = decide_object(&request.facts(), &request.object, &state.profiles);
     let took = started.elapsed();
     state.metrics.observe_decision(decision.profile.as_deref(), decision.allowed(), decision.reason.as_str(), took);
     log_decision(&request, &decision, took);
     ([(CONTENT_TYPE, "application/json")], review::respond(&request.uid, &decision)).into_response()
 }
 
-const NULL: &RawValue = RawValue::NULL;
-
 /// The longest request-supplied string a log line carries.
 const LOG_FIELD_MAX: usize = 256;
 /// The longest denial a log line carries (the response has it whole).
 const LOG_DENIAL_MAX: usize = 1024;
-
-/// The pod's name for the log: `metadata.name`, else `metadata.generateName*`.
-fn pod_name(request: &AdmissionRequest<'_>) -> String {
-    #[derive(serde::Deserialize)]
-    #[serde(rename_all = "camelCase")]
-    struct Names<'a> {
-        #[serde(borrow, default)]
-        name: Option<std::borrow::Cow<'a, str>>,
-        #[serde(borrow, default)]
-        generate_name: Option<std::borrow::Cow<'a, str>>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Object<'a> {
-        #[serde(borrow, default)]
-        metadata: Option<&'a RawValue>,
-    }
-    let names = request
-        .object
-        .and_then(|o| serde_json::from_str::<Object<'_>>(o.get()).ok())
-        .and_then(|o| o.metadata)
-        .and_then(|m| serde_json::from_str::<Names<'_>>(m.get()).ok());
-    match names {
-        Some(Names { name: Some(name), .. }) if !name.is_empty() => clip(&name, LOG_FIELD_MAX).into_owned(),
-        Some(Names { generate_name: Some(g), .. }) if !g.is_empty() => format!("{}*", clip(&g, LOG_FIELD_MAX)),
-        _ => String::new(),
-    }
-}
 
 /// One line per decision. Names only: never Secret data or tokens (the decision has none).
 /// Every request-supplied value is a clipped string field (see [`crate::logging`]).
@@ -193,7 +211,7 @@ fn log_decision(request: &AdmissionRequest<'_>, decision: &Decision, took: Durat
         uid = clip(&request.uid, LOG_FIELD_MAX).as_ref(),
         operation = clip(&request.operation, LOG_FIELD_MAX).as_ref(),
         namespace = clip(request.namespace.as_deref().unwrap_or_default(), LOG_FIELD_MAX).as_ref(),
-        pod = pod_name(request).as_str(),
+        pod = decision.pod.as_deref().unwrap_or_default(),
         requester = clip(request.user_info.username.as_deref().unwrap_or_default(), LOG_FIELD_MAX).as_ref(),
         profile = decision.profile.as_deref().unwrap_or_default(),
         allowed = decision.allowed(),
@@ -328,7 +346,7 @@ mod tests {
         let profiles = ProfileSet::builtin().unwrap();
         let mut facts = request.facts();
         facts.operation = "CREATE";
-        let decision = decide(&facts, request.object.unwrap(), &profiles);
+        let decision = keyward_engine::decide(&facts, request.object.raw().unwrap(), &profiles);
         assert!(!decision.allowed(), "the requester is not the operator: a denial that quotes the username");
         let out = Captured::default();
         let dispatch = crate::logging::dispatch(format, tracing_subscriber::EnvFilter::new("info"), out.clone(), false);

@@ -76,7 +76,13 @@ impl Server {
     /// Starts keyward with `args` added to the loopback listeners and JSON logs, and waits
     /// until both listeners are up.
     pub fn start(args: &[&str], ca_pem: Vec<u8>) -> Server {
-        Self::spawn(Command::new(env!("CARGO_BIN_EXE_keyward")), args, ca_pem)
+        Self::spawn(Command::new(env!("CARGO_BIN_EXE_keyward")), args, ca_pem, false)
+    }
+
+    /// Like [`Server::start`], but once it listens its log lines are discarded unread (for
+    /// benchmarks: parsing them would load the machine being measured).
+    pub fn start_quiet(args: &[&str], ca_pem: Vec<u8>) -> Server {
+        Self::spawn(Command::new(env!("CARGO_BIN_EXE_keyward")), args, ca_pem, true)
     }
 
     /// Like [`Server::start`], with the process's open-files limit (soft and hard) set to
@@ -84,16 +90,16 @@ impl Server {
     pub fn start_with_open_files(nofile: u32, args: &[&str], ca_pem: Vec<u8>) -> Server {
         let mut command = Command::new("bash");
         command.args(["-c", &format!("ulimit -n {nofile} && exec \"$0\" \"$@\""), env!("CARGO_BIN_EXE_keyward")]);
-        Self::spawn(command, args, ca_pem)
+        Self::spawn(command, args, ca_pem, false)
     }
 
-    fn spawn(mut command: Command, args: &[&str], ca_pem: Vec<u8>) -> Server {
+    fn spawn(mut command: Command, args: &[&str], ca_pem: Vec<u8>, quiet: bool) -> Server {
         let mut child = command
             .arg("serve")
             .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--log-format", "json"])
             .args(args)
             .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", std::env::var("KEYWARD_TEST_RUST_LOG").unwrap_or_else(|_| "info".into()))
             .env_remove("KEYWARD_PROFILES")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -102,15 +108,23 @@ impl Server {
         let stdout = child.stdout.take().unwrap();
         let (tx, logs) = mpsc::channel();
         std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let mut reader = BufReader::new(stdout);
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 0) {
                 match serde_json::from_str::<Value>(&line) {
                     Ok(v) => {
+                        let listening = v["role"] == "webhook" && v["addr"].is_string();
                         if tx.send(v).is_err() {
+                            return;
+                        }
+                        if quiet && listening {
+                            let _ = std::io::copy(&mut reader, &mut std::io::sink());
                             return;
                         }
                     }
                     Err(_) => eprintln!("keyward (not JSON): {line}"),
                 }
+                line.clear();
             }
         });
         let unbound: SocketAddr = ([0, 0, 0, 0], 0).into();
@@ -295,6 +309,16 @@ impl Http1 {
         Ok((status, body))
     }
 
+    /// POSTs an AdmissionReview and says whether it was allowed, without parsing the answer
+    /// (for load generators, which should cost the machine as little as they can).
+    pub async fn mutate_allowed(&mut self, review: &[u8]) -> Result<bool, String> {
+        let (status, body) = self.request("POST", "/mutate?timeout=10s", review.to_vec()).await?;
+        if status != 200 {
+            return Err(format!("status {status}: {}", String::from_utf8_lossy(&body)));
+        }
+        Ok(body.windows(14).any(|w| w == b"\"allowed\":true"))
+    }
+
     /// POSTs an AdmissionReview to /mutate?timeout=10s, as the apiserver does.
     pub async fn mutate(&mut self, review: &[u8]) -> Result<Value, String> {
         let (status, body) = self.request("POST", "/mutate?timeout=10s", review.to_vec()).await?;
@@ -354,5 +378,11 @@ impl TlsDir {
         let mut args = vec!["--tls-dir", self.path()];
         args.extend_from_slice(extra);
         Server::start(&args, self.ca.cert_pem().as_bytes().to_vec())
+    }
+
+    pub fn start_quiet(&self, extra: &[&str]) -> Server {
+        let mut args = vec!["--tls-dir", self.path()];
+        args.extend_from_slice(extra);
+        Server::start_quiet(&args, self.ca.cert_pem().as_bytes().to_vec())
     }
 }
