@@ -4,6 +4,7 @@
 
 mod support;
 
+use keyward_engine::ProfileSet;
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 use support::*;
@@ -222,5 +223,265 @@ proptest! {
             let mut out = object.clone();
             prop_assert!(json_patch::patch(&mut out, &patch).is_ok());
         }
+    }
+}
+
+// === generated profiles ===
+
+/// One kind's settings, as YAML under `spec.inject`, and the env var names it sets (so pods can
+/// be generated that already set some of them).
+#[derive(Debug, Clone)]
+struct KindYaml {
+    yaml: String,
+    envs: Vec<String>,
+}
+
+fn template(kind: &'static str) -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just(format!("{kind}-fixed")),
+        Just(format!("\"{{owner.name}}-{kind}\"")),
+        Just(format!("\"{{namespace}}-{kind}\"")),
+        Just(format!("\"{{label:team}}-{kind}\"")),
+    ]
+}
+
+fn env(name: &'static str) -> impl Strategy<Value = Option<String>> {
+    proptest::option::of(Just(name.to_string()))
+}
+
+fn client_certificate() -> impl Strategy<Value = KindYaml> {
+    (template("cc"), any::<bool>(), env("CC_CERT"), env("CC_KEY")).prop_map(|(secret, custom_volume, cert, key)| {
+        let mut yaml = format!(
+            "    clientCertificate:\n      secretName: {secret}\n      mountPath: /var/run/secrets/keyward/client\n"
+        );
+        if custom_volume {
+            yaml.push_str("      volumeName: gen-client\n");
+        }
+        let mut envs = Vec::new();
+        if let Some(e) = cert {
+            yaml.push_str(&format!("      certFileEnv: {e}\n"));
+            envs.push(e);
+        }
+        if let Some(e) = key {
+            yaml.push_str(&format!("      keyFileEnv: {e}\n"));
+            envs.push(e);
+        }
+        KindYaml { yaml, envs }
+    })
+}
+
+fn server_ca() -> impl Strategy<Value = KindYaml> {
+    (any::<bool>(), template("ca"), proptest::option::of(Just("root.pem")), env("CA_FILE")).prop_map(
+        |(config_map, name, key, file)| {
+            let field = if config_map { "configMapName" } else { "secretName" };
+            let mut yaml = format!("    serverCA:\n      {field}: {name}\n      mountPath: /etc/keyward/ca\n");
+            if let Some(k) = key {
+                yaml.push_str(&format!("      key: {k}\n"));
+            }
+            let envs: Vec<String> = file.into_iter().collect();
+            for e in &envs {
+                yaml.push_str(&format!("      fileEnv: {e}\n"));
+            }
+            KindYaml { yaml, envs }
+        },
+    )
+}
+
+fn token() -> impl Strategy<Value = KindYaml> {
+    (template("tok"), proptest::option::of(Just("api-key")), env("TOKEN_FILE"), env("TOKEN")).prop_map(
+        |(secret, key, file, value)| {
+            let mut yaml =
+                format!("    token:\n      secretName: {secret}\n      mountPath: /var/run/secrets/keyward/token\n");
+            if let Some(k) = key {
+                yaml.push_str(&format!("      key: {k}\n"));
+            }
+            let mut envs = Vec::new();
+            if let Some(e) = file {
+                yaml.push_str(&format!("      fileEnv: {e}\n"));
+                envs.push(e);
+            }
+            if let Some(e) = value {
+                yaml.push_str(&format!("      valueEnv: {e}\n"));
+                envs.push(e);
+            }
+            KindYaml { yaml, envs }
+        },
+    )
+}
+
+fn service_account_token() -> impl Strategy<Value = KindYaml> {
+    (600i64..=172_800, prop_oneof![Just("token"), Just("sub/dir/token")], env("SA_TOKEN_FILE")).prop_map(
+        |(expiration, path, file)| {
+            let mut yaml = format!(
+                "    serviceAccountToken:\n      audience: gen.example\n      expirationSeconds: {expiration}\n      path: {path}\n      mountPath: /var/run/secrets/keyward/sa-token\n"
+            );
+            let envs: Vec<String> = file.into_iter().collect();
+            for e in &envs {
+                yaml.push_str(&format!("      fileEnv: {e}\n"));
+            }
+            KindYaml { yaml, envs }
+        },
+    )
+}
+
+fn service_account() -> impl Strategy<Value = KindYaml> {
+    (prop_oneof![Just("gen-sa"), Just("\"{label:team}-sa\"")], prop_oneof![Just("keep"), Just("remove")]).prop_map(
+        |(name, token)| KindYaml {
+            yaml: format!("    serviceAccount:\n      name: {name}\n      apiToken: {token}\n"),
+            envs: vec![],
+        },
+    )
+}
+
+/// A profile of any kinds (at least one), with every option, for pods labelled `app: gen`.
+#[derive(Debug, Clone)]
+struct GeneratedProfile {
+    yaml: String,
+    envs: Vec<String>,
+}
+
+fn generated_profile() -> impl Strategy<Value = GeneratedProfile> {
+    (
+        proptest::option::of(client_certificate()),
+        proptest::option::of(server_ca()),
+        proptest::option::of(token()),
+        proptest::option::of(service_account_token()),
+        proptest::option::of(service_account()),
+        prop_oneof![Just(None), Just(Some("[app-0, init-0, missing]")), Just(Some("[app-1]"))],
+        any::<bool>(),
+    )
+        .prop_filter("at least one kind", |(a, b, c, d, e, _, _)| {
+            a.is_some() || b.is_some() || c.is_some() || d.is_some() || e.is_some()
+        })
+        .prop_map(|(a, b, c, d, e, containers, keep_user)| {
+            let kinds: Vec<KindYaml> = [a, b, c, d, e].into_iter().flatten().collect();
+            let mut yaml = "apiVersion: keyward.io/v1alpha1\nkind: InjectionProfile\nmetadata: {name: gen}\nspec:\n  selector: {matchLabels: {app: gen}}\n  requesters: {usernames: [gen-bot]}\n".to_string();
+            if let Some(list) = containers {
+                yaml.push_str(&format!("  containers: {list}\n"));
+            }
+            if keep_user {
+                yaml.push_str("  onEnvConflict: keepUser\n");
+            }
+            yaml.push_str("  inject:\n");
+            let mut envs = Vec::new();
+            for k in kinds {
+                yaml.push_str(&k.yaml);
+                envs.extend(k.envs);
+            }
+            GeneratedProfile { yaml, envs }
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Any profile, any pod shape: admitted ones get a patch that applies strictly, a valid pod,
+    /// and a no-op second call; refused ones get no patch and a reason.
+    #[test]
+    fn generated_profiles_keep_the_three_properties(
+        profile in generated_profile(),
+        shape in pod_shape(),
+        with_team in any::<bool>(),
+        preset in proptest::collection::vec((0usize..8, any::<bool>()), 0..3),
+    ) {
+        let set = ProfileSet::from_sources([("gen.yaml".to_string(), profile.yaml.clone())])
+            .unwrap_or_else(|e| panic!("generated profile does not load: {e}\n{}", profile.yaml));
+        let labels = if with_team { json!({"app": "gen", "team": "blue"}) } else { json!({"app": "gen"}) };
+        let owner = json!({"apiVersion": "batch/v1", "kind": "Job", "name": "job-1", "uid": "u1", "controller": true});
+        let mut pod = build(&shape, &labels, &owner);
+        // Some containers already set one of the profile's env vars: to a value of their own.
+        for (i, own) in preset {
+            if let (Some(name), Some(c)) = (profile.envs.get(i % profile.envs.len().max(1)), pod["spec"]["containers"][0].as_object_mut()) {
+                let value = if own { "mine".to_string() } else { "/elsewhere".to_string() };
+                let env = c.entry("env").or_insert_with(|| json!([]));
+                if let Some(list) = env.as_array_mut() {
+                    if !list.iter().any(|e| e["name"] == json!(name)) {
+                        list.push(json!({"name": name, "value": value}));
+                    }
+                }
+            }
+        }
+        let facts = create("team-a", "gen-bot");
+        let decision = decide(&facts, &pod, &set);
+        if decision.allowed() {
+            let after = apply(&pod, &decision);
+            assert_valid(&after);
+            let again = decide(&facts, &after, &set);
+            prop_assert!(again.allowed(), "second call denied: {:?}", again.message());
+            prop_assert!(again.patch().is_empty(), "second call not a no-op: {}", patch_json(&again));
+        } else {
+            prop_assert!(decision.patch().is_empty());
+            let message = decision.message().unwrap_or_default();
+            prop_assert!(message.starts_with("keyward: profile \"gen\""), "{message}");
+        }
+    }
+}
+
+// === hostile envelopes and bodies ===
+
+fn any_string() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        "[ -~]{0,16}".prop_map(Value::String),
+        Just(Value::String("CREATE".into())),
+        Just(Value::Null),
+        any::<i64>().prop_map(|n| json!(n)),
+    ]
+}
+
+fn any_envelope() -> impl Strategy<Value = Value> {
+    (
+        prop_oneof![Just(json!("admission.k8s.io/v1")), any_string()],
+        prop_oneof![Just(json!("AdmissionReview")), any_string()],
+        any_string(),
+        prop_oneof![Just(json!({"group": "", "version": "v1", "resource": "pods"})), any_json()],
+        prop_oneof![Just(json!("CREATE")), any_string()],
+        prop_oneof![Just(json!({"username": "system:serviceaccount:a:trustyai-service-operator-controller-manager"})), any_json()],
+        any_json(),
+        any::<bool>(),
+    )
+        .prop_map(|(api_version, kind, uid, resource, operation, user_info, object, labelled)| {
+            let mut object = object;
+            if labelled {
+                if let Value::Object(map) = &mut object {
+                    map.insert("metadata".into(), json!({"labels": {"app.kubernetes.io/name": "ta-lmes"},
+                        "ownerReferences": [{"apiVersion": "trustyai.opendatahub.io/v1alpha1", "kind": "LMEvalJob", "name": "j", "uid": "u", "controller": true}]}));
+                }
+            }
+            json!({"apiVersion": api_version, "kind": kind, "request": {
+                "uid": uid, "resource": resource, "operation": operation, "namespace": "team-a",
+                "userInfo": user_info, "object": object}})
+        })
+}
+
+/// Whatever the body, the answer is a well-formed response or a one-line refusal.
+fn answer(body: &[u8], set: &ProfileSet) {
+    use keyward_engine::engine::{decide_object, ANNOTATIONS_READ};
+    use keyward_engine::review;
+    for request in [review::read_request(body, ANNOTATIONS_READ), review::parse_request(body)] {
+        match request {
+            Ok(request) => {
+                let decision = decide_object(&request.facts(), &request.object, set);
+                let response: Value = serde_json::from_slice(&review::respond(&request.uid, &decision)).unwrap();
+                assert_eq!(response["response"]["uid"], json!(request.uid.as_ref()));
+                assert_eq!(response["response"]["allowed"], json!(decision.allowed()));
+            }
+            Err(e) => assert_eq!(e.to_string().lines().count(), 1, "{e}"),
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn arbitrary_envelopes_never_panic(envelope in any_envelope()) {
+        answer(&serde_json::to_vec(&envelope).unwrap(), &builtin());
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic(body in proptest::collection::vec(any::<u8>(), 0..512), valid_prefix in any::<bool>()) {
+        let mut bytes = if valid_prefix { br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u","#.to_vec() } else { Vec::new() };
+        bytes.extend(body);
+        answer(&bytes, &builtin());
     }
 }
