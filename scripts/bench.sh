@@ -8,8 +8,8 @@ echo "- CPU: $(lscpu | sed -n 's/^Model name: *//p') ($(nproc) cores)"
 echo "- memory: $(free -g | awk '/^Mem:/ {print $2}') GiB; kernel $(uname -r); $(rustc --version)"
 echo "- date: $(date -u +%Y-%m-%dT%H:%MZ); commit $(git rev-parse --short HEAD)"
 echo
-echo "## engine (criterion, cargo bench -p keyward-webhooks --bench decide)"
-cargo bench -q -p keyward-webhooks --bench decide 2>/dev/null | grep -E "time:" -B1 | grep -v "^--"
+echo "## engine (criterion, cargo bench -p keyward-engine --bench decide)"
+cargo bench -q -p keyward-engine --bench decide 2>/dev/null | grep -E "time:" -B1 | grep -v "^--"
 echo
 echo "## server under load (cargo bench --bench load)"
-cargo bench -q --bench load 2>/dev/null | grep -E "^\||^server memory"
+cargo bench -q --bench load 2>/dev/null

@@ -17,7 +17,7 @@ use crate::check::violations;
 use crate::inject::{ApiToken, Injection};
 use crate::names::TemplateContext;
 use crate::patch::{OpValue, Patch, PatchOp, Path};
-use crate::plan::plan;
+use crate::plan::{plan, MAX_PATCH_OPERATIONS};
 use crate::pod::{self, Metadata, Wanted};
 use crate::profile::{Otherwise, Profile, ProfileSet};
 use crate::review::Object;
@@ -83,6 +83,9 @@ pub enum Reason {
     Conflict,
     /// A name template could not be resolved for this pod.
     Unresolvable,
+    /// The pod is too large to inject into (containers, or patch operations, past keyward's
+    /// limits).
+    TooLarge,
     /// The object is not a valid Pod.
     InvalidPod,
     /// keyward would have produced an invalid pod (a bug); denied instead.
@@ -101,6 +104,7 @@ impl Reason {
             Self::Ambiguous => "ambiguous",
             Self::Conflict => "conflict",
             Self::Unresolvable => "unresolvable",
+            Self::TooLarge => "too-large",
             Self::InvalidPod => "invalid-pod",
             Self::Internal => "internal",
         }
@@ -402,7 +406,37 @@ fn inject(
         Err(e) => return invalid_pod(&e),
     };
 
+    if spec.hits_truncated {
+        return Decision::deny(
+            Reason::TooLarge,
+            format!(
+                "keyward: profile {:?} selects this pod, but it has more than {} volumes, mounts and env vars named like the profile's or the API token's; keyward refuses rather than build a patch that large",
+                profile.name,
+                pod::MAX_HITS - 1
+            ),
+        );
+    }
+    if spec.container_count > pod::MAX_CONTAINERS {
+        return Decision::deny(
+            Reason::TooLarge,
+            format!(
+                "keyward: profile {:?} selects this pod, but it has {} init containers and containers, more than keyward injects into ({}); keyward refuses rather than build a patch that large",
+                profile.name,
+                spec.container_count,
+                pod::MAX_CONTAINERS
+            ),
+        );
+    }
     let mut planned = plan(profile, &spec, &injections);
+    if planned.too_large {
+        return Decision::deny(
+            Reason::TooLarge,
+            format!(
+                "keyward: profile {:?} would need more than {MAX_PATCH_OPERATIONS} patch operations for this pod (every container it targets gets the profile's mounts and env vars), more than a JSON patch may have; list the containers that need credentials in the profile's spec.containers",
+                profile.name
+            ),
+        );
+    }
     if !planned.conflicts.is_empty() {
         let mut d = Decision::deny(
             Reason::Conflict,

@@ -22,6 +22,8 @@ pub(crate) struct Plan<'p> {
     pub ops: Vec<PatchOp>,
     pub conflicts: Vec<String>,
     pub warnings: Vec<String>,
+    /// The patch would pass [`MAX_PATCH_OPERATIONS`]; planning stopped.
+    pub too_large: bool,
     /// The account the pod asked for, when the patch swaps it.
     pub original_service_account: Option<String>,
     /// What the patch adds and removes, for the self-check.
@@ -45,6 +47,10 @@ pub(crate) struct ContainerChanges<'p> {
     pub mounts_added: Vec<&'p MountSpec>,
     pub mounts_removed: Vec<usize>,
 }
+
+/// The most operations keyward puts in one patch: the apiserver's own limit on a JSON patch.
+/// A legitimate pod needs a few dozen; more means thousands of containers.
+pub(crate) const MAX_PATCH_OPERATIONS: usize = 10_000;
 
 /// Merges `injections` (each kind's, in registry order) into the pod.
 pub(crate) fn plan<'p>(profile: &Profile, spec: &Spec<'_>, injections: &'p [(&'static str, Injection)]) -> Plan<'p> {
@@ -86,6 +92,10 @@ pub(crate) fn plan<'p>(profile: &Profile, spec: &Spec<'_>, injections: &'p [(&'s
     for container in spec.all_containers() {
         if !listed.is_empty() && !listed.iter().any(|n| *n == container.name) {
             continue;
+        }
+        if plan.ops.len() > MAX_PATCH_OPERATIONS {
+            plan.too_large = true;
+            return plan;
         }
         let at = |field: ContainerField, array: bool| Path::Container {
             list: container.list,

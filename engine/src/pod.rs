@@ -65,6 +65,11 @@ impl Presence {
     }
 }
 
+/// The most init containers and containers (each list) keyward reads in a pod it injects into.
+/// Past it the rest are only counted, so that a pod of tiny containers cannot make keyward hold
+/// a view many times its size; the engine refuses such a pod.
+pub const MAX_CONTAINERS: usize = 10_000;
+
 /// What to look for in `spec`: the names and paths the planned injections use.
 #[derive(Debug, Clone, Default)]
 pub struct Wanted<'w> {
@@ -73,6 +78,22 @@ pub struct Wanted<'w> {
     pub env_names: Vec<&'w str>,
     /// Also find the Kubernetes API token's volumes and mounts (to remove them).
     pub api_token: bool,
+    /// Hits recorded so far, across the spec (see [`MAX_HITS`]).
+    hits: std::cell::Cell<usize>,
+}
+
+/// The most volumes, mounts and env vars keyward records as named like an injection's or as the
+/// API token's. A real pod has a handful; a pod with more would need a patch past the 10,000
+/// operations a JSON patch may have, and is refused, so the rest are not held.
+pub const MAX_HITS: usize = 10_001;
+
+impl Wanted<'_> {
+    /// Counts one more hit; false once there are more than [`MAX_HITS`] (record no more).
+    fn room(&self) -> bool {
+        let n = self.hits.get() + 1;
+        self.hits.set(n);
+        n <= MAX_HITS
+    }
 }
 
 /// What keyward read of `spec`.
@@ -83,6 +104,11 @@ pub struct Spec<'a> {
     pub volume_hits: Vec<VolumeHit<'a>>,
     pub init_containers: Vec<Container<'a>>,
     pub containers: Vec<Container<'a>>,
+    /// Init containers and containers in the pod, including any past [`MAX_CONTAINERS`] that
+    /// were counted but not read.
+    pub container_count: usize,
+    /// More than [`MAX_HITS`] volumes, mounts and env vars were hits; only the first were kept.
+    pub hits_truncated: bool,
     /// `None`: absent; `Some(None)`: `null`.
     pub service_account_name: Option<Option<Cow<'a, str>>>,
     pub service_account: Option<Option<Cow<'a, str>>>,
@@ -182,6 +208,7 @@ pub fn read<'a>(object: &'a RawValue, keep: &[&str]) -> Result<Read<'a>, String>
 pub fn spec<'a>(raw: Option<&'a RawValue>, wanted: &Wanted<'_>) -> Result<Spec<'a>, String> {
     let Some(raw) = raw else { return Err("spec is missing".into()) };
     let scan = |full: bool| -> Result<Spec<'a>, String> {
+        wanted.hits.set(0);
         let mut de = serde_json::Deserializer::from_str(raw.get());
         SpecSeed { wanted, full }.deserialize(&mut de).map_err(|e| e.to_string())?.ok_or_else(|| "spec is null".into())
     };
@@ -495,6 +522,7 @@ impl<'de> Visitor<'de> for SpecMap<'_> {
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut spec = Spec::default();
+        let (mut init_count, mut main_count) = (0, 0);
         while let Some(key) = map.next_key_seed(Str)? {
             match key.as_ref() {
                 "volumes" => {
@@ -504,11 +532,15 @@ impl<'de> Visitor<'de> for SpecMap<'_> {
                 }
                 "initContainers" => {
                     let seed = ContainersSeed { wanted: self.wanted, list: ContainerList::Init, full: self.full };
-                    spec.init_containers = map.next_value_seed(Nullable(seed))?.unwrap_or_default();
+                    let (list, count) = map.next_value_seed(Nullable(seed))?.unwrap_or_default();
+                    spec.init_containers = list;
+                    init_count = count;
                 }
                 "containers" => {
                     let seed = ContainersSeed { wanted: self.wanted, list: ContainerList::Main, full: self.full };
-                    spec.containers = map.next_value_seed(Nullable(seed))?.unwrap_or_default();
+                    let (list, count) = map.next_value_seed(Nullable(seed))?.unwrap_or_default();
+                    spec.containers = list;
+                    main_count = count;
                 }
                 "serviceAccountName" => spec.service_account_name = Some(map.next_value_seed(Nullable(Str))?),
                 "serviceAccount" => spec.service_account = Some(map.next_value_seed(Nullable(Str))?),
@@ -520,6 +552,8 @@ impl<'de> Visitor<'de> for SpecMap<'_> {
                 }
             }
         }
+        spec.hits_truncated = self.wanted.hits.get() > MAX_HITS;
+        spec.container_count = init_count + main_count;
         Ok(spec)
     }
 }
@@ -627,7 +661,7 @@ impl<'de> Visitor<'de> for VolumesSeed<'_> {
         while let Some((Named { name, .. }, raw)) = next_named(&mut seq, self.full, "spec.volumes", index)? {
             let wanted = self.wanted.volume_names.contains(&name.as_ref())
                 || (self.wanted.api_token && name.starts_with(KUBE_API_ACCESS_PREFIX));
-            if wanted {
+            if wanted && self.wanted.room() {
                 hits.push(VolumeHit { index, name, raw });
             }
             index += 1;
@@ -643,28 +677,35 @@ struct ContainersSeed<'w> {
 }
 
 impl<'de> DeserializeSeed<'de> for ContainersSeed<'_> {
-    type Value = Vec<Container<'de>>;
+    type Value = (Vec<Container<'de>>, usize);
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
         d.deserialize_seq(self)
     }
 }
 
 impl<'de> Visitor<'de> for ContainersSeed<'_> {
-    type Value = Vec<Container<'de>>;
+    type Value = (Vec<Container<'de>>, usize);
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "spec.{} as a list", self.list.field())
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
         let mut out = Vec::new();
-        while let Some(c) = seq.next_element_seed(ContainerSeed {
-            wanted: self.wanted,
-            list: self.list,
-            index: out.len(),
-            full: self.full,
-        })? {
-            out.push(c);
+        while out.len() < MAX_CONTAINERS {
+            let seed = ContainerSeed { wanted: self.wanted, list: self.list, index: out.len(), full: self.full };
+            match seq.next_element_seed(seed)? {
+                Some(c) => out.push(c),
+                None => {
+                    let count = out.len();
+                    return Ok((out, count));
+                }
+            }
         }
-        Ok(out)
+        // Past the limit, only counted.
+        let mut count = out.len();
+        while seq.next_element::<IgnoredAny>()?.is_some() {
+            count += 1;
+        }
+        Ok((out, count))
     }
 }
 
@@ -763,7 +804,9 @@ impl<'de> Visitor<'de> for MountsSeed<'_> {
             let mount_path = mount_path
                 .ok_or_else(|| de::Error::custom(format_args!("{}[{index}]: missing field `mountPath`", self.at)))?;
             let hit = MountHit { index, volume: name, path: mount_path, raw };
-            if self.wanted.mount_paths.contains(&hit.path.as_ref()) || (self.wanted.api_token && hit.is_api_token()) {
+            let wanted =
+                self.wanted.mount_paths.contains(&hit.path.as_ref()) || (self.wanted.api_token && hit.is_api_token());
+            if wanted && self.wanted.room() {
                 hits.push(hit);
             }
             index += 1;
@@ -794,7 +837,7 @@ impl<'de> Visitor<'de> for EnvSeed<'_> {
         let mut hits = Vec::new();
         let mut index = 0;
         while let Some((Named { name, .. }, raw)) = next_named(&mut seq, self.full, self.at, index)? {
-            if self.wanted.env_names.contains(&name.as_ref()) {
+            if self.wanted.env_names.contains(&name.as_ref()) && self.wanted.room() {
                 hits.push(EnvHit { index, name, raw });
             }
             index += 1;
@@ -844,6 +887,7 @@ mod tests {
             mount_paths: vec!["/t"],
             env_names: vec!["TOKEN"],
             api_token: true,
+            ..Wanted::default()
         };
         let spec = spec(read(&pod, &[]).unwrap().spec, &wanted).unwrap();
         assert_eq!(spec.volumes, Presence::Present(3));

@@ -142,9 +142,10 @@ async fn read_body(
     declared: Option<u64>,
     mut body: Body,
 ) -> Result<(Bytes, Option<OwnedSemaphorePermit>), (StatusCode, String)> {
-    // Bodies usually arrive in one frame, kept as is; several are joined. The declared length
-    // is already checked against the limit, and trusted only that far.
-    let mut frames: Vec<Bytes> = Vec::new();
+    // Bodies usually arrive in one frame, kept as is; several are joined as they arrive, into
+    // room for the declared length (never past the limit), so that a body is held about once.
+    let mut first: Option<Bytes> = None;
+    let mut joined: Option<Vec<u8>> = None;
     let mut total = 0;
     let mut held: Option<OwnedSemaphorePermit> = None;
     while let Some(frame) = body.frame().await {
@@ -158,29 +159,35 @@ async fn read_body(
             ));
         }
         let n = u32::try_from(data.len()).unwrap_or(u32::MAX);
-        if n > 0 {
-            let permit = state
-                .body_budget
-                .clone()
-                .acquire_many_owned(n)
-                .await
-                .map_err(|_| (StatusCode::SERVICE_UNAVAILABLE, "shutting down".to_string()))?;
-            match &mut held {
-                Some(h) => h.merge(permit),
-                None => held = Some(permit),
+        if n == 0 {
+            continue;
+        }
+        let permit = state
+            .body_budget
+            .clone()
+            .acquire_many_owned(n)
+            .await
+            .map_err(|_| (StatusCode::SERVICE_UNAVAILABLE, "shutting down".to_string()))?;
+        match &mut held {
+            Some(h) => h.merge(permit),
+            None => held = Some(permit),
+        }
+        match (&mut joined, first.take()) {
+            (Some(buf), _) => buf.extend_from_slice(&data),
+            (None, None) => first = Some(data),
+            (None, Some(earlier)) => {
+                let room = declared.and_then(|d| usize::try_from(d).ok()).unwrap_or(total).max(total);
+                let mut buf = Vec::with_capacity(room.min(state.max_body_bytes));
+                buf.extend_from_slice(&earlier);
+                buf.extend_from_slice(&data);
+                joined = Some(buf);
             }
-            frames.push(data);
         }
     }
-    let body = match frames.len() {
-        0 => Bytes::new(),
-        1 => frames.swap_remove(0),
-        _ => {
-            let mut joined =
-                Vec::with_capacity(declared.map_or(total, |n| usize::try_from(n).unwrap_or(total).min(total)));
-            frames.iter().for_each(|f| joined.extend_from_slice(f));
-            Bytes::from(joined)
-        }
+    let body = match (joined, first) {
+        (Some(buf), _) => Bytes::from(buf),
+        (None, Some(data)) => data,
+        (None, None) => Bytes::new(),
     };
     Ok((body, held))
 }
