@@ -8,7 +8,7 @@ run: ## keyward serve on the embedded default (a dev CA in .keyward-dev/)
 	cargo run -- serve
 
 explain: ## explain what keyward does to an LMEvalJob driver pod
-	cargo run -- explain tests/fixtures/lmeval-driver-pod.json
+	cargo run -- explain tests/fixtures/lmeval-fms-driver-pod.json
 
 test: ## the whole test suite (what CI runs, with fmt and clippy)
 	cargo test --workspace --locked

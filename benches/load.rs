@@ -235,7 +235,10 @@ async fn run() {
     let requests = env_or("KEYWARD_BENCH_REQUESTS", 20_000);
     let seconds = env_or("KEYWARD_BENCH_SECONDS", 5);
     let tls = TlsDir::new();
-    let keyward = tls.start_quiet(&[]);
+    // The built-ins, plus the example profiles of the engine's tests, so that the KubeRay
+    // worker (which no built-in serves) is injected into as before and the figures compare.
+    let examples = concat!(env!("CARGO_MANIFEST_DIR"), "/engine/tests/profiles");
+    let keyward = tls.start_quiet(&["--profiles", examples]);
     let floor = Floor::start();
     let pid = keyward.pid();
 

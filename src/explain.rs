@@ -45,8 +45,8 @@ pub fn run(file: &Path, profiles: &ProfileSet, options: &ExplainOptions) -> anyh
     let explanation = explain(&facts, &pod.raw, profiles);
     let after = pod_after(&explanation, &pod.value)?;
     let out = match options.output {
-        OutputFormat::Json => serde_json::to_string_pretty(&report(&explanation, &after))? + "\n",
-        OutputFormat::Yaml => serde_yaml::to_string(&report(&explanation, &after))?,
+        OutputFormat::Json => serde_json::to_string_pretty(&report(&facts, &explanation, &after))? + "\n",
+        OutputFormat::Yaml => serde_yaml::to_string(&report(&facts, &explanation, &after))?,
         OutputFormat::Diff => diff(&pod.value, &after)?,
         OutputFormat::Text => text_report(&facts, &explanation, profiles),
     };
@@ -144,7 +144,7 @@ fn pod_after(explanation: &Explanation, pod: &Value) -> anyhow::Result<Value> {
     Ok(after)
 }
 
-fn report(explanation: &Explanation, after: &Value) -> Value {
+fn report(facts: &RequestFacts<'_>, explanation: &Explanation, after: &Value) -> Value {
     let decision = &explanation.decision;
     json!({
         "allowed": decision.allowed(),
@@ -156,8 +156,18 @@ fn report(explanation: &Explanation, after: &Value) -> Value {
         "pod": after,
         "auditAnnotations": decision.audit_annotations,
         "injected": decision.outcome.as_ref().ok().and_then(|m| m.audit()),
+        "requires": requires(facts.namespace, explanation),
         "trace": explanation.trace,
     })
+}
+
+/// The objects the admitted pod depends on, each with the pod's namespace.
+fn requires(namespace: &str, explanation: &Explanation) -> Vec<Value> {
+    let Ok(mutation) = &explanation.decision.outcome else { return Vec::new() };
+    mutation
+        .requires()
+        .map(|r| json!({"kind": r.kind, "namespace": namespace, "name": r.name, "providedBy": r.provided_by}))
+        .collect()
 }
 
 fn diff(before: &Value, after: &Value) -> anyhow::Result<String> {
@@ -205,6 +215,19 @@ fn text_report(facts: &RequestFacts<'_>, explanation: &Explanation, profiles: &P
         }
         if let Some(original) = d.audit_annotations.get("original-service-account") {
             line(format!("service account swapped from: {original}"));
+        }
+        let mut requires = m.requires().peekable();
+        if requires.peek().is_some() {
+            line("requires:".into());
+            for r in requires {
+                line(format!(
+                    "  - {:?} {}/{} (provided by {})",
+                    r.kind,
+                    facts.namespace,
+                    r.name,
+                    r.provided_by.as_str()
+                ));
+            }
         }
         line(format!("patch:      {} operations (see --output json or --output diff)", m.ops.len()));
     }

@@ -2,7 +2,9 @@
 //! so that its `matchConditions` send the apiserver's pods to keyward only when some profile
 //! could select them.
 
-use keyward_engine::profile::{LabelSelector, SelectorOperator};
+use std::collections::BTreeMap;
+
+use keyward_engine::profile::{LabelSelectorRequirement, SelectorOperator};
 use keyward_engine::ProfileSet;
 use serde_json::{json, Value};
 
@@ -68,44 +70,67 @@ pub fn webhook(profiles: &ProfileSet, options: &WebhookOptions) -> Value {
     })
 }
 
-/// A CEL expression true for every pod some profile's label selector selects (owners and
-/// namespaces are checked by keyward itself). It never errors: labels may be absent, and then
-/// each selector is decided here, statically.
+/// A CEL expression true for every pod some profile's label and annotation selectors select
+/// (owners and namespaces are checked by keyward itself). It never errors: labels and
+/// annotations may be absent, and then each selector is decided here, statically.
 pub fn match_expression(profiles: &ProfileSet) -> String {
-    let with_labels: Vec<String> = profiles.iter().map(|p| format!("({})", selector_cel(&p.spec.selector))).collect();
-    let without_labels = profiles.iter().any(|p| selects_no_labels(&p.spec.selector));
-    if with_labels.is_empty() {
+    let terms: Vec<String> = profiles
+        .iter()
+        .map(|p| {
+            let labels = map_cel("labels", &p.spec.selector.match_labels, &p.spec.selector.match_expressions);
+            let annotations = map_cel(
+                "annotations",
+                &p.spec.annotation_selector.match_annotations,
+                &p.spec.annotation_selector.match_expressions,
+            );
+            match (labels, annotations) {
+                (Some(l), Some(a)) => format!("({l} && {a})"),
+                (Some(one), None) | (None, Some(one)) => one,
+                (None, None) => "true".into(),
+            }
+        })
+        .collect();
+    if terms.is_empty() {
         return "false".into();
     }
-    format!("has(object.metadata.labels) ? ({}) : {without_labels}", with_labels.join(" || "))
+    terms.join(" || ")
 }
 
-fn selector_cel(selector: &LabelSelector) -> String {
-    const L: &str = "object.metadata.labels";
-    let mut terms = Vec::new();
-    for (k, v) in &selector.match_labels {
-        terms.push(format!("{} in {L} && {L}[{}] == {}", cel_str(k), cel_str(k), cel_str(v)));
+/// The CEL for one selector over `object.metadata.<field>`, or `None` when it is empty (it
+/// selects everything).
+fn map_cel(field: &str, exact: &BTreeMap<String, String>, expressions: &[LabelSelectorRequirement]) -> Option<String> {
+    if exact.is_empty() && expressions.is_empty() {
+        return None;
     }
-    for req in &selector.match_expressions {
+    let without = selects_nothing_set(exact, expressions);
+    Some(format!("(has(object.metadata.{field}) ? ({}) : {without})", selector_cel(field, exact, expressions)))
+}
+
+fn selector_cel(field: &str, exact: &BTreeMap<String, String>, expressions: &[LabelSelectorRequirement]) -> String {
+    let l = format!("object.metadata.{field}");
+    let l = l.as_str();
+    let mut terms = Vec::new();
+    for (k, v) in exact {
+        terms.push(format!("{} in {l} && {l}[{}] == {}", cel_str(k), cel_str(k), cel_str(v)));
+    }
+    for req in expressions {
         let k = cel_str(&req.key);
         let values = format!("[{}]", req.values.iter().map(|v| cel_str(v)).collect::<Vec<_>>().join(", "));
         terms.push(match req.operator {
-            SelectorOperator::In => format!("{k} in {L} && {L}[{k}] in {values}"),
-            SelectorOperator::NotIn => format!("!({k} in {L}) || !({L}[{k}] in {values})"),
-            SelectorOperator::Exists => format!("{k} in {L}"),
-            SelectorOperator::DoesNotExist => format!("!({k} in {L})"),
+            SelectorOperator::In => format!("{k} in {l} && {l}[{k}] in {values}"),
+            SelectorOperator::NotIn => format!("!({k} in {l}) || !({l}[{k}] in {values})"),
+            SelectorOperator::Exists => format!("{k} in {l}"),
+            SelectorOperator::DoesNotExist => format!("!({k} in {l})"),
         });
     }
     terms.iter().map(|t| format!("({t})")).collect::<Vec<_>>().join(" && ")
 }
 
-/// Whether the selector selects a pod with no labels at all (only negative terms).
-fn selects_no_labels(selector: &LabelSelector) -> bool {
-    selector.match_labels.is_empty()
-        && selector
-            .match_expressions
-            .iter()
-            .all(|r| matches!(r.operator, SelectorOperator::NotIn | SelectorOperator::DoesNotExist))
+/// Whether the selector selects a pod with none of the labels (or annotations) at all: only
+/// negative terms.
+fn selects_nothing_set(exact: &BTreeMap<String, String>, expressions: &[LabelSelectorRequirement]) -> bool {
+    exact.is_empty()
+        && expressions.iter().all(|r| matches!(r.operator, SelectorOperator::NotIn | SelectorOperator::DoesNotExist))
 }
 
 /// A double-quoted CEL string literal (double quotes keep the YAML readable).
@@ -122,12 +147,9 @@ mod tests {
         let set = ProfileSet::builtin().unwrap();
         let l = "object.metadata.labels";
         let expected = format!(
-            "has({l}) ? (\
-((\"app.kubernetes.io/name\" in {l} && {l}[\"app.kubernetes.io/name\"] == \"ta-lmes\")) || \
-((\"ray.io/is-ray-node\" in {l} && {l}[\"ray.io/is-ray-node\"] == \"yes\")) || \
-((\"ray.io/originated-from-crd\" in {l} && {l}[\"ray.io/originated-from-crd\"] == \"RayJob\") && (!(\"ray.io/is-ray-node\" in {l}))) || \
-((\"serving.kserve.io/inferencegraph\" in {l}))\
-) : false"
+            "(has({l}) ? ((\"app.kubernetes.io/name\" in {l} && {l}[\"app.kubernetes.io/name\"] == \"fms-lm-eval-service\")) : false) || \
+(has({l}) ? ((\"app\" in {l} && {l}[\"app\"] == \"ml-pipeline-persistenceagent\")) : false) || \
+(has({l}) ? ((\"app\" in {l} && {l}[\"app\"] == \"ml-pipeline-scheduledworkflow\")) : false)"
         );
         assert_eq!(match_expression(&set), expected);
     }
@@ -142,7 +164,26 @@ mod tests {
         let l = "object.metadata.labels";
         assert_eq!(
             match_expression(&set),
-            format!("has({l}) ? (((!(\"tier\" in {l}) || !({l}[\"tier\"] in [\"gpu\"])))) : true")
+            format!("(has({l}) ? ((!(\"tier\" in {l}) || !({l}[\"tier\"] in [\"gpu\"]))) : true)")
+        );
+    }
+
+    #[test]
+    fn annotation_selectors_narrow_the_labels_or_stand_alone() {
+        let profile = |name: &str, selectors: &str| {
+            format!("apiVersion: keyward.io/v1alpha1\nkind: InjectionProfile\nmetadata: {{name: {name}}}\nspec:\n{selectors}  requesters: {{usernames: [bot]}}\n  inject: {{apiToken: remove}}\n")
+        };
+        let both = profile("both", "  selector: {matchLabels: {app: x}}\n  annotationSelector: {matchAnnotations: {example.com/auth: \"true\"}}\n");
+        let alone =
+            profile("alone", "  annotationSelector: {matchExpressions: [{key: example.com/auth, operator: Exists}]}\n");
+        let set = ProfileSet::from_sources([("t.yaml".to_string(), format!("{both}---\n{alone}"))]).unwrap();
+        let (l, a) = ("object.metadata.labels", "object.metadata.annotations");
+        assert_eq!(
+            match_expression(&set),
+            format!(
+                "((has({l}) ? ((\"app\" in {l} && {l}[\"app\"] == \"x\")) : false) && (has({a}) ? ((\"example.com/auth\" in {a} && {a}[\"example.com/auth\"] == \"true\")) : false)) || \
+(has({a}) ? ((\"example.com/auth\" in {a})) : false)"
+            )
         );
     }
 

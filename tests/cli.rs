@@ -4,9 +4,9 @@
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
-const OPERATOR: &str = "system:serviceaccount:opendatahub:trustyai-service-operator-controller-manager";
+const OPERATOR: &str = "system:serviceaccount:lm-eval:lm-eval-controller-manager";
 
 fn keyward(args: &[&str], stdin: Option<&str>) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_keyward"))
@@ -42,26 +42,33 @@ fn assert_one_line_error(o: &Output, expected: &str) {
     assert!(!err.contains("panicked") && !err.contains("backtrace"), "{err}");
 }
 
+const FMS_POD: &str = "tests/fixtures/lmeval-fms-driver-pod.json";
+
 #[test]
 fn explain_json_on_a_pod() {
-    let o = keyward(&["explain", "--user", OPERATOR, "-o", "json", "tests/fixtures/lmeval-driver-pod.json"], None);
+    let o = keyward(&["explain", "--user", OPERATOR, "-o", "json", FMS_POD], None);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(v["allowed"], true);
-    assert_eq!(v["profile"], "lmeval-job");
+    assert_eq!(v["profile"], "lmeval");
     assert_eq!(v["reason"], "injected");
     assert_eq!(v["message"], Value::Null);
-    assert_eq!(v["warnings"], serde_json::json!([]));
-    assert_eq!(v["patch"].as_array().unwrap().len(), 25);
-    assert_eq!(v["pod"]["spec"]["serviceAccountName"], "keyward-lmeval-job");
-    assert_eq!(v["pod"]["metadata"]["annotations"]["keyward.io/original-service-account"], "default");
-    assert_eq!(v["injected"]["containers"], "all");
-    assert_eq!(v["trace"][0]["profile"], "lmeval-job");
+    assert_eq!(v["warnings"], json!([]));
+    assert_eq!(v["pod"]["spec"]["serviceAccountName"], "default");
+    assert_eq!(v["pod"]["spec"]["automountServiceAccountToken"], false);
+    assert_eq!(v["injected"]["containers"], json!(["main"]));
+    assert_eq!(
+        v["requires"],
+        json!([
+            {"kind": "Secret", "namespace": "team-a", "name": "evaljob-sample-lmeval-client", "providedBy": "keyward"},
+            {"kind": "ConfigMap", "namespace": "team-a", "name": "keyward-lmeval-server-ca", "providedBy": "keyward"}
+        ])
+    );
+    assert_eq!(v["trace"][0]["profile"], "lmeval");
     assert_eq!(v["trace"][0]["selected"], true);
 
     // Applying the printed patch to the input gives the printed pod.
-    let mut pod: Value =
-        serde_json::from_str(&std::fs::read_to_string("tests/fixtures/lmeval-driver-pod.json").unwrap()).unwrap();
+    let mut pod: Value = serde_json::from_str(&std::fs::read_to_string(FMS_POD).unwrap()).unwrap();
     let patch: json_patch::Patch = serde_json::from_value(v["patch"].clone()).unwrap();
     json_patch::patch(&mut pod, &patch).unwrap();
     assert_eq!(pod, v["pod"]);
@@ -74,70 +81,83 @@ fn explain_an_admission_review_from_stdin_as_yaml() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let v: Value = serde_yaml::from_str(&stdout(&o)).unwrap();
     assert_eq!(v["allowed"], true);
-    assert_eq!(v["profile"], "lmeval-job");
+    assert_eq!(v["profile"], "lmeval");
+    assert_eq!(v["requires"][0]["name"], "evaljob-sample-lmeval-client");
     // The requester comes from request.userInfo, so nothing is assumed.
-    assert_eq!(v["warnings"], serde_json::json!([]));
+    assert_eq!(v["warnings"], json!([]));
 }
 
 #[test]
 fn explain_a_refused_pod_exits_3_with_the_reason() {
-    let o = keyward(&["explain", "--user", "alice", "-o", "json", "tests/fixtures/lmeval-driver-pod.json"], None);
+    let o = keyward(&["explain", "--user", "alice", "-o", "json", FMS_POD], None);
     assert_eq!(o.status.code(), Some(3));
     let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(v["allowed"], false);
     assert_eq!(v["reason"], "requester-denied");
     assert!(v["message"].as_str().unwrap().contains("not \"alice\""), "{}", v["message"]);
-    assert_eq!(v["patch"], serde_json::json!([]));
+    assert_eq!(v["patch"], json!([]));
+    assert_eq!(v["requires"], json!([]));
 }
 
 #[test]
-fn explain_diff_shows_the_swap() {
-    let o = keyward(&["explain", "-o", "diff", "tests/fixtures/lmeval-driver-pod.json"], None);
+fn explain_diff_shows_the_token_removed_and_the_files_added() {
+    let o = keyward(&["explain", "-o", "diff", FMS_POD], None);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let out = stdout(&o);
     assert!(out.starts_with("--- pod (as submitted)\n+++ pod (as admitted)\n"), "{out}");
-    assert!(out.contains("\n-  serviceAccountName: default\n"), "{out}");
-    assert!(out.contains("\n+  serviceAccountName: keyward-lmeval-job\n"), "{out}");
-    assert!(out.contains("\n-  - name: kube-api-access-7xq2m\n"), "{out}");
-}
-
-#[test]
-fn explain_text_lists_every_profile_and_why() {
-    let o = keyward(&["explain", "tests/fixtures/kuberay-worker-pod.json"], None);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let out = stdout(&o);
-    assert!(out.contains("profile:    kuberay-node (builtin:kuberay.yaml)\n"), "{out}");
-    assert!(out.contains("containers: all\n"), "{out}");
+    assert!(out.contains("\n+  automountServiceAccountToken: false\n"), "{out}");
+    assert!(out.contains("\n-  - name: kube-api-access-"), "{out}");
     assert!(
-        out.contains(
-            "  lmeval-job               label app.kubernetes.io/name=\"kuberay\", the profile wants \"ta-lmes\"\n"
-        ),
+        out.contains("\n+    - name: GRPC_SERVER_CA\n+      value: /var/run/secrets/keyward/lmeval-server-ca/ca.crt\n"),
         "{out}"
     );
 }
 
 #[test]
-fn a_pinned_operator_namespace_refuses_a_tenants_account_of_the_same_name() {
-    let pod = "tests/fixtures/lmeval-driver-pod.json";
-    let tenant = "system:serviceaccount:team-a:trustyai-service-operator-controller-manager";
-    // Unpinned, the name is all the check has.
-    let o = keyward(&["explain", "--user", tenant, "-o", "json", pod], None);
+fn explain_text_lists_what_the_pod_requires_and_every_profile() {
+    let o = keyward(&["explain", FMS_POD], None);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let pin = ["--operator-namespace", "lmeval-job=opendatahub"];
-    let o = keyward(&[&["explain", "--user", tenant, "-o", "json"][..], &pin, &[pod]].concat(), None);
+    let out = stdout(&o);
+    assert!(out.contains("profile:    lmeval (builtin:lmeval.yaml)\n"), "{out}");
+    assert!(out.contains("containers: main\n"), "{out}");
+    assert!(
+        out.contains("requires:\n  - Secret team-a/evaljob-sample-lmeval-client (provided by keyward)\n  - ConfigMap team-a/keyward-lmeval-server-ca (provided by keyward)\n"),
+        "{out}"
+    );
+    let o = keyward(&["explain", "tests/fixtures/kuberay-worker-k8s-auth.json"], None);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("profile:    none\n"), "{out}");
+    assert!(
+        out.contains("  lmeval                   label app.kubernetes.io/name is missing\n")
+            || out.contains("  lmeval                   label app.kubernetes.io/name="),
+        "{out}"
+    );
+    assert!(out.contains("  kfp-persistence-agent    label app "), "{out}");
+}
+
+#[test]
+fn a_pinned_operator_namespace_refuses_a_tenants_account_of_the_same_name() {
+    let tenant = "system:serviceaccount:team-a:lm-eval-controller-manager";
+    // Unpinned, the name is all the check has.
+    let o = keyward(&["explain", "--user", tenant, "-o", "json", FMS_POD], None);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let pin = ["--operator-namespace", "lmeval=lm-eval"];
+    let o = keyward(&[&["explain", "--user", tenant, "-o", "json"][..], &pin, &[FMS_POD]].concat(), None);
     assert_eq!(o.status.code(), Some(3), "{}", stdout(&o));
     let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert!(
-        v["message"].as_str().unwrap().contains(
-            "only system:serviceaccount:opendatahub:trustyai-service-operator-controller-manager may create such pods"
-        ),
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("only system:serviceaccount:lm-eval:lm-eval-controller-manager may create such pods"),
         "{v}"
     );
-    let o = keyward(&[&["explain", "--user", OPERATOR, "-o", "json"][..], &pin, &[pod]].concat(), None);
+    let o = keyward(&[&["explain", "--user", OPERATOR, "-o", "json"][..], &pin, &[FMS_POD]].concat(), None);
     assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
     assert_one_line_error(
-        &keyward(&["check-profiles", "--operator-namespace", "lmeval=opendatahub"], None),
-        "--operator-namespace lmeval=opendatahub: no profile named \"lmeval\"",
+        &keyward(&["check-profiles", "--operator-namespace", "lmeval-job=opendatahub"], None),
+        "--operator-namespace lmeval-job=opendatahub: no profile named \"lmeval-job\"",
     );
 }
 
@@ -155,7 +175,7 @@ fn explain_bad_input_is_one_clear_line() {
         "expected admission.k8s.io/v1 AdmissionReview",
     );
     assert_one_line_error(
-        &keyward(&["explain", "--profiles", "no-such-dir", "tests/fixtures/lmeval-driver-pod.json"], None),
+        &keyward(&["explain", "--profiles", "no-such-dir", FMS_POD], None),
         "--profiles no-such-dir: cannot read the directory",
     );
 }
@@ -164,7 +184,7 @@ fn explain_bad_input_is_one_clear_line() {
 fn explain_reports_an_invalid_pod_as_a_refusal() {
     let o = keyward(
         &["explain", "-o", "json", "-"],
-        Some("apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  labels: {app.kubernetes.io/name: ta-lmes}\n  ownerReferences: [{apiVersion: trustyai.opendatahub.io/v1alpha1, kind: LMEvalJob, name: j, uid: u, controller: true}]\nspec: {containers: nope}\n"),
+        Some("apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  labels: {app.kubernetes.io/name: fms-lm-eval-service}\n  ownerReferences: [{apiVersion: foundation-model-stack.github.com.github.com/v1beta1, kind: LMEvalJob, name: j, uid: u, controller: true}]\nspec: {containers: nope}\n"),
     );
     assert_eq!(o.status.code(), Some(3));
     let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
@@ -177,8 +197,8 @@ fn check_profiles_lists_the_builtins() {
     let o = keyward(&["check-profiles"], None);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let out = stdout(&o);
-    assert!(out.starts_with("4 profiles OK (built-in):\n"), "{out}");
-    for name in ["lmeval-job", "kuberay-node", "rayjob-submitter", "kserve-inferencegraph"] {
+    assert!(out.starts_with("3 profiles OK (built-in):\n"), "{out}");
+    for name in ["lmeval", "kfp-persistence-agent", "kfp-scheduled-workflow"] {
         assert!(out.contains(name), "{out}");
     }
 }
@@ -206,10 +226,10 @@ fn check_profiles_reports_every_problem_with_file_and_field() {
     );
 
     // A directory profile named like a built-in replaces it.
-    std::fs::write(dir.join("bad.yaml"), std::fs::read_to_string("engine/profiles/lmeval-job.yaml").unwrap()).unwrap();
+    std::fs::write(dir.join("bad.yaml"), std::fs::read_to_string("engine/profiles/lmeval.yaml").unwrap()).unwrap();
     let o = keyward(&["check-profiles", "--profiles", dir.to_str().unwrap()], None);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    assert!(stdout(&o).contains(&format!("lmeval-job               {path}")), "{}", stdout(&o));
+    assert!(stdout(&o).contains(&format!("lmeval                   {path}")), "{}", stdout(&o));
     let o = keyward(&["check-profiles", "--no-default-profiles", "--profiles", dir.to_str().unwrap()], None);
     assert!(stdout(&o).starts_with("1 profiles OK"), "{}", stdout(&o));
     // One file works as well as a directory.

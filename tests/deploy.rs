@@ -136,7 +136,9 @@ fn the_webhook_is_create_only_side_effect_free_and_scoped() {
     ));
     let conditions = w["matchConditions"].as_array().unwrap();
     assert_eq!(conditions.len(), 1);
-    assert!(conditions[0]["expression"].as_str().unwrap().starts_with("has(object.metadata.labels) ? "));
+    let expression = conditions[0]["expression"].as_str().unwrap();
+    assert!(expression.starts_with("(has(object.metadata.labels) ? "), "{expression}");
+    assert!(expression.contains("\"fms-lm-eval-service\""), "{expression}");
 }
 
 #[test]

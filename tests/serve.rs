@@ -34,7 +34,7 @@ async fn a_matching_pod_gets_the_patch_and_others_pass_untouched() {
     assert_eq!(r["uid"], "705ab4f5-6393-11e8-b7cc-42010a800002");
     assert_eq!(r["allowed"], true);
     assert_eq!(r["patchType"], "JSONPatch");
-    assert_eq!(r["auditAnnotations"]["profile"], "lmeval-job");
+    assert_eq!(r["auditAnnotations"]["profile"], "lmeval");
     // The patch on the wire is the engine's, and applies to the pod the apiserver sent.
     let patch = decode_patch(&response);
     let request: Value = serde_json::from_slice(&review).unwrap();
@@ -45,22 +45,24 @@ async fn a_matching_pod_gets_the_patch_and_others_pass_untouched() {
         &keyward_engine::ProfileSet::builtin().unwrap(),
     );
     assert_eq!(patch, serde_json::to_value(expected.patch()).unwrap());
-    assert_eq!(patch[0], json!({"op": "replace", "path": "/spec/serviceAccountName", "value": "keyward-lmeval-job"}));
+    assert_eq!(patch[0], json!({"op": "add", "path": "/spec/automountServiceAccountToken", "value": false}));
     let mut pod = request["request"]["object"].clone();
     json_patch::patch(&mut pod, &serde_json::from_value::<json_patch::Patch>(patch).unwrap()).unwrap();
     assert_eq!(pod["spec"]["automountServiceAccountToken"], false);
 
-    // Not selected: allowed, no patch, no patchType.
+    // Selected, but not created by the operator: refused with 403 and the reason.
     let response = client
-        .mutate(&review_of("kuberay-worker-pod.json", "ray", "system:serviceaccount:ray:someone", "u-2"))
+        .mutate(&review_of("lmeval-fms-driver-pod.json", "team-a", "system:serviceaccount:team-a:someone", "u-2"))
         .await
         .unwrap();
     let r = &response["response"];
     assert_eq!(r["uid"], "u-2");
-    assert_eq!(r["allowed"], false, "kuberay-node denies other requesters: {r}");
+    assert_eq!(r["allowed"], false, "lmeval denies other requesters: {r}");
     assert_eq!(r["status"]["code"], 403);
-    assert!(r["status"]["message"].as_str().unwrap().contains("not \"system:serviceaccount:ray:someone\""), "{r}");
-    let response = client.mutate(&review_of("inferencegraph-router-pod.json", "models", "alice", "u-3")).await.unwrap();
+    assert!(r["status"]["message"].as_str().unwrap().contains("not \"system:serviceaccount:team-a:someone\""), "{r}");
+    // Selected, by another requester, with otherwise: skip: allowed unchanged with a warning.
+    let response =
+        client.mutate(&review_of("kfp-persistenceagent-pod-no-token.json", "kubeflow", "alice", "u-3")).await.unwrap();
     let r = &response["response"];
     assert_eq!(r["allowed"], true);
     assert!(r.get("patch").is_none() && r.get("patchType").is_none(), "{r}");
@@ -123,7 +125,7 @@ async fn keep_alive_serves_many_requests_on_one_connection() {
     let metrics = server.metrics_text().await;
     assert!(
         metrics.contains(
-            "keyward_admission_requests_total{profile=\"lmeval-job\",decision=\"allowed\",reason=\"injected\"} 200"
+            "keyward_admission_requests_total{profile=\"lmeval\",decision=\"allowed\",reason=\"injected\"} 200"
         ),
         "{metrics}"
     );

@@ -92,14 +92,13 @@ say "a namespace that opts in, with what the profiles refer to"
 "${K[@]}" label namespace "$NS" keyward.io/inject=enabled
 # The ServiceAccount admission plugin refuses pods until the namespace's default account exists.
 for _ in $(seq 30); do "${K[@]}" -n "$NS" get serviceaccount default >/dev/null 2>&1 && break; sleep 1; done
-"${K[@]}" -n "$NS" create configmap keyward-server-ca --from-literal=ca.crt="$(echo "$ca_bundle" | base64 -d)"
-for sa in keyward-lmeval-job my-graph-auth-verifier trustyai-service-operator-controller-manager kuberay-operator; do
-  "${K[@]}" -n "$NS" create serviceaccount "$sa"
-done
-# The operators' service accounts may create pods here (we impersonate them below).
+# Until keyward's controller provisions it, the server CA is created by hand.
+"${K[@]}" -n "$NS" create configmap keyward-lmeval-server-ca --from-literal=ca.crt="$(echo "$ca_bundle" | base64 -d)"
+"${K[@]}" -n "$NS" create serviceaccount lm-eval-controller-manager
+# The operator's service account may create pods here (we impersonate it below).
 "${K[@]}" -n "$NS" create role pod-creator --verb=create --resource=pods
 "${K[@]}" -n "$NS" create rolebinding operators-create-pods --role=pod-creator \
-  --serviceaccount="$NS:trustyai-service-operator-controller-manager" --serviceaccount="$NS:kuberay-operator"
+  --serviceaccount="$NS:lm-eval-controller-manager"
 
 # Server-side dry run: the apiserver runs every admission webhook (keyward is sideEffects:
 # None) and returns the pod it would store. Owner references need no real owner.
@@ -107,15 +106,15 @@ dry_create() { # USER FILE JSONPATH
   "${K[@]}" --as="$1" --as-group=system:serviceaccounts create --dry-run=server -n "$NS" -f "$2" -o jsonpath="$3"
 }
 
-say "an LMEvalJob driver pod, created by the TrustyAI operator's service account"
+say "an LMEvalJob driver pod (fms-lm-eval-service), created by the operator's service account"
 cat > "$WORK/lmeval.yaml" <<YAML
 apiVersion: v1
 kind: Pod
 metadata:
   name: evaljob-sample
-  labels: {app.kubernetes.io/name: ta-lmes, app.kubernetes.io/component: lm-eval}
+  labels: {app.kubernetes.io/name: fms-lm-eval-service}
   ownerReferences:
-    - {apiVersion: trustyai.opendatahub.io/v1alpha1, kind: LMEvalJob, name: evaljob-sample, uid: 4b7a8a1e-9f7e-4c1b-9d52-3c0e4d1c2a11, controller: true}
+    - {apiVersion: foundation-model-stack.github.com.github.com/v1beta1, kind: LMEvalJob, name: evaljob-sample, uid: 4b7a8a1e-9f7e-4c1b-9d52-3c0e4d1c2a11, controller: true}
 spec:
   restartPolicy: Never
   initContainers:
@@ -123,62 +122,57 @@ spec:
   containers:
     - {name: main, image: registry.k8s.io/pause:3.10}
 YAML
-LMEVAL_USER="system:serviceaccount:$NS:trustyai-service-operator-controller-manager"
-expect "lmeval serviceAccountName" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.spec.serviceAccountName}')" keyward-lmeval-job
+LMEVAL_USER="system:serviceaccount:$NS:lm-eval-controller-manager"
+expect "lmeval keeps its service account" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.spec.serviceAccountName}')" default
 expect "lmeval automountServiceAccountToken" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.spec.automountServiceAccountToken}')" false
-expect "lmeval volumes" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.spec.volumes[*].name}')" "keyward-client-cert keyward-server-ca keyward-sa-token"
-expect "lmeval client Secret" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.spec.volumes[0].secret.secretName}')" evaljob-sample-keyward-client
-expect "lmeval driver mounts" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.spec.initContainers[0].volumeMounts[*].mountPath}')" \
-  "/var/run/secrets/keyward/client /var/run/secrets/keyward/ca /var/run/secrets/keyward/sa-token"
-expect_contains "lmeval audit annotation" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.metadata.annotations.keyward\.io/injected}')" '"profile":"lmeval-job"'
+expect "lmeval volumes" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.spec.volumes[*].name}')" "keyward-client-cert keyward-server-ca"
+expect "lmeval client Secret" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.spec.volumes[0].secret.secretName}')" evaljob-sample-lmeval-client
+expect "lmeval driver init container untouched" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.spec.initContainers[0].volumeMounts}')" ""
+expect "lmeval main env" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.spec.containers[0].env[*].name}')" \
+  "GRPC_CLIENT_CERT GRPC_CLIENT_KEY GRPC_SERVER_CA"
+expect_contains "lmeval audit annotation" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.metadata.annotations.keyward\.io/injected}')" '"profile":"lmeval"'
 if out="$("${K[@]}" create --dry-run=server -n "$NS" -f "$WORK/lmeval.yaml" 2>&1)"; then
   fail "a user copying the operator's labels was admitted: $out"
 fi
-expect_contains "lmeval from another user" "$out" 'profile "lmeval-job" selects this pod, and only'
+expect_contains "lmeval from another user" "$out" 'profile "lmeval" selects this pod, and only'
 
-say "a KubeRay worker pod, created by the kuberay-operator's service account"
+say "a Kubeflow Pipelines persistence agent Deployment without its token (real pods, created by the ReplicaSet controller)"
+cat > "$WORK/kfp.yaml" <<YAML
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: ml-pipeline-persistenceagent
+spec:
+  replicas: 1
+  selector:
+    matchLabels: {app: ml-pipeline-persistenceagent}
+  template:
+    metadata:
+      labels: {app: ml-pipeline-persistenceagent}
+    spec:
+      containers:
+        - {name: ml-pipeline-persistenceagent, image: registry.k8s.io/pause:3.10}
+YAML
+"${K[@]}" -n "$NS" apply -f "$WORK/kfp.yaml"
+"${K[@]}" -n "$NS" rollout status deploy/ml-pipeline-persistenceagent --timeout=120s
+kfp_pod() { "${K[@]}" -n "$NS" get pods -l app=ml-pipeline-persistenceagent -o jsonpath="$1"; }
+expect_contains "kfp token volume" "$(kfp_pod '{.items[0].spec.volumes[*].name}')" "persistenceagent-sa-token"
+expect "kfp token audience" "$(kfp_pod '{.items[0].spec.volumes[0].projected.sources[0].serviceAccountToken.audience}')" pipelines.kubeflow.org
+expect_contains "kfp keeps the API token" "$(kfp_pod '{.items[0].spec.volumes[*].name}')" "kube-api-access-"
+expect_contains "kfp token mount" "$(kfp_pod '{.items[0].spec.containers[0].volumeMounts[*].mountPath}')" "/var/run/secrets/kubeflow/tokens"
+
+say "a pod no built-in serves (a KubeRay worker) is left alone"
 cat > "$WORK/ray.yaml" <<YAML
 apiVersion: v1
 kind: Pod
 metadata:
   generateName: raycluster-sample-worker-
   labels: {ray.io/is-ray-node: "yes", ray.io/cluster: raycluster-sample, ray.io/node-type: worker}
-  ownerReferences:
-    - {apiVersion: ray.io/v1, kind: RayCluster, name: raycluster-sample, uid: 0d3c2f4e-1111-4a2b-8c3d-5e6f7a8b9c0d, controller: true}
 spec:
   containers:
     - {name: ray-worker, image: registry.k8s.io/pause:3.10}
 YAML
-RAY_USER="system:serviceaccount:$NS:kuberay-operator"
-expect_contains "ray volumes" "$(dry_create "$RAY_USER" "$WORK/ray.yaml" '{.spec.volumes[*].name}')" \
-  "keyward-client-cert keyward-server-ca keyward-sa-token"
-expect_contains "ray keeps the API token" "$(dry_create "$RAY_USER" "$WORK/ray.yaml" '{.spec.volumes[*].name}')" "kube-api-access-"
-expect "ray keeps its service account" "$(dry_create "$RAY_USER" "$WORK/ray.yaml" '{.spec.serviceAccountName}')" default
-
-say "an InferenceGraph router Deployment (real pods, created by the ReplicaSet controller)"
-cat > "$WORK/graph.yaml" <<YAML
-apiVersion: apps/v1
-kind: Deployment
-metadata:
-  name: my-graph
-spec:
-  replicas: 1
-  selector:
-    matchLabels: {serving.kserve.io/inferencegraph: my-graph}
-  template:
-    metadata:
-      labels: {serving.kserve.io/inferencegraph: my-graph}
-    spec:
-      containers:
-        - {name: router, image: registry.k8s.io/pause:3.10}
-YAML
-"${K[@]}" -n "$NS" apply -f "$WORK/graph.yaml"
-"${K[@]}" -n "$NS" rollout status deploy/my-graph --timeout=120s
-graph_pod() { "${K[@]}" -n "$NS" get pods -l serving.kserve.io/inferencegraph=my-graph -o jsonpath="$1"; }
-expect "graph serviceAccountName" "$(graph_pod '{.items[0].spec.serviceAccountName}')" my-graph-auth-verifier
-expect "graph original service account" "$(graph_pod '{.items[0].metadata.annotations.keyward\.io/original-service-account}')" default
-expect_contains "graph volumes" "$(graph_pod '{.items[0].spec.volumes[*].name}')" "keyward-server-ca keyward-sa-token"
-expect_contains "graph keeps the API token" "$(graph_pod '{.items[0].spec.volumes[*].name}')" "kube-api-access-"
+expect "ray pod unchanged" "$(dry_create "$LMEVAL_USER" "$WORK/ray.yaml" '{.metadata.annotations}')" ""
 
 say "renew the serving certificate; keyward reloads it without a restart"
 restarts_before="$("${K[@]}" -n keyward-system get pods -l app.kubernetes.io/name=keyward -o jsonpath='{.items[*].status.containerStatuses[0].restartCount}')"
@@ -203,6 +197,6 @@ for pod in $("${K[@]}" -n keyward-system get pods -l app.kubernetes.io/name=keyw
   echo "ok: $pod serves the new certificate"
 done
 expect "restarts after rotation" "$("${K[@]}" -n keyward-system get pods -l app.kubernetes.io/name=keyward -o jsonpath='{.items[*].status.containerStatuses[0].restartCount}')" "$restarts_before"
-expect "lmeval after rotation" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.spec.serviceAccountName}')" keyward-lmeval-job
+expect "lmeval after rotation" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.spec.volumes[0].secret.secretName}')" evaljob-sample-lmeval-client
 
 say "all checks passed"

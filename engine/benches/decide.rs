@@ -5,7 +5,7 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use keyward_engine::engine::{decide_object, ANNOTATIONS_READ};
+use keyward_engine::engine::decide_object;
 use keyward_engine::review;
 use keyward_engine::{decide, ProfileSet, RequestFacts, Requester};
 use serde_json::value::RawValue;
@@ -22,7 +22,12 @@ fn raw(v: &Value) -> Box<RawValue> {
 }
 
 fn bench(c: &mut Criterion) {
-    let profiles = ProfileSet::builtin().unwrap();
+    // The built-ins, plus the example profiles of the engine's tests (the previous built-ins),
+    // which serve the trustyai LMEvalJob and KubeRay pods, so that the figures compare.
+    let dir = format!("{}/tests/profiles", env!("CARGO_MANIFEST_DIR"));
+    let examples = ["lmeval-job.yaml", "kuberay.yaml", "kserve-inferencegraph.yaml"]
+        .map(|f| (format!("examples/{f}"), std::fs::read_to_string(format!("{dir}/{f}")).unwrap()));
+    let profiles = ProfileSet::builtin().unwrap().overlay(ProfileSet::from_sources(examples).unwrap());
     let operator = "system:serviceaccount:opendatahub:trustyai-service-operator-controller-manager";
     let lmeval: Value = serde_json::from_slice(&fixture("lmeval-driver-pod.json")).unwrap();
     let facts = RequestFacts::pod_create("team-a", Requester::User(operator));
@@ -53,7 +58,7 @@ fn bench(c: &mut Criterion) {
         });
         let request = review::parse_request(&body).unwrap();
         let object = request.object.raw().unwrap();
-        let read = review::read_request(&body, ANNOTATIONS_READ).unwrap();
+        let read = review::read_request(&body, &profiles.annotations_read()).unwrap();
         c.bench_function(&format!("review/{name}/decide"), |b| {
             b.iter(|| decide_object(black_box(&read.facts()), black_box(&read.object), &profiles))
         });
@@ -64,7 +69,7 @@ fn bench(c: &mut Criterion) {
         });
         c.bench_function(&format!("review/{name}/parse-decide-respond"), |b| {
             b.iter(|| {
-                let request = review::read_request(black_box(&body), ANNOTATIONS_READ).unwrap();
+                let request = review::read_request(black_box(&body), &profiles.annotations_read()).unwrap();
                 let decision = decide_object(&request.facts(), &request.object, &profiles);
                 review::respond(&request.uid, &decision)
             })

@@ -14,12 +14,12 @@ use crate::audit::{
     AuditRecord, ContainerScope, ANNOTATION_INJECTED, ANNOTATION_ORIGINAL_SA, TOTAL_ANNOTATION_SIZE_LIMIT,
 };
 use crate::check::violations;
-use crate::inject::{ApiToken, Injection};
+use crate::inject::{ApiToken, Injection, Requirement};
 use crate::names::TemplateContext;
 use crate::patch::{OpValue, Patch, PatchOp, Path};
 use crate::plan::{plan, MAX_PATCH_OPERATIONS};
 use crate::pod::{self, Metadata, Wanted};
-use crate::profile::{Otherwise, Profile, ProfileSet};
+use crate::profile::{ConflictPolicy, Otherwise, Profile, ProfileSet};
 use crate::review::Object;
 use crate::select;
 use crate::text::{clip, quoted};
@@ -81,6 +81,8 @@ pub enum Reason {
     Ambiguous,
     /// The pod already has something that collides with the injection.
     Conflict,
+    /// The same, and the profile says `onConflict: skip`: admitted unchanged.
+    ConflictSkipped,
     /// A name template could not be resolved for this pod.
     Unresolvable,
     /// The pod is too large to inject into (containers, or patch operations, past keyward's
@@ -103,6 +105,7 @@ impl Reason {
             Self::RequesterDenied => "requester-denied",
             Self::Ambiguous => "ambiguous",
             Self::Conflict => "conflict",
+            Self::ConflictSkipped => "conflict-skipped",
             Self::Unresolvable => "unresolvable",
             Self::TooLarge => "too-large",
             Self::InvalidPod => "invalid-pod",
@@ -126,12 +129,20 @@ pub struct Mutation {
     pub injections: Vec<(&'static str, Injection)>,
     /// The profile and the containers, when a profile injected (even if nothing changed).
     pub audit: Option<(String, ContainerScope)>,
+    /// Per injection: whether the patch makes the pod refer to its objects anew.
+    pub new_dependencies: Vec<bool>,
 }
 
 impl Mutation {
     /// The patch, ready to serialise as RFC 6902 JSON.
     pub fn patch(&self) -> Patch<'_> {
         Patch { ops: &self.ops, injections: &self.injections }
+    }
+
+    /// The objects the patch makes the pod depend on in its namespace (that it did not refer to
+    /// before), and who provides each: what must exist before the kubelet can start it.
+    pub fn requires(&self) -> impl Iterator<Item = &Requirement> {
+        self.injections.iter().zip(&self.new_dependencies).filter(|(_, new)| **new).flat_map(|((_, i), _)| &i.requires)
     }
 
     /// The audit record (the `keyward.io/injected` annotation).
@@ -183,7 +194,10 @@ impl Decision {
     }
 
     fn unchanged(reason: Reason) -> Self {
-        Self::new(reason, Ok(Mutation { ops: Vec::new(), injections: Vec::new(), audit: None }))
+        Self::new(
+            reason,
+            Ok(Mutation { ops: Vec::new(), injections: Vec::new(), audit: None, new_dependencies: Vec::new() }),
+        )
     }
 
     fn deny(reason: Reason, message: String) -> Self {
@@ -231,16 +245,14 @@ fn run(
     if !facts.is_pod_create() {
         return Decision::unchanged(Reason::NotPodCreate);
     }
-    match pod::read(object, ANNOTATIONS_READ) {
+    match pod::read(object, &profiles.annotations_read()) {
         Ok(read) => decide_read(facts, &read, profiles, explain),
         Err(e) => invalid_pod(&e),
     }
 }
 
-/// The annotations whose values the engine reads (every annotation is counted for its size).
-pub const ANNOTATIONS_READ: &[&str] = &[ANNOTATION_INJECTED, ANNOTATION_ORIGINAL_SA];
-
-/// Decides on a pod already read (see [`crate::review::read_request`]).
+/// Decides on a pod already read (see [`crate::review::read_request`], which must keep the
+/// annotations in [`ProfileSet::annotations_read`]).
 pub fn decide_object(facts: &RequestFacts<'_>, object: &Object<'_>, profiles: &ProfileSet) -> Decision {
     match object {
         Object::Read(read) => {
@@ -438,15 +450,22 @@ fn inject(
         );
     }
     if !planned.conflicts.is_empty() {
-        let mut d = Decision::deny(
-            Reason::Conflict,
-            format!(
-                "keyward: profile {:?} cannot inject into this pod: {}",
-                profile.name,
-                planned.conflicts.join("; ")
+        let conflicts = planned.conflicts.join("; ");
+        let mut d = match profile.spec.on_conflict {
+            ConflictPolicy::Deny => Decision::deny(
+                Reason::Conflict,
+                format!("keyward: profile {:?} cannot inject into this pod: {conflicts}", profile.name),
             ),
-        );
-        d.warnings = planned.warnings;
+            ConflictPolicy::Skip => {
+                let mut d = Decision::unchanged(Reason::ConflictSkipped);
+                d.warnings.push(format!(
+                    "keyward: profile {:?} injected nothing into this pod (onConflict: skip): {conflicts}",
+                    profile.name
+                ));
+                d
+            }
+        };
+        d.warnings.extend(planned.warnings);
         return d;
     }
 
@@ -523,12 +542,13 @@ fn inject(
 
     let mut audit_annotations =
         BTreeMap::from([("profile".to_string(), profile.name.clone()), ("injected".to_string(), kinds)]);
-    let crate::plan::Plan { ops, warnings, original_service_account, .. } = planned;
+    let crate::plan::Plan { ops, warnings, original_service_account, used, .. } = planned;
     if let Some(original) = original_service_account {
         audit_annotations.insert("original-service-account".into(), original);
     }
     let reason = if ops.is_empty() { Reason::AlreadyInjected } else { Reason::Injected };
-    let mutation = Mutation { ops, injections, audit: Some((profile.name.clone(), containers)) };
+    let mutation =
+        Mutation { ops, injections, audit: Some((profile.name.clone(), containers)), new_dependencies: used };
     let mut d = Decision::new(reason, Ok(mutation));
     d.warnings = warnings;
     d.audit_annotations = audit_annotations;

@@ -225,6 +225,112 @@ impl ApiToken {
     }
 }
 
+// === who provides what the pod needs ===
+
+/// Who makes an object an injection refers to exist.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Provider {
+    /// keyward's controller issues it (per owner) or provisions it (per opted-in namespace).
+    Keyward,
+    /// The admin (or their control plane) creates it; keyward only points the pod at it.
+    #[default]
+    User,
+}
+
+impl Provider {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Keyward => "keyward",
+            Self::User => "user",
+        }
+    }
+}
+
+/// Where a server CA comes from, for keyward to copy into each opted-in namespace: one key of a
+/// Secret or a ConfigMap, in the operator's namespace unless another is named.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CaSource {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<ObjectKey>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map: Option<ObjectKey>,
+}
+
+/// A key of a Secret or ConfigMap. Without a namespace: the operator's, as pinned with
+/// `--operator-namespace`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ObjectKey {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    pub name: String,
+    #[serde(default = "default_ca_key")]
+    pub key: String,
+}
+
+fn default_ca_key() -> String {
+    "ca.crt".into()
+}
+
+/// The kind of an object a pod depends on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum ObjectKind {
+    Secret,
+    ConfigMap,
+    ServiceAccount,
+}
+
+/// How keyward provides an object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Provision {
+    /// Not keyward's: the admin creates it.
+    User,
+    /// A `kubernetes.io/tls` Secret per owner: a key keyward generates, a certificate its client
+    /// CA signs for the owner's identity, and the CA as `ca.crt`.
+    ClientCertificate,
+    /// A Secret per owner holding a generated token under `key`.
+    GeneratedToken { key: String },
+    /// A ConfigMap or Secret per namespace holding the CA from `source` under `key`.
+    ServerCa { source: CaSource, key: String },
+    /// A ServiceAccount per namespace, with role bindings.
+    ServiceAccount { bindings: Vec<RoleBinding> },
+}
+
+/// A role a keyward-provided ServiceAccount is bound to in its namespace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RoleBinding {
+    /// `ClusterRole` (bound with a RoleBinding in the namespace) or `Role`.
+    pub kind: RoleKind,
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub enum RoleKind {
+    ClusterRole,
+    Role,
+}
+
+/// An object a pod needs once injected, and who provides it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Requirement {
+    pub kind: ObjectKind,
+    pub name: String,
+    pub provided_by: Provider,
+    #[serde(skip)]
+    pub provision: Provision,
+}
+
+impl Requirement {
+    pub fn new(kind: ObjectKind, name: impl Into<String>, provision: Provision) -> Self {
+        let provided_by = if provision == Provision::User { Provider::User } else { Provider::Keyward };
+        Self { kind, name: name.into(), provided_by, provision }
+    }
+}
+
 // === the injection ===
 
 /// Everything one kind puts into a pod, resolved for that pod.
@@ -240,12 +346,21 @@ pub struct Injection {
     pub api_token: ApiToken,
     /// What the audit record says about it.
     pub item: AuditItem,
+    /// The objects the pod will need, and who provides them.
+    pub requires: Vec<Requirement>,
 }
 
 impl Injection {
     /// An injection of nothing yet, recorded as `item`.
     pub fn new(item: AuditItem) -> Self {
-        Self { volume: None, env: Vec::new(), service_account: None, api_token: ApiToken::Keep, item }
+        Self {
+            volume: None,
+            env: Vec::new(),
+            service_account: None,
+            api_token: ApiToken::Keep,
+            item,
+            requires: Vec::new(),
+        }
     }
 }
 

@@ -36,4 +36,5 @@ pub use engine::{
     decide, explain, Decision, Denial, Explanation, Mutation, ProfileTrace, Reason, RequestFacts, Requester,
 };
 pub use error::{Error, ProfileError};
+pub use inject::{ObjectKind, Provider, Provision, Requirement};
 pub use profile::{Profile, ProfileSet};

@@ -276,6 +276,16 @@ impl NameTemplate {
         self.parts.iter().all(|p| matches!(p, Part::Literal(_)))
     }
 
+    /// True when it names the pod's controller owner: one object per owner.
+    pub fn uses_owner(&self) -> bool {
+        self.parts.iter().any(|p| matches!(p, Part::OwnerName))
+    }
+
+    /// True when it depends on the pod itself (its owner or a label), not only the namespace.
+    pub fn depends_on_pod(&self) -> bool {
+        self.parts.iter().any(|p| matches!(p, Part::OwnerName | Part::Label(_)))
+    }
+
     pub fn as_str(&self) -> &str {
         &self.source
     }

@@ -9,7 +9,8 @@
 use serde_json::Value;
 
 use crate::inject::{
-    ApiToken, EnvSpec, Injection, MountSpec, VolumeSpec, DEFAULT_MODE, DEFAULT_TOKEN_EXPIRATION_SECONDS,
+    ApiToken, EnvSpec, EnvValue, Injection, MountSpec, Source, VolumeSpec, DEFAULT_MODE,
+    DEFAULT_TOKEN_EXPIRATION_SECONDS,
 };
 use crate::patch::{ContainerField, Item, OpValue, PatchOp, Path};
 use crate::pod::{Container, ContainerList, Presence, Spec};
@@ -24,6 +25,10 @@ pub(crate) struct Plan<'p> {
     pub warnings: Vec<String>,
     /// The patch would pass [`MAX_PATCH_OPERATIONS`]; planning stopped.
     pub too_large: bool,
+    /// Per injection: whether the patch makes the pod refer to one of its objects that it did
+    /// not refer to before (its volume's Secret or ConfigMap, a Secret through an env var, its
+    /// service account).
+    pub used: Vec<bool>,
     /// The account the pod asked for, when the patch swaps it.
     pub original_service_account: Option<String>,
     /// What the patch adds and removes, for the self-check.
@@ -54,7 +59,7 @@ pub(crate) const MAX_PATCH_OPERATIONS: usize = 10_000;
 
 /// Merges `injections` (each kind's, in registry order) into the pod.
 pub(crate) fn plan<'p>(profile: &Profile, spec: &Spec<'_>, injections: &'p [(&'static str, Injection)]) -> Plan<'p> {
-    let mut plan = Plan::default();
+    let mut plan = Plan { used: vec![false; injections.len()], ..Plan::default() };
 
     // 1. The service account, and the Kubernetes API token.
     if let Some((index, target)) =
@@ -67,32 +72,66 @@ pub(crate) fn plan<'p>(profile: &Profile, spec: &Spec<'_>, injections: &'p [(&'s
         remove_api_token(spec, &mut plan);
     }
 
-    // 2. Volumes.
-    let mut volumes = spec.volumes;
+    // 2. Where each injection's volume stands, and, in each container the profile targets,
+    // its mount: already there, there in another form that delivers the same credential
+    // (accepted), in the way (a conflict), or to add.
+    let listed = &profile.spec.containers;
+    let targets: Vec<&Container<'_>> =
+        spec.all_containers().filter(|c| listed.is_empty() || listed.iter().any(|n| *n == c.name)).collect();
+    let removed = |index: usize| plan.changes.volumes_removed.contains(&index);
+    let mut volume_there = vec![false; injections.len()];
+    let mut mounts: Vec<Vec<MountState>> = vec![Vec::new(); injections.len()];
     for (n, (_, injection)) in injections.iter().enumerate() {
-        let Some((volume, _)) = &injection.volume else { continue };
-        let removed = |index: usize| plan.changes.volumes_removed.contains(&index);
+        let Some((volume, mount)) = &injection.volume else { continue };
         match spec.volume_hits.iter().find(|h| h.name == volume.name && !removed(h.index)) {
-            Some(hit) if hit.raw.is_some_and(|raw| same_volume(raw.get(), volume)) => {}
+            Some(hit) if hit.raw.is_some_and(|raw| same_volume(raw.get(), volume)) => volume_there[n] = true,
             Some(hit) => plan.conflicts.push(format!(
                 "spec.volumes[{}] is a volume named {:?} that differs from the one profile {:?} injects; rename your volume (names starting with keyward- are reserved for keyward)",
                 hit.index, volume.name, profile.name
             )),
-            None => {
-                let array = push(&mut volumes);
-                let item = if array { Item::Whole } else { Item::End };
-                plan.ops.push(PatchOp::add(Path::Volumes(item), OpValue::Volume { injection: n, array }));
-                plan.changes.volumes_added.push(volume);
-            }
+            None => {}
+        }
+        for container in &targets {
+            let state = match container.mount_hits.iter().find(|h| h.path == mount.path) {
+                None => MountState::Add,
+                Some(hit)
+                    if hit.volume == volume.name
+                        && volume_there[n]
+                        && hit.raw.is_some_and(|raw| same_mount(raw.get(), mount)) =>
+                {
+                    MountState::There
+                }
+                Some(hit) if delivers(spec, &hit.volume, &volume.source, &removed) => {
+                    MountState::Accepted(hit.volume.to_string())
+                }
+                Some(hit) => {
+                    plan.conflicts.push(format!(
+                        "container {:?} already mounts volume {:?} at {:?} (spec.{}[{}].volumeMounts[{}]), where profile {:?} mounts {:?}; move that mount to another path{}",
+                        container.name, hit.volume, mount.path, container.list.field(), container.index, hit.index,
+                        profile.name, mount.volume, container_hint(profile)
+                    ));
+                    MountState::There
+                }
+            };
+            mounts[n].push(state);
         }
     }
 
-    // 3. Mounts and env vars, in every container the profile targets.
-    let listed = &profile.spec.containers;
-    for container in spec.all_containers() {
-        if !listed.is_empty() && !listed.iter().any(|n| *n == container.name) {
-            continue;
+    // 3. The volumes some container needs.
+    let mut volumes = spec.volumes;
+    for (n, (_, injection)) in injections.iter().enumerate() {
+        let Some((volume, _)) = &injection.volume else { continue };
+        if !volume_there[n] && mounts[n].contains(&MountState::Add) {
+            let array = push(&mut volumes);
+            let item = if array { Item::Whole } else { Item::End };
+            plan.ops.push(PatchOp::add(Path::Volumes(item), OpValue::Volume { injection: n, array }));
+            plan.changes.volumes_added.push(volume);
+            plan.used[n] = true;
         }
+    }
+
+    // 4. Mounts and env vars, in every container the profile targets.
+    for (t, container) in targets.iter().enumerate() {
         if plan.ops.len() > MAX_PATCH_OPERATIONS {
             plan.too_large = true;
             return plan;
@@ -103,26 +142,18 @@ pub(crate) fn plan<'p>(profile: &Profile, spec: &Spec<'_>, injections: &'p [(&'s
             field,
             item: if array { Item::Whole } else { Item::End },
         };
-        let mut mounts = container.mounts;
+        let mut mount_array = container.mounts;
         let mut env = container.env;
         let mut added = Vec::new();
         for (n, (_, injection)) in injections.iter().enumerate() {
             if let Some((_, mount)) = &injection.volume {
-                match container.mount_hits.iter().find(|h| h.path == mount.path) {
-                    Some(hit) if hit.raw.is_some_and(|raw| same_mount(raw.get(), mount)) => {}
-                    Some(hit) => plan.conflicts.push(format!(
-                        "container {:?} already mounts volume {:?} at {:?} (spec.{}[{}].volumeMounts[{}]), where profile {:?} mounts {:?}; move that mount to another path{}",
-                        container.name, hit.volume, mount.path, container.list.field(), container.index, hit.index,
-                        profile.name, mount.volume, container_hint(profile)
-                    )),
-                    None => {
-                        let array = push(&mut mounts);
-                        plan.ops.push(PatchOp::add(
-                            at(ContainerField::VolumeMounts, array),
-                            OpValue::Mount { injection: n, array },
-                        ));
-                        added.push(mount);
-                    }
+                if mounts[n].get(t) == Some(&MountState::Add) {
+                    let array = push(&mut mount_array);
+                    plan.ops.push(PatchOp::add(
+                        at(ContainerField::VolumeMounts, array),
+                        OpValue::Mount { injection: n, array },
+                    ));
+                    added.push(mount);
                 }
             }
             for (v, var) in injection.env.iter().enumerate() {
@@ -132,6 +163,7 @@ pub(crate) fn plan<'p>(profile: &Profile, spec: &Spec<'_>, injections: &'p [(&'s
                         at(ContainerField::Env, array),
                         OpValue::Env { injection: n, var: v, array },
                     ));
+                    plan.used[n] |= matches!(var.value, EnvValue::SecretKey { .. });
                 }
             }
         }
@@ -148,6 +180,30 @@ pub(crate) fn plan<'p>(profile: &Profile, spec: &Spec<'_>, injections: &'p [(&'s
             });
         }
     }
+
+    // What is already delivered in another form, said once per injection.
+    for (n, (key, injection)) in injections.iter().enumerate() {
+        let Some((volume, mount)) = &injection.volume else { continue };
+        let accepted: Vec<(String, &str)> = targets
+            .iter()
+            .zip(&mounts[n])
+            .filter_map(|(c, m)| match m {
+                MountState::Accepted(by) => Some((format!("{:?}", c.name), by.as_str())),
+                _ => None,
+            })
+            .collect();
+        if let Some((_, by)) = accepted.first() {
+            let names: Vec<&str> = accepted.iter().map(|(c, _)| c.as_str()).collect();
+            plan.warnings.push(format!(
+                "keyward: profile {:?} {key}: container {} already gets {} at {:?} (volume {by:?}); keyward counts it as injected and adds no other",
+                profile.name,
+                names.join(", "),
+                describe_source(&volume.source),
+                mount.path
+            ));
+        }
+    }
+
     for name in listed {
         if !spec.all_containers().any(|c| c.name == name.as_str()) {
             plan.warnings.push(format!(
@@ -222,6 +278,7 @@ fn swap_service_account(spec: &Spec<'_>, injection: usize, target: &str, plan: &
         .or(deprecated.as_deref().filter(|s| !s.is_empty()))
         .unwrap_or("default");
     if current != target {
+        plan.used[injection] = true;
         plan.original_service_account = Some(current.to_string());
     }
     if name.as_deref() != Some(target) {
@@ -290,6 +347,66 @@ fn remove_api_token(spec: &Spec<'_>, plan: &mut Plan<'_>) {
         plan.ops.push(PatchOp::remove(Path::Volumes(Item::At(index))));
     }
     plan.changes.volumes_removed = doomed;
+}
+
+/// Where a container's mount at an injection's path stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum MountState {
+    /// To add.
+    Add,
+    /// keyward's own, already there (or in conflict, already reported).
+    There,
+    /// Another volume (named here) that delivers the same credential, at the same path.
+    Accepted(String),
+}
+
+/// Whether the pod's volume `name` delivers what `ours` does: the same Secret or ConfigMap with
+/// the same keys at the same file names, or a projected token for the same audience at the same
+/// path.
+fn delivers(spec: &Spec<'_>, name: &str, ours: &Source, removed: &dyn Fn(usize) -> bool) -> bool {
+    let Some(raw) = spec.volume_hits.iter().find(|h| h.name == name && !removed(h.index)).and_then(|h| h.raw) else {
+        return false;
+    };
+    let theirs = parse(raw.get());
+    let files = |source: &Value, keys: &Option<Vec<String>>| match (keys, source.get("items").and_then(Value::as_array))
+    {
+        // Ours is the whole object: so must theirs be.
+        (None, items) => items.is_none(),
+        // Ours is some keys, each at its own name: theirs has them all, at the same names.
+        (Some(keys), None) => !keys.is_empty(),
+        (Some(keys), Some(items)) => keys.iter().all(|k| {
+            items.iter().any(|i| {
+                i.get("key").and_then(Value::as_str) == Some(k) && i.get("path").and_then(Value::as_str) == Some(k)
+            })
+        }),
+    };
+    match ours {
+        Source::Secret { name, keys } => theirs
+            .get("secret")
+            .is_some_and(|s| s.get("secretName").and_then(Value::as_str) == Some(name) && files(s, keys)),
+        Source::ConfigMap { name, keys } => theirs
+            .get("configMap")
+            .is_some_and(|c| c.get("name").and_then(Value::as_str) == Some(name) && files(c, keys)),
+        Source::ServiceAccountToken { audience, path, .. } => {
+            theirs.pointer("/projected/sources").and_then(Value::as_array).is_some_and(|sources| {
+                sources.iter().any(|s| {
+                    let token = &s["serviceAccountToken"];
+                    token.get("audience").and_then(Value::as_str) == Some(audience)
+                        && token.get("path").and_then(Value::as_str) == Some(path)
+                })
+            })
+        }
+    }
+}
+
+fn describe_source(source: &Source) -> String {
+    match source {
+        Source::Secret { name, keys: None } => format!("Secret {name:?}"),
+        Source::Secret { name, keys: Some(keys) } => format!("{} of Secret {name:?}", keys.join(", ")),
+        Source::ConfigMap { name, keys: None } => format!("ConfigMap {name:?}"),
+        Source::ConfigMap { name, keys: Some(keys) } => format!("{} of ConfigMap {name:?}", keys.join(", ")),
+        Source::ServiceAccountToken { audience, path, .. } => format!("a token for audience {audience:?} as {path:?}"),
+    }
 }
 
 fn container_hint(profile: &Profile) -> &'static str {

@@ -207,22 +207,43 @@ pub fn read<'a>(object: &'a RawValue, keep: &[&str]) -> Result<Read<'a>, String>
 /// collision), and so must be compared with it, does a second pass keep those elements raw.
 pub fn spec<'a>(raw: Option<&'a RawValue>, wanted: &Wanted<'_>) -> Result<Spec<'a>, String> {
     let Some(raw) = raw else { return Err("spec is missing".into()) };
-    let scan = |full: bool| -> Result<Spec<'a>, String> {
-        wanted.hits.set(0);
-        let mut de = serde_json::Deserializer::from_str(raw.get());
-        SpecSeed { wanted, full }.deserialize(&mut de).map_err(|e| e.to_string())?.ok_or_else(|| "spec is null".into())
-    };
-    let spec = scan(false)?;
+    let spec = scan(raw, wanted, false)?;
     let to_compare = spec.volume_hits.iter().any(|h| wanted.volume_names.contains(&h.name.as_ref()))
         || spec.all_containers().any(|c| {
             !c.env_hits.is_empty() || c.mount_hits.iter().any(|h| wanted.mount_paths.contains(&h.path.as_ref()))
         });
-    if to_compare {
-        scan(true)
-    } else {
-        Ok(spec)
+    if !to_compare {
+        return Ok(spec);
     }
+    // A mount at an injection's path of a volume not named like one: that volume is read too,
+    // to tell whether it delivers the same credential (a pod its operator already wires).
+    let mut others: Vec<String> = Vec::new();
+    for hit in spec.all_containers().flat_map(|c| &c.mount_hits) {
+        let other = wanted.mount_paths.contains(&hit.path.as_ref())
+            && !wanted.volume_names.contains(&hit.volume.as_ref())
+            && !others.iter().any(|o| *o == hit.volume);
+        if other && others.len() < MAX_OTHER_VOLUMES {
+            others.push(hit.volume.to_string());
+        }
+    }
+    if others.is_empty() {
+        return scan(raw, wanted, true);
+    }
+    let mut wider = wanted.clone();
+    wider.volume_names.extend(others.iter().map(String::as_str));
+    scan(raw, &wider, true)
 }
+
+fn scan<'a>(raw: &'a RawValue, wanted: &Wanted<'_>, full: bool) -> Result<Spec<'a>, String> {
+    wanted.hits.set(0);
+    let mut de = serde_json::Deserializer::from_str(raw.get());
+    SpecSeed { wanted, full }.deserialize(&mut de).map_err(|e| e.to_string())?.ok_or_else(|| "spec is null".into())
+}
+
+/// The most volumes, besides the injections' own, read to compare with an injection's (see
+/// [`spec`]). A pod with more mounts of distinct volumes at keyward's paths gets conflicts for
+/// the rest rather than a scan that grows with their product.
+const MAX_OTHER_VOLUMES: usize = 16;
 
 /// A string, borrowed from the input when it has no escapes.
 struct Str;

@@ -1,6 +1,7 @@
 //! Which profile selects a pod, and whether the requester may have its credentials. A check
 //! that fails says why as a [`Mismatch`], which becomes text only when `keyward explain` asks.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::names::{glob_match, username_match, Labels};
@@ -15,12 +16,34 @@ pub fn api_group(api_version: &str) -> &str {
 /// Why a profile does not select a pod.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Mismatch<'x> {
-    Namespace { namespace: &'x str, patterns: &'x [String] },
-    LabelValue { key: &'x str, have: &'x str, want: &'x str },
-    LabelMissing { key: &'x str, want: &'x str },
-    Expression { requirement: &'x LabelSelectorRequirement, have: Option<&'x str> },
+    Namespace {
+        namespace: &'x str,
+        patterns: &'x [String],
+    },
+    /// `what` is `label` or `annotation`.
+    Value {
+        what: &'static str,
+        key: &'x str,
+        have: &'x str,
+        want: &'x str,
+    },
+    Missing {
+        what: &'static str,
+        key: &'x str,
+        want: &'x str,
+    },
+    Expression {
+        what: &'static str,
+        requirement: &'x LabelSelectorRequirement,
+        have: Option<&'x str>,
+    },
     NoController,
-    OwnerKind { group: &'x str, kind: &'x str, name: &'x str, wanted: &'x [OwnerKind] },
+    OwnerKind {
+        group: &'x str,
+        kind: &'x str,
+        name: &'x str,
+        wanted: &'x [OwnerKind],
+    },
 }
 
 impl fmt::Display for Mismatch<'_> {
@@ -30,13 +53,17 @@ impl fmt::Display for Mismatch<'_> {
             Self::Namespace { namespace, patterns } => {
                 write!(f, "namespace {namespace:?} matches none of {patterns:?}")
             }
-            Self::LabelValue { key, have, want } => write!(f, "label {key}={have:?}, the profile wants {want:?}"),
-            Self::LabelMissing { key, want } => write!(f, "label {key} is missing (the profile wants {key}={want:?})"),
-            Self::Expression { requirement: r, have: Some(v) } => {
-                write!(f, "label {}={v:?} fails {:?} {:?}", r.key, r.operator, r.values)
+            Self::Value { what, key, have, want } => {
+                write!(f, "{what} {key}={:?}, the profile wants {want:?}", crate::text::clip(have, 64))
             }
-            Self::Expression { requirement: r, have: None } => {
-                write!(f, "label {} is missing (the profile wants {:?} {:?})", r.key, r.operator, r.values)
+            Self::Missing { what, key, want } => {
+                write!(f, "{what} {key} is missing (the profile wants {key}={want:?})")
+            }
+            Self::Expression { what, requirement: r, have: Some(v) } => {
+                write!(f, "{what} {}={:?} fails {:?} {:?}", r.key, crate::text::clip(v, 64), r.operator, r.values)
+            }
+            Self::Expression { what, requirement: r, have: None } => {
+                write!(f, "{what} {} is missing (the profile wants {:?} {:?})", r.key, r.operator, r.values)
             }
             Self::NoController => f.write_str("the pod has no controller ownerReference"),
             Self::OwnerKind { group, kind, name, wanted } => {
@@ -54,6 +81,8 @@ pub fn selects<'x>(profile: &'x Profile, meta: &'x Metadata<'_>, namespace: &'x 
         return Err(Mismatch::Namespace { namespace, patterns: &spec.namespaces });
     }
     label_selector_matches(&spec.selector, &meta.labels)?;
+    let selector = &spec.annotation_selector;
+    map_matches("annotation", &selector.match_annotations, &selector.match_expressions, &meta.annotations.kept)?;
     if !spec.controller_owners.is_empty() {
         let Some(owner) = &meta.controller_owner else { return Err(Mismatch::NoController) };
         let group = api_group(&owner.api_version);
@@ -72,15 +101,25 @@ pub fn selects<'x>(profile: &'x Profile, meta: &'x Metadata<'_>, namespace: &'x 
 /// Kubernetes label-selector semantics: every term must hold; `NotIn` and `DoesNotExist` hold
 /// when the label is absent.
 pub fn label_selector_matches<'x>(selector: &'x LabelSelector, labels: &'x Labels<'_>) -> Result<(), Mismatch<'x>> {
-    for (key, want) in &selector.match_labels {
-        match labels.get(key.as_str()) {
+    map_matches("label", &selector.match_labels, &selector.match_expressions, labels)
+}
+
+/// A selector over a map of strings (labels or annotations).
+fn map_matches<'x>(
+    what: &'static str,
+    match_map: &'x BTreeMap<String, String>,
+    expressions: &'x [LabelSelectorRequirement],
+    map: &'x Labels<'_>,
+) -> Result<(), Mismatch<'x>> {
+    for (key, want) in match_map {
+        match map.get(key.as_str()) {
             Some(have) if have == want => {}
-            Some(have) => return Err(Mismatch::LabelValue { key, have, want }),
-            None => return Err(Mismatch::LabelMissing { key, want }),
+            Some(have) => return Err(Mismatch::Value { what, key, have, want }),
+            None => return Err(Mismatch::Missing { what, key, want }),
         }
     }
-    for requirement in &selector.match_expressions {
-        let have = labels.get(requirement.key.as_str()).map(|v| v.as_ref());
+    for requirement in expressions {
+        let have = map.get(requirement.key.as_str()).map(|v| v.as_ref());
         let ok = match requirement.operator {
             SelectorOperator::In => have.is_some_and(|v| requirement.values.iter().any(|w| w == v)),
             SelectorOperator::NotIn => have.is_none_or(|v| !requirement.values.iter().any(|w| w == v)),
@@ -88,7 +127,7 @@ pub fn label_selector_matches<'x>(selector: &'x LabelSelector, labels: &'x Label
             SelectorOperator::DoesNotExist => have.is_none(),
         };
         if !ok {
-            return Err(Mismatch::Expression { requirement, have });
+            return Err(Mismatch::Expression { what, requirement, have });
         }
     }
     Ok(())
@@ -103,7 +142,6 @@ pub fn requester_allowed(profile: &Profile, username: &str) -> bool {
 mod tests {
     use super::*;
     use crate::profile::SelectorOperator::*;
-    use std::collections::BTreeMap;
 
     fn labels<'a>(pairs: &[(&'a str, &'a str)]) -> Labels<'a> {
         pairs.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect()

@@ -31,7 +31,7 @@ fn mounts_and_env(prefix: &str, env_exists: bool) -> Vec<Value> {
 #[test]
 fn lmeval_driver_pod_gets_the_exact_patch() {
     let pod = fixture("lmeval-driver-pod.json");
-    let (decision, after) = admit(&create("team-a", LMEVAL_OPERATOR), &pod, &builtin());
+    let (decision, after) = admit(&create("team-a", LMEVAL_OPERATOR), &pod, &examples());
     assert_eq!(decision.reason, Reason::Injected);
     assert_eq!(decision.profile.as_deref(), Some("lmeval-job"));
 
@@ -48,8 +48,8 @@ fn lmeval_driver_pod_gets_the_exact_patch() {
     ];
     expected.extend(mounts_and_env("/spec/initContainers/0", false));
     expected.extend(mounts_and_env("/spec/containers/0", true));
-    expected
-        .push(json!({"op": "add", "path": "/metadata/annotations", "value": {"keyward.io/injected": LMEVAL_AUDIT}}));
+    // The operator copies the job's annotations onto the pod, so the map is there.
+    expected.push(json!({"op": "add", "path": "/metadata/annotations/keyward.io~1injected", "value": LMEVAL_AUDIT}));
     expected.push(
         json!({"op": "add", "path": "/metadata/annotations/keyward.io~1original-service-account", "value": "default"}),
     );
@@ -93,7 +93,7 @@ fn lmeval_driver_pod_gets_the_exact_patch() {
 #[test]
 fn kuberay_worker_native_sidecar_and_init_containers_get_mounts() {
     let pod = fixture("kuberay-worker-pod.json");
-    let (decision, after) = admit(&create("ray", KUBERAY_OPERATOR), &pod, &builtin());
+    let (decision, after) = admit(&create("ray", KUBERAY_OPERATOR), &pod, &examples());
     assert_eq!(decision.profile.as_deref(), Some("kuberay-node"));
     let audit: Value =
         serde_json::from_str(after["metadata"]["annotations"][ANNOTATION_INJECTED].as_str().unwrap()).unwrap();
@@ -129,7 +129,7 @@ fn kuberay_worker_native_sidecar_and_init_containers_get_mounts() {
 #[test]
 fn inferencegraph_router_swaps_to_auth_verifier_and_keeps_api_token() {
     let pod = fixture("inferencegraph-router-pod.json");
-    let (decision, after) = admit(&create("models", REPLICASET_CONTROLLER), &pod, &builtin());
+    let (decision, after) = admit(&create("models", REPLICASET_CONTROLLER), &pod, &examples());
     assert_eq!(decision.profile.as_deref(), Some("kserve-inferencegraph"));
     let ops = patch_json(&decision);
     assert_eq!(ops[0], json!({"op": "replace", "path": "/spec/serviceAccountName", "value": "my-graph-auth-verifier"}));
@@ -144,7 +144,7 @@ fn inferencegraph_router_swaps_to_auth_verifier_and_keeps_api_token() {
 #[test]
 fn only_pod_create_is_mutated() {
     let pod = fixture("lmeval-driver-pod.json");
-    let set = builtin();
+    let set = examples();
     let base = create("team-a", LMEVAL_OPERATOR);
     for facts in [
         RequestFacts { operation: "UPDATE", ..base },
@@ -164,7 +164,7 @@ fn only_pod_create_is_mutated() {
 fn unselected_pod_is_admitted_unchanged_and_explained() {
     let mut pod = fixture("lmeval-driver-pod.json");
     pod["metadata"]["labels"]["app.kubernetes.io/name"] = json!("something-else");
-    let e = explain(&create("team-a", LMEVAL_OPERATOR), &pod, &builtin());
+    let e = explain(&create("team-a", LMEVAL_OPERATOR), &pod, &examples());
     let d = &e.decision;
     assert_eq!(d.reason, Reason::NoProfile);
     assert!(d.patch().is_empty());
@@ -176,7 +176,7 @@ fn unselected_pod_is_admitted_unchanged_and_explained() {
 fn labels_alone_do_not_grant_credentials() {
     // A user copies the operator's labels and owner reference onto their own pod.
     let pod = fixture("lmeval-driver-pod.json");
-    let d = decide(&create("team-a", "alice@example.com"), &pod, &builtin());
+    let d = decide(&create("team-a", "alice@example.com"), &pod, &examples());
     assert!(!d.allowed());
     assert_eq!(d.reason, Reason::RequesterDenied);
     assert_eq!(
@@ -191,7 +191,7 @@ fn labels_alone_do_not_grant_credentials() {
     labels.insert("ray.io/originated-from-crd".into(), json!("RayJob"));
     pod["metadata"]["ownerReferences"][0] =
         json!({"apiVersion": "batch/v1", "kind": "Job", "name": "rayjob-sample", "uid": "u", "controller": true});
-    let d = decide(&create("ray", "bob"), &pod, &builtin());
+    let d = decide(&create("ray", "bob"), &pod, &examples());
     assert!(d.allowed());
     assert_eq!(d.reason, Reason::RequesterSkipped);
     assert!(d.patch().is_empty());
@@ -205,7 +205,7 @@ fn labels_alone_do_not_grant_credentials() {
     );
 
     // The same pod from the Job controller is injected.
-    let (d, after) = admit(&create("ray", JOB_CONTROLLER), &pod, &builtin());
+    let (d, after) = admit(&create("ray", JOB_CONTROLLER), &pod, &examples());
     assert_eq!(d.profile.as_deref(), Some("rayjob-submitter"));
     assert_eq!(after["spec"]["volumes"][2]["secret"]["secretName"], "rayjob-sample-keyward-client");
 }
@@ -214,7 +214,7 @@ fn labels_alone_do_not_grant_credentials() {
 fn a_ray_node_of_a_rayjob_matches_only_the_node_profile() {
     let mut pod = fixture("kuberay-worker-pod.json");
     pod["metadata"]["labels"]["ray.io/originated-from-crd"] = json!("RayJob");
-    let (d, _) = admit(&create("ray", KUBERAY_OPERATOR), &pod, &builtin());
+    let (d, _) = admit(&create("ray", KUBERAY_OPERATOR), &pod, &examples());
     assert_eq!(d.profile.as_deref(), Some("kuberay-node"));
 }
 
@@ -232,13 +232,13 @@ spec:
     token: {secretName: api-key, mountPath: /var/run/secrets/keyward/token}
 "#,
     );
-    let set = builtin().overlay(extra);
+    let set = examples().overlay(extra);
     let d = decide(&create("team-a", LMEVAL_OPERATOR), &fixture("lmeval-driver-pod.json"), &set);
     assert_eq!(d.reason, Reason::Ambiguous);
     assert!(d.profile.is_none());
     assert_eq!(
         d.message().unwrap(),
-        "keyward: profiles \"lmeval-job\" (builtin:lmeval-job.yaml) and \"lmeval-extra\" (test.yaml) all select this pod, and keyward will not guess which credentials it should get; narrow their selectors (spec.selector, spec.controllerOwners, spec.namespaces) so that one profile selects it"
+        "keyward: profiles \"lmeval-job\" (examples/lmeval-job.yaml) and \"lmeval-extra\" (test.yaml) all select this pod, and keyward will not guess which credentials it should get; narrow their selectors (spec.selector, spec.controllerOwners, spec.namespaces) so that one profile selects it"
     );
 }
 
@@ -254,15 +254,15 @@ fn conflicts_deny_naming_container_field_profile_and_fix() {
         .as_array_mut()
         .unwrap()
         .push(json!({"name": "KEYWARD_CA_FILE", "value": "/etc/ssl/ca.pem"}));
-    let d = decide(&create("team-a", LMEVAL_OPERATOR), &pod, &builtin());
+    let d = decide(&create("team-a", LMEVAL_OPERATOR), &pod, &examples());
     assert_eq!(d.reason, Reason::Conflict);
     assert!(d.patch().is_empty());
     assert_eq!(
         d.message().unwrap(),
         "keyward: profile \"lmeval-job\" cannot inject into this pod: \
-spec.volumes[2] is a volume named \"keyward-server-ca\" that differs from the one profile \"lmeval-job\" injects; rename your volume (names starting with keyward- are reserved for keyward); \
 container \"main\" already mounts volume \"shared\" at \"/var/run/secrets/keyward/client\" (spec.containers[0].volumeMounts[2]), where profile \"lmeval-job\" mounts \"keyward-client-cert\"; move that mount to another path, or list the containers that need credentials in the profile's spec.containers; \
-container \"main\" already sets KEYWARD_CA_FILE (spec.containers[0].env[1]) to \"/etc/ssl/ca.pem\", profile \"lmeval-job\" sets it to \"/var/run/secrets/keyward/ca/ca.crt\"; remove it from the container, or set spec.onEnvConflict: keepUser in the profile"
+spec.volumes[2] is a volume named \"keyward-server-ca\" that differs from the one profile \"lmeval-job\" injects; rename your volume (names starting with keyward- are reserved for keyward); \
+container \"main\" already sets KEYWARD_CA_FILE (spec.containers[0].env[12]) to \"/etc/ssl/ca.pem\", profile \"lmeval-job\" sets it to \"/var/run/secrets/keyward/ca/ca.crt\"; remove it from the container, or set spec.onEnvConflict: keepUser in the profile"
     );
 }
 
@@ -358,7 +358,7 @@ fn annotation_keys_are_escaped_in_patch_paths() {
 fn reinvocation_after_another_webhook_adds_a_container_mounts_only_that_container() {
     let pod = fixture("lmeval-driver-pod.json");
     let facts = create("team-a", LMEVAL_OPERATOR);
-    let set = builtin();
+    let set = examples();
     let (_, mut after) = admit(&facts, &pod, &set);
     // Another webhook (say, a service mesh) adds a sidecar after us.
     after["spec"]["containers"].as_array_mut().unwrap().push(json!({
@@ -431,17 +431,17 @@ fn an_object_that_is_not_a_pod_is_refused() {
         d.message()
     );
     // A pod no profile selects is answered from its metadata alone: its spec is never read.
-    let d = decide(&create("default", "ci-bot"), &pod, &builtin());
+    let d = decide(&create("default", "ci-bot"), &pod, &examples());
     assert_eq!(d.reason, Reason::NoProfile);
     assert!(d.allowed());
-    let d = decide(&create("default", "ci-bot"), &json!({"metadata": {"labels": "nope"}}), &builtin());
+    let d = decide(&create("default", "ci-bot"), &json!({"metadata": {"labels": "nope"}}), &examples());
     assert_eq!(d.reason, Reason::InvalidPod, "metadata is always read");
 }
 
 #[test]
 fn explain_without_a_requester_assumes_and_says_so() {
     let pod = fixture("lmeval-driver-pod.json");
-    let d = decide(&RequestFacts::pod_create("team-a", Requester::Assumed), &pod, &builtin());
+    let d = decide(&RequestFacts::pod_create("team-a", Requester::Assumed), &pod, &examples());
     assert_eq!(d.reason, Reason::Injected);
     assert_eq!(
         d.warnings,
@@ -490,14 +490,14 @@ fn an_owner_of_another_kind_is_not_selected() {
     let mut pod = fixture("lmeval-driver-pod.json");
     pod["metadata"]["ownerReferences"][0]["kind"] = json!("Job");
     pod["metadata"]["ownerReferences"][0]["apiVersion"] = json!("batch/v1");
-    let e = explain(&create("team-a", LMEVAL_OPERATOR), &pod, &builtin());
+    let e = explain(&create("team-a", LMEVAL_OPERATOR), &pod, &examples());
     assert_eq!(e.decision.reason, Reason::NoProfile);
     assert_eq!(
         e.trace[0].why,
         "controller owner batch/Job (evaljob-sample) is not one of trustyai.opendatahub.io/LMEvalJob"
     );
     pod["metadata"]["ownerReferences"][0]["controller"] = json!(false);
-    let e = explain(&create("team-a", LMEVAL_OPERATOR), &pod, &builtin());
+    let e = explain(&create("team-a", LMEVAL_OPERATOR), &pod, &examples());
     assert_eq!(e.trace[0].why, "the pod has no controller ownerReference");
 }
 
@@ -508,7 +508,7 @@ fn owners_with_long_names_get_their_credentials() {
     let mut pod = fixture("lmeval-driver-pod.json");
     let owner = "evaluation-of-granite-on-the-full-mmlu-suite-with-few-shot-prompts";
     pod["metadata"]["ownerReferences"][0]["name"] = json!(owner);
-    let (_, after) = admit(&create("team-a", LMEVAL_OPERATOR), &pod, &builtin());
+    let (_, after) = admit(&create("team-a", LMEVAL_OPERATOR), &pod, &examples());
     let secret = format!("{owner}-keyward-client");
     assert!(secret.len() > 63);
     assert_eq!(after["spec"]["volumes"][1]["secret"]["secretName"], json!(secret));
@@ -516,7 +516,7 @@ fn owners_with_long_names_get_their_credentials() {
     // Past 253 characters the apiserver would refuse the name, so keyward refuses the pod, and
     // says so accurately.
     pod["metadata"]["ownerReferences"][0]["name"] = json!("o".repeat(240));
-    let d = decide(&create("team-a", LMEVAL_OPERATOR), &pod, &builtin());
+    let d = decide(&create("team-a", LMEVAL_OPERATOR), &pod, &examples());
     assert_eq!(d.reason, Reason::Unresolvable);
     assert!(
         d.message().unwrap().contains(
@@ -595,7 +595,7 @@ fn a_huge_pod_is_answered_in_linear_time_and_bounded_work() {
     let body = raw(&wide_pod(100_000, 10_000));
     assert!(body.get().len() > 4_000_000);
     let started = std::time::Instant::now();
-    let d = keyward_engine::decide(&create("team-a", LMEVAL_OPERATOR), &body, &builtin());
+    let d = keyward_engine::decide(&create("team-a", LMEVAL_OPERATOR), &body, &examples());
     let took = started.elapsed();
     assert!(took < std::time::Duration::from_secs(20), "took {took:?}");
     assert_eq!(d.reason, Reason::TooLarge);
@@ -609,7 +609,7 @@ fn a_huge_pod_is_answered_in_linear_time_and_bounded_work() {
     let mut pod = wide_pod(0, 0);
     pod["spec"]["containers"] =
         Value::Array((0..2_000).map(|i| json!({"name": format!("c{i}"), "image": "busybox"})).collect());
-    let d = decide(&create("team-a", LMEVAL_OPERATOR), &pod, &builtin());
+    let d = decide(&create("team-a", LMEVAL_OPERATOR), &pod, &examples());
     assert_eq!(d.reason, Reason::TooLarge);
     assert_eq!(
         d.message().unwrap(),
@@ -620,7 +620,7 @@ fn a_huge_pod_is_answered_in_linear_time_and_bounded_work() {
     let mut pod = wide_pod(0, 0);
     pod["spec"]["containers"] =
         Value::Array((0..10_001).map(|i| json!({"name": format!("c{i}"), "image": "busybox"})).collect());
-    let d = decide(&create("team-a", LMEVAL_OPERATOR), &pod, &builtin());
+    let d = decide(&create("team-a", LMEVAL_OPERATOR), &pod, &examples());
     assert_eq!(d.reason, Reason::TooLarge);
     assert!(
         d.message()
@@ -635,7 +635,7 @@ fn a_huge_pod_is_answered_in_linear_time_and_bounded_work() {
     let mut pod = wide_pod(0, 1);
     pod["spec"]["volumes"] =
         Value::Array((0..10_001).map(|i| json!({"name": format!("kube-api-access-{i}"), "emptyDir": {}})).collect());
-    let d = decide(&create("team-a", LMEVAL_OPERATOR), &pod, &builtin());
+    let d = decide(&create("team-a", LMEVAL_OPERATOR), &pod, &examples());
     assert_eq!(d.reason, Reason::TooLarge);
     assert!(
         d.message().unwrap().contains("more than 10000 volumes, mounts and env vars named like"),
@@ -645,7 +645,7 @@ fn a_huge_pod_is_answered_in_linear_time_and_bounded_work() {
 
     // 100,000 volumes and 1,000 containers: admitted, every API-token mount removed.
     let pod = wide_pod(100_000, 1_000);
-    let (_, after) = admit(&create("team-a", LMEVAL_OPERATOR), &pod, &builtin());
+    let (_, after) = admit(&create("team-a", LMEVAL_OPERATOR), &pod, &examples());
     assert!(after["spec"]["containers"]
         .as_array()
         .unwrap()

@@ -158,7 +158,7 @@ proptest! {
     ) {
         let pod = build(&shape, &labels, &owner);
         // `admit` applies the patch strictly, validates, and re-runs the engine on the result.
-        let (decision, after) = admit(&create(namespace, user), &pod, &builtin());
+        let (decision, after) = admit(&create(namespace, user), &pod, &examples());
         prop_assert!(decision.profile.is_some());
         // Every container (init, sidecar, regular) got the audience-bound token.
         for field in ["initContainers", "containers"] {
@@ -217,7 +217,7 @@ proptest! {
                     "ownerReferences": [{"apiVersion": "trustyai.opendatahub.io/v1alpha1", "kind": "LMEvalJob", "name": "j", "uid": "u", "controller": true}]}));
             }
         }
-        let decision = decide(&create("team-a", LMEVAL_OPERATOR), &object, &builtin());
+        let decision = decide(&create("team-a", LMEVAL_OPERATOR), &object, &examples());
         if decision.allowed() && !decision.patch().is_empty() {
             let patch: json_patch::Patch = serde_json::from_value(patch_json(&decision)).unwrap();
             let mut out = object.clone();
@@ -249,10 +249,25 @@ fn env(name: &'static str) -> impl Strategy<Value = Option<String>> {
     proptest::option::of(Just(name.to_string()))
 }
 
+/// `provider: keyward` where the name allows it (keyward issues per owner), else `user`.
+fn provider(name: &str, keyward: bool, per_owner: bool) -> &'static str {
+    let fits = if per_owner {
+        name.contains("{owner.name}")
+    } else {
+        !name.contains("{owner.name}") && !name.contains("{label:")
+    };
+    if keyward && fits {
+        "keyward"
+    } else {
+        "user"
+    }
+}
+
 fn client_certificate() -> impl Strategy<Value = KindYaml> {
-    (template("cc"), any::<bool>(), env("CC_CERT"), env("CC_KEY")).prop_map(|(secret, custom_volume, cert, key)| {
+    (template("cc"), any::<bool>(), env("CC_CERT"), env("CC_KEY"), any::<bool>()).prop_map(|(secret, custom_volume, cert, key, keyward)| {
         let mut yaml = format!(
-            "    clientCertificate:\n      secretName: {secret}\n      mountPath: /var/run/secrets/keyward/client\n"
+            "    clientCertificate:\n      secretName: {secret}\n      mountPath: /var/run/secrets/keyward/client\n      provider: {}\n",
+            provider(&secret, keyward, true)
         );
         if custom_volume {
             yaml.push_str("      volumeName: gen-client\n");
@@ -271,10 +286,13 @@ fn client_certificate() -> impl Strategy<Value = KindYaml> {
 }
 
 fn server_ca() -> impl Strategy<Value = KindYaml> {
-    (any::<bool>(), template("ca"), proptest::option::of(Just("root.pem")), env("CA_FILE")).prop_map(
-        |(config_map, name, key, file)| {
+    (any::<bool>(), template("ca"), proptest::option::of(Just("root.pem")), env("CA_FILE"), any::<bool>()).prop_map(
+        |(config_map, name, key, file, keyward)| {
             let field = if config_map { "configMapName" } else { "secretName" };
             let mut yaml = format!("    serverCA:\n      {field}: {name}\n      mountPath: /etc/keyward/ca\n");
+            if provider(&name, keyward, false) == "keyward" {
+                yaml.push_str("      provider: keyward\n      source: {secret: {name: server-tls}}\n");
+            }
             if let Some(k) = key {
                 yaml.push_str(&format!("      key: {k}\n"));
             }
@@ -288,10 +306,12 @@ fn server_ca() -> impl Strategy<Value = KindYaml> {
 }
 
 fn token() -> impl Strategy<Value = KindYaml> {
-    (template("tok"), proptest::option::of(Just("api-key")), env("TOKEN_FILE"), env("TOKEN")).prop_map(
-        |(secret, key, file, value)| {
-            let mut yaml =
-                format!("    token:\n      secretName: {secret}\n      mountPath: /var/run/secrets/keyward/token\n");
+    (template("tok"), proptest::option::of(Just("api-key")), env("TOKEN_FILE"), env("TOKEN"), any::<bool>()).prop_map(
+        |(secret, key, file, value, keyward)| {
+            let mut yaml = format!(
+                "    token:\n      secretName: {secret}\n      mountPath: /var/run/secrets/keyward/token\n      provider: {}\n",
+                provider(&secret, keyward, true)
+            );
             if let Some(k) = key {
                 yaml.push_str(&format!("      key: {k}\n"));
             }
@@ -325,12 +345,25 @@ fn service_account_token() -> impl Strategy<Value = KindYaml> {
 }
 
 fn service_account() -> impl Strategy<Value = KindYaml> {
-    (prop_oneof![Just("gen-sa"), Just("\"{label:team}-sa\"")], prop_oneof![Just("keep"), Just("remove")]).prop_map(
-        |(name, token)| KindYaml {
-            yaml: format!("    serviceAccount:\n      name: {name}\n      apiToken: {token}\n"),
-            envs: vec![],
-        },
-    )
+    (prop_oneof![Just("gen-sa"), Just("\"{label:team}-sa\"")], prop_oneof![Just("keep"), Just("remove")], any::<bool>())
+        .prop_map(|(name, token, keyward)| {
+            let mut yaml = format!("    serviceAccount:\n      name: {name}\n      apiToken: {token}\n");
+            if keyward && !name.contains('{') {
+                yaml.push_str("      provider: keyward\n      bindings: [{kind: ClusterRole, name: gen-reader}]\n");
+            }
+            KindYaml { yaml, envs: vec![] }
+        })
+}
+
+fn plain_env() -> impl Strategy<Value = KindYaml> {
+    prop_oneof![Just("token"), Just(""), Just("a value with \\\"quotes\\\"")].prop_map(|value| KindYaml {
+        yaml: format!("    env:\n      - {{name: GEN_MODE, value: \"{value}\"}}\n"),
+        envs: vec!["GEN_MODE".into()],
+    })
+}
+
+fn api_token() -> impl Strategy<Value = KindYaml> {
+    Just(KindYaml { yaml: "    apiToken: remove\n".into(), envs: vec![] })
 }
 
 /// A profile of any kinds (at least one), with every option, for pods labelled `app: gen`.
@@ -347,20 +380,24 @@ fn generated_profile() -> impl Strategy<Value = GeneratedProfile> {
         proptest::option::of(token()),
         proptest::option::of(service_account_token()),
         proptest::option::of(service_account()),
+        (proptest::option::of(plain_env()), proptest::option::of(api_token())),
         prop_oneof![Just(None), Just(Some("[app-0, init-0, missing]")), Just(Some("[app-1]"))],
-        any::<bool>(),
+        (any::<bool>(), any::<bool>()),
     )
-        .prop_filter("at least one kind", |(a, b, c, d, e, _, _)| {
-            a.is_some() || b.is_some() || c.is_some() || d.is_some() || e.is_some()
+        .prop_filter("at least one kind", |(a, b, c, d, e, (f, g), _, _)| {
+            a.is_some() || b.is_some() || c.is_some() || d.is_some() || e.is_some() || f.is_some() || g.is_some()
         })
-        .prop_map(|(a, b, c, d, e, containers, keep_user)| {
-            let kinds: Vec<KindYaml> = [a, b, c, d, e].into_iter().flatten().collect();
+        .prop_map(|(a, b, c, d, e, (f, g), containers, (keep_user, skip))| {
+            let kinds: Vec<KindYaml> = [a, b, c, d, f, e, g].into_iter().flatten().collect();
             let mut yaml = "apiVersion: keyward.io/v1alpha1\nkind: InjectionProfile\nmetadata: {name: gen}\nspec:\n  selector: {matchLabels: {app: gen}}\n  requesters: {usernames: [gen-bot]}\n".to_string();
             if let Some(list) = containers {
                 yaml.push_str(&format!("  containers: {list}\n"));
             }
             if keep_user {
                 yaml.push_str("  onEnvConflict: keepUser\n");
+            }
+            if skip {
+                yaml.push_str("  onConflict: skip\n");
             }
             yaml.push_str("  inject:\n");
             let mut envs = Vec::new();
@@ -455,9 +492,9 @@ fn any_envelope() -> impl Strategy<Value = Value> {
 
 /// Whatever the body, the answer is a well-formed response or a one-line refusal.
 fn answer(body: &[u8], set: &ProfileSet) {
-    use keyward_engine::engine::{decide_object, ANNOTATIONS_READ};
+    use keyward_engine::engine::decide_object;
     use keyward_engine::review;
-    for request in [review::read_request(body, ANNOTATIONS_READ), review::parse_request(body)] {
+    for request in [review::read_request(body, &set.annotations_read()), review::parse_request(body)] {
         match request {
             Ok(request) => {
                 let decision = decide_object(&request.facts(), &request.object, set);
@@ -475,13 +512,13 @@ proptest! {
 
     #[test]
     fn arbitrary_envelopes_never_panic(envelope in any_envelope()) {
-        answer(&serde_json::to_vec(&envelope).unwrap(), &builtin());
+        answer(&serde_json::to_vec(&envelope).unwrap(), &examples());
     }
 
     #[test]
     fn arbitrary_bytes_never_panic(body in proptest::collection::vec(any::<u8>(), 0..512), valid_prefix in any::<bool>()) {
         let mut bytes = if valid_prefix { br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u","#.to_vec() } else { Vec::new() };
         bytes.extend(body);
-        answer(&bytes, &builtin());
+        answer(&bytes, &examples());
     }
 }

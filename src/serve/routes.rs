@@ -17,7 +17,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use http_body_util::BodyExt;
 use keyward_certs::CertStore;
-use keyward_engine::engine::{decide_object, ANNOTATIONS_READ};
+use keyward_engine::engine::decide_object;
 use keyward_engine::review::{self, AdmissionRequest};
 use keyward_engine::text::clip;
 use keyward_engine::{Decision, ProfileSet};
@@ -195,7 +195,7 @@ async fn read_body(
 /// Parses, decides and answers one admission (on a blocking thread).
 fn answer(state: &AppState, body: &[u8]) -> Response {
     let started = Instant::now();
-    let request = match review::read_request(body, ANNOTATIONS_READ) {
+    let request = match review::read_request(body, &state.profiles.annotations_read()) {
         Ok(r) => r,
         Err(e) => return refuse(state, StatusCode::BAD_REQUEST, e.to_string()),
     };
@@ -276,7 +276,7 @@ mod tests {
         assert_eq!(v["response"]["allowed"], true);
         assert_eq!(v["response"]["patchType"], "JSONPatch");
         assert!(v["response"]["patch"].as_str().is_some_and(|p| !p.is_empty()));
-        assert_eq!(v["response"]["auditAnnotations"]["profile"], "lmeval-job");
+        assert_eq!(v["response"]["auditAnnotations"]["profile"], "lmeval");
     }
 
     #[tokio::test]
@@ -369,7 +369,7 @@ mod tests {
         assert!(line.contains(" INFO admission decision uid=\"u-1\\n2026-11-30T15:00:00.000000Z  INFO admission decision uid=\\\"x\\\" allowed=true\" "), "{line}");
         assert!(line.contains(" requester=\"mallory allowed=true\\n"), "{line}");
         assert!(line.contains(" allowed=false "), "{line}");
-        assert!(line.contains(" denial=\"keyward: profile \\\"lmeval-job\\\" selects this pod"), "{line}");
+        assert!(line.contains(" denial=\"keyward: profile \\\"lmeval\\\" selects this pod"), "{line}");
         assert!(!line.contains(" message="), "the denial is not tracing's message field: {line}");
     }
 
@@ -382,7 +382,7 @@ mod tests {
         assert_eq!(v["message"], "admission decision");
         assert_eq!(v["allowed"], false);
         assert!(v["requester"].as_str().unwrap().starts_with("mallory allowed=true\n2026"));
-        assert!(v["denial"].as_str().unwrap().starts_with("keyward: profile \"lmeval-job\" selects this pod"), "{v}");
+        assert!(v["denial"].as_str().unwrap().starts_with("keyward: profile \"lmeval\" selects this pod"), "{v}");
     }
 
     #[tokio::test]

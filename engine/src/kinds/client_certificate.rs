@@ -4,7 +4,10 @@
 use serde::{Deserialize, Serialize};
 
 use super::Kind;
-use crate::inject::{AuditItem, Check, EnvSpec, Injection, MountSpec, Source, Unresolved, VolumeSpec};
+use crate::inject::{
+    AuditItem, Check, EnvSpec, Injection, MountSpec, ObjectKind, Provider, Provision, Requirement, Source, Unresolved,
+    VolumeSpec,
+};
 use crate::names::{NameTemplate, TemplateContext};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -20,15 +23,29 @@ pub struct ClientCertificate {
     /// Env var set to `<mountPath>/tls.key`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_file_env: Option<String>,
+    /// Who issues the Secret: keyward (the default: one certificate per owner, signed by its
+    /// client CA) or the admin.
+    #[serde(default = "keyward")]
+    pub provider: Provider,
 }
 
 fn default_volume() -> String {
     "keyward-client-cert".into()
 }
 
+fn keyward() -> Provider {
+    Provider::Keyward
+}
+
 impl Kind for ClientCertificate {
     fn validate(&self, check: &mut Check) {
-        let Self { secret_name: _, volume_name, mount_path, cert_file_env, key_file_env } = self;
+        let Self { secret_name, volume_name, mount_path, cert_file_env, key_file_env, provider } = self;
+        if *provider == Provider::Keyward && !secret_name.uses_owner() {
+            check.problem(
+                "secretName",
+                format!("{:?}: keyward issues one client certificate per owner, so the name must include {{owner.name}}; or set provider: user", secret_name.as_str()),
+            );
+        }
         check.volume_name("volumeName", volume_name);
         check.mount_path("mountPath", mount_path);
         if let Some(env) = cert_file_env {
@@ -45,13 +62,18 @@ impl Kind for ClientCertificate {
             VolumeSpec { name: self.volume_name.clone(), source: Source::Secret { name: secret.clone(), keys: None } };
         let mount = MountSpec { volume: self.volume_name.clone(), path: self.mount_path.clone() };
         let item = AuditItem::new("clientCertificate")
-            .with("secret", secret)
+            .with("secret", &secret)
             .with("volume", &self.volume_name)
             .with("mountPath", &self.mount_path);
         let mut injection = Injection::new(item);
         injection.env.extend(self.cert_file_env.as_deref().map(|e| EnvSpec::file(e, &self.mount_path, "tls.crt")));
         injection.env.extend(self.key_file_env.as_deref().map(|e| EnvSpec::file(e, &self.mount_path, "tls.key")));
         injection.volume = Some((volume, mount));
+        let provision = match self.provider {
+            Provider::Keyward => Provision::ClientCertificate,
+            Provider::User => Provision::User,
+        };
+        injection.requires.push(Requirement::new(ObjectKind::Secret, secret, provision));
         Ok(injection)
     }
 
@@ -104,6 +126,22 @@ mod tests {
     }
 
     #[test]
+    fn keyward_issues_it_per_owner() {
+        let spec: ClientCertificate = yaml("secretName: \"{owner.name}-c\"\nmountPath: /m\n");
+        let injection = with_pod(Some("job"), &[], |pod| spec.plan(pod)).unwrap();
+        assert_eq!(injection.requires, [Requirement::new(ObjectKind::Secret, "job-c", Provision::ClientCertificate)]);
+        let spec: ClientCertificate = yaml("secretName: fixed\nmountPath: /m\n");
+        assert_eq!(
+            problems(&spec),
+            ["spec.inject.k.secretName: \"fixed\": keyward issues one client certificate per owner, so the name must include {owner.name}; or set provider: user"]
+        );
+        let spec: ClientCertificate = yaml("secretName: fixed\nmountPath: /m\nprovider: user\n");
+        assert!(problems(&spec).is_empty());
+        let injection = with_pod(None, &[], |pod| spec.plan(pod)).unwrap();
+        assert_eq!(injection.requires[0].provided_by, Provider::User);
+    }
+
+    #[test]
     fn an_owner_template_needs_an_owner() {
         let spec: ClientCertificate = yaml("secretName: \"{owner.name}-c\"\nmountPath: /m\n");
         let err = with_pod(None, &[], |pod| spec.plan(pod)).unwrap_err();
@@ -113,7 +151,8 @@ mod tests {
 
     #[test]
     fn bad_settings_are_each_named() {
-        let spec: ClientCertificate = yaml("secretName: s\nmountPath: rel\nvolumeName: Bad\ncertFileEnv: 1X\n");
+        let spec: ClientCertificate =
+            yaml("secretName: s\nmountPath: rel\nvolumeName: Bad\ncertFileEnv: 1X\nprovider: user\n");
         let problems = problems(&spec);
         assert_eq!(problems.len(), 3, "{problems:?}");
         assert!(problems[0].starts_with("spec.inject.k.volumeName: \"Bad\" is not a DNS-1123 label"));

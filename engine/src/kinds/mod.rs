@@ -18,13 +18,17 @@ use serde::{Deserialize, Serialize};
 use crate::inject::{Check, Injection, Unresolved};
 use crate::names::TemplateContext;
 
+mod api_token;
 mod client_certificate;
+mod env;
 mod server_ca;
 mod service_account;
 mod service_account_token;
 mod token;
 
+pub use api_token::RemoveApiToken;
 pub use client_certificate::ClientCertificate;
+pub use env::{Env, PlainEnv};
 pub use server_ca::ServerCa;
 pub use service_account::ServiceAccount;
 pub use service_account_token::ServiceAccountToken;
@@ -71,7 +75,9 @@ registry! {
     server_ca: ServerCa = "serverCA",
     token: Token = "token",
     service_account_token: ServiceAccountToken = "serviceAccountToken",
+    env: Env = "env",
     service_account: ServiceAccount = "serviceAccount",
+    api_token: RemoveApiToken = "apiToken",
 }
 
 #[cfg(test)]

@@ -4,7 +4,11 @@
 use serde::{Deserialize, Serialize};
 
 use super::Kind;
-use crate::inject::{AuditItem, Check, EnvSpec, Injection, MountSpec, Source, Unresolved, VolumeSpec};
+use crate::inject::{
+    AuditItem, CaSource, Check, EnvSpec, Injection, MountSpec, ObjectKind, Provider, Provision, Requirement, Source,
+    Unresolved, VolumeSpec,
+};
+use crate::names::{is_dns1123_label, is_dns1123_subdomain, DNS1123_LABEL_RULE, DNS1123_SUBDOMAIN_RULE};
 use crate::names::{NameTemplate, TemplateContext};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -22,6 +26,13 @@ pub struct ServerCa {
     /// Env var set to `<mountPath>/<key>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub file_env: Option<String>,
+    /// Who makes the ConfigMap or Secret exist in each namespace: the admin (the default), or
+    /// keyward, which copies it from `source`.
+    #[serde(default)]
+    pub provider: Provider,
+    /// With `provider: keyward`, where the CA comes from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<CaSource>,
 }
 
 fn default_key() -> String {
@@ -45,9 +56,37 @@ impl ServerCa {
 
 impl Kind for ServerCa {
     fn validate(&self, check: &mut Check) {
-        let Self { secret_name: _, config_map_name: _, key, volume_name, mount_path, file_env } = self;
-        if self.object().is_none() {
-            check.problem("", "set exactly one of secretName or configMapName");
+        let Self { secret_name: _, config_map_name: _, key, volume_name, mount_path, file_env, provider, source } =
+            self;
+        match self.object() {
+            None => check.problem("", "set exactly one of secretName or configMapName"),
+            Some((_, name, field)) if *provider == Provider::Keyward && name.depends_on_pod() => check.problem(
+                field,
+                format!("{:?}: keyward provisions the server CA once per namespace, so the name may use {{namespace}} but not the pod's owner or labels", name.as_str()),
+            ),
+            Some(_) => {}
+        }
+        match (provider, source) {
+            (Provider::Keyward, None) => check.problem(
+                "source",
+                "with provider: keyward, say where the CA comes from: source: {secret: {name, key}} or {configMap: {name, key}} (in the operator's namespace unless a namespace is given)",
+            ),
+            (Provider::User, Some(_)) => check.problem("source", "only with provider: keyward (the admin provides the CA otherwise)"),
+            (_, Some(source)) => match (&source.secret, &source.config_map) {
+                (Some(object), None) | (None, Some(object)) => {
+                    if let Some(ns) = &object.namespace {
+                        if !is_dns1123_label(ns) {
+                            check.problem("source.namespace", format!("{ns:?} is not a namespace name ({DNS1123_LABEL_RULE})"));
+                        }
+                    }
+                    if !is_dns1123_subdomain(&object.name) {
+                        check.problem("source.name", format!("{:?} is not an object name ({DNS1123_SUBDOMAIN_RULE})", object.name));
+                    }
+                    check.data_key("source.key", &object.key);
+                }
+                _ => check.problem("source", "set exactly one of secret or configMap"),
+            },
+            (Provider::User, None) => {}
         }
         check.data_key("key", key);
         check.volume_name("volumeName", volume_name);
@@ -66,10 +105,22 @@ impl Kind for ServerCa {
         };
         let name = template.resolve(pod).map_err(|reason| Unresolved { field, reason })?;
         let keys = Some(vec![self.key.clone()]);
-        let (source, item) = if is_config_map {
-            (Source::ConfigMap { name: name.clone(), keys }, AuditItem::new("serverCA").with("configMap", name))
+        let (source, item, kind) = if is_config_map {
+            (
+                Source::ConfigMap { name: name.clone(), keys },
+                AuditItem::new("serverCA").with("configMap", &name),
+                ObjectKind::ConfigMap,
+            )
         } else {
-            (Source::Secret { name: name.clone(), keys }, AuditItem::new("serverCA").with("secret", name))
+            (
+                Source::Secret { name: name.clone(), keys },
+                AuditItem::new("serverCA").with("secret", &name),
+                ObjectKind::Secret,
+            )
+        };
+        let provision = match (&self.provider, &self.source) {
+            (Provider::Keyward, Some(source)) => Provision::ServerCa { source: source.clone(), key: self.key.clone() },
+            _ => Provision::User,
         };
         let mut injection = Injection::new(item.with("volume", &self.volume_name).with("mountPath", &self.mount_path));
         injection.volume = Some((
@@ -77,6 +128,7 @@ impl Kind for ServerCa {
             MountSpec { volume: self.volume_name.clone(), path: self.mount_path.clone() },
         ));
         injection.env.extend(self.file_env.as_deref().map(|e| EnvSpec::file(e, &self.mount_path, &self.key)));
+        injection.requires.push(Requirement::new(kind, name, provision));
         Ok(injection)
     }
 
@@ -117,6 +169,48 @@ mod tests {
             json!({"name": "keyward-server-ca", "secret": {"secretName": "ca", "items": [{"key": "root.pem", "path": "root.pem"}], "defaultMode": 420}})
         );
         assert!(injection.env.is_empty());
+    }
+
+    #[test]
+    fn keyward_provisions_it_per_namespace_from_a_source() {
+        let spec: ServerCa = yaml(
+            "configMapName: keyward-ca\nmountPath: /ca\nprovider: keyward\nsource: {secret: {name: grpc-server-cert}}\n",
+        );
+        assert!(problems(&spec).is_empty(), "{:?}", problems(&spec));
+        let injection = with_pod(None, &[], |pod| spec.plan(pod)).unwrap();
+        let source = CaSource {
+            secret: Some(crate::inject::ObjectKey {
+                namespace: None,
+                name: "grpc-server-cert".into(),
+                key: "ca.crt".into(),
+            }),
+            config_map: None,
+        };
+        assert_eq!(
+            injection.requires,
+            [Requirement::new(
+                ObjectKind::ConfigMap,
+                "keyward-ca",
+                Provision::ServerCa { source, key: "ca.crt".into() }
+            )]
+        );
+        let spec: ServerCa = yaml("configMapName: \"{owner.name}-ca\"\nmountPath: /ca\nprovider: keyward\n");
+        let found = problems(&spec);
+        assert!(
+            found[0].starts_with(
+                "spec.inject.k.configMapName: \"{owner.name}-ca\": keyward provisions the server CA once per namespace"
+            ),
+            "{found:?}"
+        );
+        assert!(
+            found[1].starts_with("spec.inject.k.source: with provider: keyward, say where the CA comes from"),
+            "{found:?}"
+        );
+        let spec: ServerCa = yaml("configMapName: ca\nmountPath: /ca\nsource: {secret: {name: x}}\n");
+        assert_eq!(
+            problems(&spec),
+            ["spec.inject.k.source: only with provider: keyward (the admin provides the CA otherwise)"]
+        );
     }
 
     #[test]

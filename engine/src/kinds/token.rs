@@ -3,7 +3,10 @@
 use serde::{Deserialize, Serialize};
 
 use super::Kind;
-use crate::inject::{AuditItem, Check, EnvSpec, EnvValue, Injection, MountSpec, Source, Unresolved, VolumeSpec};
+use crate::inject::{
+    AuditItem, Check, EnvSpec, EnvValue, Injection, MountSpec, ObjectKind, Provider, Provision, Requirement, Source,
+    Unresolved, VolumeSpec,
+};
 use crate::names::{NameTemplate, TemplateContext};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -22,6 +25,10 @@ pub struct Token {
     /// into child processes and crash dumps, and do not rotate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value_env: Option<String>,
+    /// Who creates the Secret: the admin or their control plane (the default), or keyward,
+    /// which generates one token per owner and never replaces it.
+    #[serde(default)]
+    pub provider: Provider,
 }
 
 fn default_key() -> String {
@@ -34,7 +41,16 @@ fn default_volume() -> String {
 
 impl Kind for Token {
     fn validate(&self, check: &mut Check) {
-        let Self { secret_name: _, key, volume_name, mount_path, file_env, value_env } = self;
+        let Self { secret_name, key, volume_name, mount_path, file_env, value_env, provider } = self;
+        if *provider == Provider::Keyward && !secret_name.uses_owner() {
+            check.problem(
+                "secretName",
+                format!(
+                    "{:?}: keyward generates one token per owner, so the name must include {{owner.name}}",
+                    secret_name.as_str()
+                ),
+            );
+        }
         check.data_key("key", key);
         check.volume_name("volumeName", volume_name);
         check.mount_path("mountPath", mount_path);
@@ -61,6 +77,11 @@ impl Kind for Token {
                 value: EnvValue::SecretKey { secret: secret.clone(), key: self.key.clone() },
             });
         }
+        let provision = match self.provider {
+            Provider::Keyward => Provision::GeneratedToken { key: self.key.clone() },
+            Provider::User => Provision::User,
+        };
+        injection.requires.push(Requirement::new(ObjectKind::Secret, secret.clone(), provision));
         injection.volume = Some((
             VolumeSpec {
                 name: self.volume_name.clone(),
@@ -108,6 +129,21 @@ mod tests {
         assert_eq!(
             spec.describe(&injection),
             "token: Secret blue-api-key key api-key at /var/run/secrets/keyward/token/api-key, and in $TOKEN"
+        );
+    }
+
+    #[test]
+    fn a_generated_token_is_one_per_owner() {
+        let spec: Token = yaml("secretName: \"{owner.name}-token\"\nmountPath: /t\nprovider: keyward\n");
+        let injection = with_pod(Some("rc"), &[], |pod| spec.plan(pod)).unwrap();
+        assert_eq!(
+            injection.requires,
+            [Requirement::new(ObjectKind::Secret, "rc-token", Provision::GeneratedToken { key: "token".into() })]
+        );
+        let spec: Token = yaml("secretName: shared\nmountPath: /t\nprovider: keyward\n");
+        assert_eq!(
+            problems(&spec),
+            ["spec.inject.k.secretName: \"shared\": keyward generates one token per owner, so the name must include {owner.name}"]
         );
     }
 

@@ -9,9 +9,8 @@ use crate::error::{Error, ProfileError};
 
 /// The built-in profiles, shipped inside the binary.
 const BUILTIN_SOURCES: &[(&str, &str)] = &[
-    ("builtin:lmeval-job.yaml", include_str!("../../profiles/lmeval-job.yaml")),
-    ("builtin:kuberay.yaml", include_str!("../../profiles/kuberay.yaml")),
-    ("builtin:kserve-inferencegraph.yaml", include_str!("../../profiles/kserve-inferencegraph.yaml")),
+    ("builtin:lmeval.yaml", include_str!("../../profiles/lmeval.yaml")),
+    ("builtin:kfp.yaml", include_str!("../../profiles/kfp.yaml")),
 ];
 
 impl ProfileSet {

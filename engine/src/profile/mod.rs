@@ -12,8 +12,8 @@ pub mod schema;
 mod validate;
 
 pub use schema::{
-    EnvConflictPolicy, LabelSelector, LabelSelectorRequirement, Otherwise, OwnerKind, ProfileDocument, ProfileSpec,
-    Requesters, SelectorOperator, API_VERSION, KIND,
+    AnnotationSelector, ConflictPolicy, EnvConflictPolicy, LabelSelector, LabelSelectorRequirement, Otherwise,
+    OwnerKind, ProfileDocument, ProfileSpec, Requesters, SelectorOperator, API_VERSION, KIND,
 };
 
 use crate::names::{is_dns1123_label, service_account_pattern, DNS1123_LABEL_RULE};
@@ -64,6 +64,18 @@ impl ProfileSet {
 
     pub fn get(&self, name: &str) -> Option<&Profile> {
         self.profiles.iter().find(|p| p.name == name)
+    }
+
+    /// The annotations whose values the engine reads: keyward's own, and those the profiles
+    /// select on (every annotation is counted for its size).
+    pub fn annotations_read(&self) -> Vec<&str> {
+        let mut keys = vec![crate::audit::ANNOTATION_INJECTED, crate::audit::ANNOTATION_ORIGINAL_SA];
+        for key in self.profiles.iter().flat_map(|p| p.spec.annotation_selector.keys()) {
+            if !keys.contains(&key) {
+                keys.push(key);
+            }
+        }
+        keys
     }
 
     /// Pins the operator's namespace in a profile's requesters: every
@@ -130,7 +142,7 @@ spec:
     fn builtin_profiles_are_valid() {
         let set = ProfileSet::builtin().unwrap();
         let names: Vec<_> = set.iter().map(|p| p.name.as_str()).collect();
-        assert_eq!(names, ["lmeval-job", "kuberay-node", "rayjob-submitter", "kserve-inferencegraph"]);
+        assert_eq!(names, ["lmeval", "kfp-persistence-agent", "kfp-scheduled-workflow"]);
     }
 
     #[test]
@@ -219,13 +231,13 @@ spec:
     #[test]
     fn the_operator_namespace_can_be_pinned() {
         let mut set = ProfileSet::builtin().unwrap();
-        let pinned = set.pin_operator_namespace("lmeval-job", "opendatahub").unwrap();
-        assert_eq!(pinned, ["system:serviceaccount:opendatahub:trustyai-service-operator-controller-manager"]);
+        let pinned = set.pin_operator_namespace("lmeval", "lm-eval").unwrap();
+        assert_eq!(pinned, ["system:serviceaccount:lm-eval:lm-eval-controller-manager"]);
         let err = set.pin_operator_namespace("no-such", "x").unwrap_err();
-        assert!(err.starts_with("no profile named \"no-such\" (profiles: lmeval-job, "), "{err}");
-        let err = set.pin_operator_namespace("rayjob-submitter", "ray").unwrap_err();
+        assert!(err.starts_with("no profile named \"no-such\" (profiles: lmeval, "), "{err}");
+        let err = set.pin_operator_namespace("kfp-persistence-agent", "kubeflow").unwrap_err();
         assert!(err.contains("has no requester of the form system:serviceaccount:*:NAME"), "{err}");
-        let err = set.pin_operator_namespace("lmeval-job", "Bad_NS").unwrap_err();
+        let err = set.pin_operator_namespace("lmeval", "Bad_NS").unwrap_err();
         assert!(err.starts_with("\"Bad_NS\" is not a namespace name"), "{err}");
     }
 
@@ -246,10 +258,67 @@ spec:
         assert!(errs[0].contains("already defined in profiles/test.yaml"), "{errs:?}");
 
         let base = ProfileSet::builtin().unwrap();
-        let user = load(&VALID.replace("name: demo", "name: lmeval-job")).unwrap();
+        let user = load(&VALID.replace("name: demo", "name: lmeval")).unwrap();
         let merged = base.clone().overlay(user);
         assert_eq!(merged.len(), base.len());
-        assert_eq!(merged.get("lmeval-job").unwrap().source, "profiles/test.yaml");
+        assert_eq!(merged.get("lmeval").unwrap().source, "profiles/test.yaml");
+    }
+
+    #[test]
+    fn annotation_selectors_are_checked_like_label_selectors() {
+        let yaml = VALID.replace(
+            "    matchLabels:\n      app: demo\n",
+            "    matchLabels: {}\n  annotationSelector:\n    matchAnnotations:\n      \"bad key\": \"any value at all\"\n    matchExpressions:\n      - {key: example.com/auth, operator: Exists, values: [x]}\n      - {key: example.com/mode, operator: In}\n",
+        );
+        let joined = load(&yaml).unwrap_err().join("\n");
+        for needle in [
+            "spec.annotationSelector.matchAnnotations[\"bad key\"]: \"bad key\" is not a valid annotation key",
+            "spec.annotationSelector.matchExpressions[0].values: must be empty with operator Exists",
+            "spec.annotationSelector.matchExpressions[1].values: must not be empty with operator In",
+        ] {
+            assert!(joined.contains(needle), "missing {needle:?} in:\n{joined}");
+        }
+        // An annotation selector alone is enough to select; an operator must be one Kubernetes knows.
+        let alone = VALID.replace(
+            "    matchLabels:\n      app: demo\n",
+            "    matchLabels: {}\n  annotationSelector:\n    matchAnnotations: {example.com/auth: \"true\"}\n",
+        );
+        assert!(load(&alone).is_ok());
+        let joined = load(&alone.replace(
+            "matchAnnotations: {example.com/auth: \"true\"}",
+            "matchExpressions: [{key: a, operator: Contains, values: [x]}]",
+        ))
+        .unwrap_err()
+        .join("\n");
+        assert!(
+            joined.contains("spec.annotationSelector.matchExpressions[0].operator: document 1: unknown variant `Contains`, expected one of `In`, `NotIn`, `Exists`, `DoesNotExist`"),
+            "{joined}"
+        );
+    }
+
+    #[test]
+    fn a_plain_env_var_may_not_collide_with_another_kinds() {
+        let yaml = VALID.replace(
+            "      mountPath: /var/run/secrets/keyward/sa-token\n",
+            "      mountPath: /var/run/secrets/keyward/sa-token\n      fileEnv: TOKEN_FILE\n    env:\n      - {name: TOKEN_FILE, value: /elsewhere}\n",
+        );
+        let joined = load(&yaml).unwrap_err().join("\n");
+        assert!(
+            joined.contains("spec.inject.env.[0].name: env var \"TOKEN_FILE\" is already used by spec.inject.serviceAccountToken.fileEnv"),
+            "{joined}"
+        );
+    }
+
+    #[test]
+    fn on_conflict_takes_deny_or_skip() {
+        let set = load(&VALID.replace("  inject:\n", "  onConflict: skip\n  inject:\n")).unwrap();
+        assert_eq!(set.get("demo").unwrap().spec.on_conflict, ConflictPolicy::Skip);
+        assert_eq!(load(VALID).unwrap().get("demo").unwrap().spec.on_conflict, ConflictPolicy::Deny);
+        let joined = load(&VALID.replace("  inject:\n", "  onConflict: ignore\n  inject:\n")).unwrap_err().join("\n");
+        assert!(
+            joined.contains("spec.onConflict: document 1: unknown variant `ignore`, expected `deny` or `skip`"),
+            "{joined}"
+        );
     }
 
     #[test]

@@ -33,8 +33,14 @@ pub struct ProfileMetadata {
 pub struct ProfileSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
-    /// A standard label selector. Must not be empty: a profile never selects every pod.
+    /// A standard label selector. This or the annotation selector must not be empty: a
+    /// profile never selects every pod.
+    #[serde(default)]
     pub selector: LabelSelector,
+    /// The same on the pod's annotations (`matchAnnotations`, and `matchExpressions` with the
+    /// label selector's operators).
+    #[serde(default, skip_serializing_if = "AnnotationSelector::is_empty")]
+    pub annotation_selector: AnnotationSelector,
     /// If set, the pod's controller owner (the ownerReference with `controller: true`) must be
     /// one of these.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -49,7 +55,42 @@ pub struct ProfileSpec {
     /// What to do when a container already sets one of the env vars with another value.
     #[serde(default)]
     pub on_env_conflict: EnvConflictPolicy,
+    /// What to do when the pod has something that collides with an injection: refuse it (the
+    /// default), or admit it unchanged, with a warning.
+    #[serde(default)]
+    pub on_conflict: ConflictPolicy,
     pub inject: Injections,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AnnotationSelector {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub match_annotations: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub match_expressions: Vec<LabelSelectorRequirement>,
+}
+
+impl AnnotationSelector {
+    pub fn is_empty(&self) -> bool {
+        self.match_annotations.is_empty() && self.match_expressions.is_empty()
+    }
+
+    /// The annotation keys it reads.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.match_annotations.keys().map(String::as_str).chain(self.match_expressions.iter().map(|r| r.key.as_str()))
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ConflictPolicy {
+    /// Refuse the pod, naming the field and the fix.
+    #[default]
+    Deny,
+    /// Admit the pod unchanged, with a warning, a log line and the reason `conflict-skipped`:
+    /// for profiles where a missing credential is better than a pod that cannot start.
+    Skip,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -59,6 +100,12 @@ pub struct LabelSelector {
     pub match_labels: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub match_expressions: Vec<LabelSelectorRequirement>,
+}
+
+impl LabelSelector {
+    pub fn is_empty(&self) -> bool {
+        self.match_labels.is_empty() && self.match_expressions.is_empty()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -3,7 +3,9 @@
 
 use std::collections::BTreeSet;
 
-use super::schema::{LabelSelector, ProfileDocument, SelectorOperator, API_VERSION, KIND};
+use super::schema::{
+    AnnotationSelector, LabelSelector, LabelSelectorRequirement, ProfileDocument, SelectorOperator, API_VERSION, KIND,
+};
 use super::Profile;
 use crate::error::ProfileError;
 use crate::inject::Check;
@@ -36,7 +38,14 @@ pub(super) fn validate(source: &str, doc: ProfileDocument, errors: &mut Vec<Prof
     }
 
     let spec = &doc.spec;
+    if spec.selector.is_empty() && spec.annotation_selector.is_empty() {
+        problem(
+            "spec.selector",
+            "must not be empty (nor may spec.annotationSelector be, when this is): give matchLabels or matchExpressions so the profile never selects every pod".into(),
+        );
+    }
     validate_selector(&spec.selector, &mut problem);
+    validate_annotation_selector(&spec.annotation_selector, &mut problem);
     for (i, owner) in spec.controller_owners.iter().enumerate() {
         if owner.kind.is_empty() {
             problem(&format!("spec.controllerOwners[{i}].kind"), "must not be empty".into());
@@ -75,13 +84,38 @@ pub(super) fn validate(source: &str, doc: ProfileDocument, errors: &mut Vec<Prof
     Some(Profile { name: doc.metadata.name, source: source.to_string(), spec: doc.spec })
 }
 
-fn validate_selector(selector: &LabelSelector, problem: &mut impl FnMut(&str, String)) {
-    if selector.match_labels.is_empty() && selector.match_expressions.is_empty() {
-        problem(
-            "spec.selector",
-            "must not be empty: give matchLabels or matchExpressions so the profile never selects every pod".into(),
-        );
+fn validate_annotation_selector(selector: &AnnotationSelector, problem: &mut impl FnMut(&str, String)) {
+    for key in selector.match_annotations.keys() {
+        if !is_qualified_name(key) {
+            problem(&format!("spec.annotationSelector.matchAnnotations[{key:?}]"), annotation_key_reason(key));
+        }
     }
+    for (i, req) in selector.match_expressions.iter().enumerate() {
+        if !is_qualified_name(&req.key) {
+            problem(&format!("spec.annotationSelector.matchExpressions[{i}].key"), annotation_key_reason(&req.key));
+        }
+        operator_values(req, &format!("spec.annotationSelector.matchExpressions[{i}].values"), problem);
+    }
+}
+
+fn annotation_key_reason(key: &str) -> String {
+    format!("{key:?} is not a valid annotation key: an optional DNS-1123 subdomain and '/', then at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit")
+}
+
+/// `In` and `NotIn` need values; `Exists` and `DoesNotExist` take none.
+fn operator_values(req: &LabelSelectorRequirement, field: &str, problem: &mut impl FnMut(&str, String)) {
+    match req.operator {
+        SelectorOperator::In | SelectorOperator::NotIn if req.values.is_empty() => {
+            problem(field, format!("must not be empty with operator {:?}", req.operator))
+        }
+        SelectorOperator::Exists | SelectorOperator::DoesNotExist if !req.values.is_empty() => {
+            problem(field, format!("must be empty with operator {:?}", req.operator))
+        }
+        _ => {}
+    }
+}
+
+fn validate_selector(selector: &LabelSelector, problem: &mut impl FnMut(&str, String)) {
     for (key, value) in &selector.match_labels {
         if !is_qualified_name(key) {
             problem(&format!("spec.selector.matchLabels[{key:?}]"), label_key_reason(key));
@@ -95,15 +129,7 @@ fn validate_selector(selector: &LabelSelector, problem: &mut impl FnMut(&str, St
             problem(&format!("spec.selector.matchExpressions[{i}].key"), label_key_reason(&req.key));
         }
         let field = format!("spec.selector.matchExpressions[{i}].values");
-        match req.operator {
-            SelectorOperator::In | SelectorOperator::NotIn if req.values.is_empty() => {
-                problem(&field, format!("must not be empty with operator {:?}", req.operator))
-            }
-            SelectorOperator::Exists | SelectorOperator::DoesNotExist if !req.values.is_empty() => {
-                problem(&field, format!("must be empty with operator {:?}", req.operator))
-            }
-            _ => {}
-        }
+        operator_values(req, &field, problem);
         for (j, value) in req.values.iter().enumerate() {
             if !is_label_value(value) {
                 problem(&format!("{field}[{j}]"), label_value_reason(value));

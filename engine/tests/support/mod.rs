@@ -23,6 +23,17 @@ pub fn builtin() -> ProfileSet {
     ProfileSet::builtin().unwrap()
 }
 
+/// Profiles for testing the engine's general behaviour on realistic pods (`tests/profiles/`).
+/// They are examples, not the built-ins: they inject `KEYWARD_*` variables no real workload reads.
+pub fn examples() -> ProfileSet {
+    let dir = format!("{}/tests/profiles", env!("CARGO_MANIFEST_DIR"));
+    let sources = ["lmeval-job.yaml", "kuberay.yaml", "kserve-inferencegraph.yaml"].map(|name| {
+        let text = std::fs::read_to_string(format!("{dir}/{name}")).unwrap();
+        (format!("examples/{name}"), text)
+    });
+    ProfileSet::from_sources(sources).unwrap()
+}
+
 pub fn profiles(yaml: &str) -> ProfileSet {
     ProfileSet::from_sources([("test.yaml".to_string(), yaml.to_string())]).unwrap()
 }

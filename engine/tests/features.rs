@@ -1,0 +1,226 @@
+//! The profile features, each on a pod shaped as the apiserver sends it (defaulted, with the
+//! `kube-api-access-*` volume the ServiceAccount plugin adds): skipping on conflict, accepting a
+//! credential already delivered, annotation selectors, plain env vars, removing the API token
+//! without a swap, and the objects an injected pod comes to depend on.
+#![allow(clippy::unwrap_used)] // a panic is the test failure report
+
+mod support;
+
+use keyward_engine::{Reason, Requirement};
+use serde_json::{json, Value};
+use support::*;
+
+const OPERATOR: &str = "system:serviceaccount:ops:demo-operator";
+
+/// A pod a Deployment's ReplicaSet would create, after defaulting and the ServiceAccount plugin.
+fn pod(annotations: Value, mounts: Value, volumes: Value) -> Value {
+    let api = json!({"name": "kube-api-access-q8x2v", "projected": {"defaultMode": 420, "sources": [
+        {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}]}});
+    let api_mount = json!({"name": "kube-api-access-q8x2v", "readOnly": true, "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"});
+    let mut mounts = mounts.as_array().cloned().unwrap_or_default();
+    mounts.push(api_mount);
+    let mut volumes = volumes.as_array().cloned().unwrap_or_default();
+    volumes.push(api);
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "generateName": "demo-7c9d8b7f5-", "namespace": "team-a",
+            "labels": {"app": "demo", "pod-template-hash": "7c9d8b7f5"},
+            "annotations": annotations,
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "demo-7c9d8b7f5",
+                "uid": "0f3c2b1a-5d4e-4f6a-8b9c-0d1e2f3a4b5c", "controller": true, "blockOwnerDeletion": true}]
+        },
+        "spec": {
+            "containers": [{"name": "app", "image": "registry.example/demo:1.0", "imagePullPolicy": "IfNotPresent",
+                "env": [{"name": "LOG_LEVEL", "value": "info"}],
+                "volumeMounts": mounts,
+                "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File"}],
+            "volumes": volumes,
+            "serviceAccountName": "default", "serviceAccount": "default",
+            "restartPolicy": "Always", "dnsPolicy": "ClusterFirst", "schedulerName": "default-scheduler",
+            "terminationGracePeriodSeconds": 30, "securityContext": {}, "enableServiceLinks": true,
+            "preemptionPolicy": "PreemptLowerPriority", "priority": 0,
+            "tolerations": [
+                {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
+                {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}]
+        },
+        "status": {}
+    })
+}
+
+fn plain_pod() -> Value {
+    pod(json!({}), json!([]), json!([]))
+}
+
+/// A profile for `app: demo` pods created by [`OPERATOR`], with `extra` spec fields and `inject`.
+fn profile(extra: &str, inject: &str) -> String {
+    format!(
+        "apiVersion: keyward.io/v1alpha1\nkind: InjectionProfile\nmetadata: {{name: demo}}\nspec:\n  selector: {{matchLabels: {{app: demo}}}}\n  requesters: {{usernames: [\"{OPERATOR}\"]}}\n{extra}  inject:\n{inject}"
+    )
+}
+
+const TOKEN_AT_M: &str =
+    "    serviceAccountToken: {audience: api.example, path: t, mountPath: /var/run/secrets/example}\n";
+
+// === onConflict ===
+
+#[test]
+fn on_conflict_skip_admits_the_pod_unchanged_and_says_why() {
+    let mounts = json!([{"name": "scratch", "mountPath": "/var/run/secrets/example"}]);
+    let pod = pod(json!({}), mounts, json!([{"name": "scratch", "emptyDir": {}}]));
+    let yaml = profile("  onConflict: skip\n", TOKEN_AT_M);
+    let d = decide(&create("team-a", OPERATOR), &pod, &profiles(&yaml));
+    assert_eq!(d.reason, Reason::ConflictSkipped);
+    assert_eq!(d.reason.as_str(), "conflict-skipped");
+    assert!(d.allowed());
+    assert!(d.patch().is_empty());
+    assert_eq!(
+        d.warnings,
+        ["keyward: profile \"demo\" injected nothing into this pod (onConflict: skip): container \"app\" already mounts volume \"scratch\" at \"/var/run/secrets/example\" (spec.containers[0].volumeMounts[0]), where profile \"demo\" mounts \"keyward-sa-token\"; move that mount to another path, or list the containers that need credentials in the profile's spec.containers"]
+    );
+
+    // The default is to refuse, with the same reason as the message.
+    let d = decide(&create("team-a", OPERATOR), &pod, &profiles(&profile("", TOKEN_AT_M)));
+    assert_eq!(d.reason, Reason::Conflict);
+    assert!(d.message().unwrap().starts_with(
+        "keyward: profile \"demo\" cannot inject into this pod: container \"app\" already mounts volume \"scratch\""
+    ));
+}
+
+// === the same credential, already delivered ===
+
+#[test]
+fn a_token_for_the_same_audience_and_path_already_mounted_counts_as_injected() {
+    // As the KFP manifests mount theirs: another volume name, no readOnly, no defaultMode.
+    let mounts = json!([{"name": "own-token", "mountPath": "/var/run/secrets/example"}]);
+    let volumes = json!([{"name": "own-token", "projected": {"sources": [
+        {"serviceAccountToken": {"audience": "api.example", "expirationSeconds": 7200, "path": "t"}}]}}]);
+    let pod = pod(json!({}), mounts, volumes);
+    let (d, after) = admit(&create("team-a", OPERATOR), &pod, &profiles(&profile("", TOKEN_AT_M)));
+    assert_eq!(d.reason, Reason::Injected);
+    assert_eq!(
+        d.warnings,
+        ["keyward: profile \"demo\" serviceAccountToken: container \"app\" already gets a token for audience \"api.example\" as \"t\" at \"/var/run/secrets/example\" (volume \"own-token\"); keyward counts it as injected and adds no other"]
+    );
+    // Only the audit record is added; the pod's volumes and mounts are as they were.
+    assert_eq!(after["spec"], pod["spec"]);
+    let patch = patch_json(&d);
+    let ops: Vec<&str> = patch.as_array().unwrap().iter().map(|op| op["path"].as_str().unwrap()).collect();
+    assert_eq!(ops, ["/metadata/annotations/keyward.io~1injected"]);
+    assert_eq!(d.outcome.as_ref().unwrap().requires().count(), 0);
+}
+
+#[test]
+fn a_secret_with_the_same_keys_already_mounted_counts_as_injected_and_another_does_not() {
+    let inject = "    token: {secretName: api-key, key: token, mountPath: /var/run/secrets/example}\n";
+    let mounts = json!([{"name": "creds", "mountPath": "/var/run/secrets/example", "readOnly": true}]);
+    let whole = pod(
+        json!({}),
+        mounts.clone(),
+        json!([{"name": "creds", "secret": {"secretName": "api-key", "defaultMode": 420}}]),
+    );
+    let (d, after) = admit(&create("team-a", OPERATOR), &whole, &profiles(&profile("", inject)));
+    assert_eq!(d.reason, Reason::Injected);
+    assert_eq!(after["spec"], whole["spec"]);
+    assert!(d.warnings[0].contains("already gets token of Secret \"api-key\""), "{:?}", d.warnings);
+
+    // The same Secret with the key under another file name delivers something else.
+    let renamed = pod(
+        json!({}),
+        mounts,
+        json!([{"name": "creds", "secret": {"secretName": "api-key", "items": [{"key": "token", "path": "api-token"}]}}]),
+    );
+    let d = decide(&create("team-a", OPERATOR), &renamed, &profiles(&profile("", inject)));
+    assert_eq!(d.reason, Reason::Conflict);
+    assert!(d.message().unwrap().contains("already mounts volume \"creds\" at \"/var/run/secrets/example\""));
+}
+
+#[test]
+fn a_token_for_another_audience_is_a_conflict() {
+    let mounts = json!([{"name": "own-token", "mountPath": "/var/run/secrets/example"}]);
+    let volumes = json!([{"name": "own-token", "projected": {"sources": [
+        {"serviceAccountToken": {"audience": "other.example", "path": "t"}}]}}]);
+    let d = decide(&create("team-a", OPERATOR), &pod(json!({}), mounts, volumes), &profiles(&profile("", TOKEN_AT_M)));
+    assert_eq!(d.reason, Reason::Conflict);
+}
+
+// === annotation selectors ===
+
+#[test]
+fn an_annotation_selector_selects_by_annotations_with_the_label_operators() {
+    let yaml = "apiVersion: keyward.io/v1alpha1\nkind: InjectionProfile\nmetadata: {name: authed}\nspec:\n  annotationSelector:\n    matchAnnotations: {security.example.com/enable-auth: \"true\"}\n    matchExpressions:\n      - {key: example.com/tier, operator: NotIn, values: [dev]}\n  requesters: {usernames: [\"system:serviceaccount:ops:demo-operator\"]}\n  inject:\n    env:\n      - {name: AUTH_MODE, value: token}\n";
+    let set = profiles(yaml);
+    let facts = create("team-a", OPERATOR);
+
+    let (d, after) =
+        admit(&facts, &pod(json!({"security.example.com/enable-auth": "true"}), json!([]), json!([])), &set);
+    assert_eq!(d.reason, Reason::Injected);
+    assert_eq!(after["spec"]["containers"][0]["env"][1], json!({"name": "AUTH_MODE", "value": "token"}));
+
+    for (annotations, why) in [
+        (json!({}), "annotation security.example.com/enable-auth is missing"),
+        (
+            json!({"security.example.com/enable-auth": "false"}),
+            "annotation security.example.com/enable-auth=\"false\", the profile wants \"true\"",
+        ),
+        (json!({"security.example.com/enable-auth": "true", "example.com/tier": "dev"}), "annotation example.com/tier"),
+    ] {
+        let e = explain(&facts, &pod(annotations.clone(), json!([]), json!([])), &set);
+        assert_eq!(e.decision.reason, Reason::NoProfile, "{annotations}");
+        assert!(e.trace[0].why.starts_with(why), "{annotations}: {}", e.trace[0].why);
+    }
+}
+
+// === plain env vars, and the API token removed without a swap ===
+
+#[test]
+fn plain_env_and_api_token_removal_keep_the_account() {
+    let inject = "    env:\n      - {name: AUTH_MODE, value: token}\n    apiToken: remove\n";
+    let (d, after) = admit(&create("team-a", OPERATOR), &plain_pod(), &profiles(&profile("", inject)));
+    assert_eq!(
+        patch_json(&d),
+        json!([
+            {"op": "add", "path": "/spec/automountServiceAccountToken", "value": false},
+            {"op": "remove", "path": "/spec/containers/0/volumeMounts/0"},
+            {"op": "remove", "path": "/spec/volumes/0"},
+            {"op": "add", "path": "/spec/containers/0/env/-", "value": {"name": "AUTH_MODE", "value": "token"}},
+            {"op": "add", "path": "/metadata/annotations/keyward.io~1injected",
+             "value": r#"{"profile":"demo","injected":[{"kind":"env","names":"AUTH_MODE"},{"kind":"apiToken","apiToken":"remove"}],"containers":"all"}"#}
+        ])
+    );
+    assert_eq!(after["spec"]["serviceAccountName"], "default");
+    assert_eq!(after["spec"]["volumes"], json!([]));
+    assert!(!d.audit_annotations.contains_key("original-service-account"));
+}
+
+// === what the pod comes to depend on ===
+
+#[test]
+fn requires_lists_each_new_dependency_with_its_provider_once() {
+    let inject = "    clientCertificate: {secretName: \"{owner.name}-client\", mountPath: /var/run/secrets/example/client}\n    serverCA: {configMapName: site-ca, mountPath: /var/run/secrets/example/ca}\n    token: {secretName: api-key, mountPath: /var/run/secrets/example/token, valueEnv: API_KEY}\n    serviceAccount: {name: demo-runner, provider: keyward, bindings: [{kind: ClusterRole, name: view}]}\n";
+    let set = profiles(&profile("", inject));
+    let facts = create("team-a", OPERATOR);
+    let (d, after) = admit(&facts, &plain_pod(), &set);
+    let requires: Vec<(String, &str, &str)> = d
+        .outcome
+        .as_ref()
+        .unwrap()
+        .requires()
+        .map(|r: &Requirement| (format!("{:?}", r.kind), r.name.as_str(), r.provided_by.as_str()))
+        .collect();
+    assert_eq!(
+        requires,
+        [
+            ("Secret".to_string(), "demo-7c9d8b7f5-client", "keyward"),
+            ("ConfigMap".to_string(), "site-ca", "user"),
+            ("Secret".to_string(), "api-key", "user"),
+            ("ServiceAccount".to_string(), "demo-runner", "keyward"),
+        ]
+    );
+    // On the injected pod (a reinvocation) nothing is new.
+    let again = decide(&facts, &after, &set);
+    assert_eq!(again.reason, Reason::AlreadyInjected);
+    assert_eq!(again.outcome.as_ref().unwrap().requires().count(), 0);
+}

@@ -1,0 +1,215 @@
+//! The built-in profiles on the pods of the systems they serve, and of those they must leave
+//! alone, built from the upstream code (each fixture names the file and commit it follows, in
+//! `tests/fixtures/README.md`). For the pods a built-in serves, every file the workload reads
+//! must exist, at the path the workload reads, from the object and with the audience its
+//! server checks, in the container that reads it.
+#![allow(clippy::unwrap_used)] // a panic is the test failure report
+
+mod support;
+
+use keyward_engine::Reason;
+use serde_json::{json, Value};
+use support::*;
+
+const FMS_OPERATOR: &str = "system:serviceaccount:lm-eval:lm-eval-controller-manager";
+const TRUSTYAI_OPERATOR: &str = "system:serviceaccount:opendatahub:trustyai-service-operator-controller-manager";
+
+fn container<'a>(pod: &'a Value, name: &str) -> &'a Value {
+    ["initContainers", "containers"]
+        .iter()
+        .flat_map(|list| pod["spec"][list].as_array().into_iter().flatten())
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no container {name}"))
+}
+
+fn env<'a>(pod: &'a Value, name: &str, var: &str) -> Option<&'a str> {
+    container(pod, name)["env"].as_array()?.iter().find(|e| e["name"] == var)?["value"].as_str()
+}
+
+/// What the kubelet puts at `path` in container `name`: the volume and the file's name in it.
+/// Panics when nothing would be there.
+fn file_at<'a>(pod: &'a Value, name: &str, path: &str) -> (&'a Value, String) {
+    let mounts = container(pod, name)["volumeMounts"].as_array().unwrap_or_else(|| panic!("{name}: no mounts"));
+    let (mount, rest) = mounts
+        .iter()
+        .find_map(|m| {
+            let dir = m["mountPath"].as_str()?;
+            let rest = path.strip_prefix(dir)?.strip_prefix('/')?;
+            (m["subPath"].as_str().unwrap_or_default().is_empty()).then(|| (m, rest.to_string()))
+        })
+        .unwrap_or_else(|| panic!("{name}: nothing mounted above {path}"));
+    let volume = pod["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap_or_else(|| panic!("{name}: mount of a missing volume {}", mount["name"]));
+    let object = volume.get("secret").or_else(|| volume.get("configMap"));
+    if let Some(items) = object.and_then(|o| o["items"].as_array()) {
+        assert!(items.iter().any(|i| i["path"] == rest.as_str()), "{name}: {path}: not among the items of {volume}");
+    }
+    if let Some(sources) = volume["projected"]["sources"].as_array() {
+        assert!(
+            sources.iter().any(|s| s["serviceAccountToken"]["path"] == rest.as_str()),
+            "{name}: {path}: no token at {rest} in {volume}"
+        );
+    }
+    (volume, rest)
+}
+
+fn has_api_token(pod: &Value) -> bool {
+    pod["spec"]["volumes"]
+        .as_array()
+        .is_some_and(|v| v.iter().any(|v| v["name"].as_str().unwrap_or_default().starts_with("kube-api-access-")))
+}
+
+fn requires(d: &keyward_engine::Decision) -> Vec<(String, String, &'static str)> {
+    d.outcome
+        .as_ref()
+        .map(|m| m.requires().map(|r| (format!("{:?}", r.kind), r.name.clone(), r.provided_by.as_str())).collect())
+        .unwrap_or_default()
+}
+
+// === the LMEvalJob driver (fms-lm-eval-service, gRPC with mTLS) ===
+
+#[test]
+fn the_fms_driver_gets_its_three_files_in_main_and_no_api_token() {
+    let before = fixture("lmeval-fms-driver-pod.json");
+    let (d, after) = admit(&create("team-a", FMS_OPERATOR), &before, &builtin());
+    assert_eq!(d.reason, Reason::Injected);
+    assert_eq!(d.profile.as_deref(), Some("lmeval"));
+    assert_eq!(d.warnings, Vec::<String>::new());
+
+    // backend/driver/driver.go reads these three env vars on `main` as file paths.
+    let cert = env(&after, "main", "GRPC_CLIENT_CERT").unwrap();
+    let key = env(&after, "main", "GRPC_CLIENT_KEY").unwrap();
+    let ca = env(&after, "main", "GRPC_SERVER_CA").unwrap();
+    assert_eq!(cert, "/var/run/secrets/keyward/lmeval-client/tls.crt");
+    assert_eq!(key, "/var/run/secrets/keyward/lmeval-client/tls.key");
+    assert_eq!(ca, "/var/run/secrets/keyward/lmeval-server-ca/ca.crt");
+    let (volume, file) = file_at(&after, "main", cert);
+    assert_eq!(
+        (volume["secret"]["secretName"].as_str(), file.as_str()),
+        (Some("evaljob-sample-lmeval-client"), "tls.crt")
+    );
+    let (volume, file) = file_at(&after, "main", key);
+    assert_eq!(
+        (volume["secret"]["secretName"].as_str(), file.as_str()),
+        (Some("evaljob-sample-lmeval-client"), "tls.key")
+    );
+    let (volume, file) = file_at(&after, "main", ca);
+    assert_eq!((volume["configMap"]["name"].as_str(), file.as_str()), (Some("keyward-lmeval-server-ca"), "ca.crt"));
+
+    // The init container only copies the binary: it gets nothing (and loses the API token).
+    assert_eq!(container(&after, "driver")["env"], container(&before, "driver")["env"]);
+    assert_eq!(
+        container(&after, "driver")["volumeMounts"],
+        json!([{"name": "shared", "mountPath": "/opt/app-root/src/bin"}])
+    );
+    // The driver never calls the Kubernetes API, so it has no token; its account is unchanged.
+    assert!(!has_api_token(&after));
+    assert_eq!(after["spec"]["automountServiceAccountToken"], false);
+    assert_eq!(after["spec"]["serviceAccountName"], before["spec"]["serviceAccountName"]);
+
+    assert_eq!(
+        requires(&d),
+        [
+            ("Secret".into(), "evaljob-sample-lmeval-client".into(), "keyward"),
+            ("ConfigMap".into(), "keyward-lmeval-server-ca".into(), "keyward"),
+        ]
+    );
+}
+
+#[test]
+fn an_fms_operator_still_patching_its_pods_is_left_alone() {
+    // config/default deploys the operator with mTLS, so patch4GrpcTLS has already set the env.
+    let before = fixture("lmeval-fms-driver-pod-grpc-tls.json");
+    let d = decide(&create("team-a", FMS_OPERATOR), &before, &builtin());
+    assert_eq!(d.reason, Reason::ConflictSkipped);
+    assert!(d.allowed() && d.patch().is_empty());
+    assert_eq!(d.warnings.len(), 1);
+    assert!(d.warnings[0].starts_with("keyward: profile \"lmeval\" injected nothing into this pod (onConflict: skip): container \"main\" already sets GRPC_CLIENT_CERT"), "{}", d.warnings[0]);
+}
+
+#[test]
+fn only_the_fms_operator_may_create_driver_pods() {
+    let d = decide(
+        &create("team-a", "system:serviceaccount:team-a:default"),
+        &fixture("lmeval-fms-driver-pod.json"),
+        &builtin(),
+    );
+    assert_eq!(d.reason, Reason::RequesterDenied);
+    assert_eq!(
+        d.message().unwrap(),
+        "keyward: profile \"lmeval\" selects this pod, and only system:serviceaccount:*:lm-eval-controller-manager may create such pods, not \"system:serviceaccount:team-a:default\"; let the operator create it, or change the pod's labels so the profile does not select it"
+    );
+}
+
+#[test]
+fn the_trustyai_exec_era_driver_is_never_touched() {
+    // Today's trustyai driver reports status through pods/exec and reads no gRPC files.
+    let d = decide(&create("team-a", TRUSTYAI_OPERATOR), &fixture("lmeval-driver-pod.json"), &builtin());
+    assert_eq!(d.reason, Reason::NoProfile);
+    assert!(d.allowed() && d.patch().is_empty());
+}
+
+// === Kubeflow Pipelines ===
+
+#[test]
+fn the_upstream_kfp_agent_manifest_is_admitted_as_is() {
+    let before = fixture("kfp-persistenceagent-pod.json");
+    let (d, after) = admit(&create("kubeflow", REPLICASET_CONTROLLER), &before, &builtin());
+    assert_eq!(d.profile.as_deref(), Some("kfp-persistence-agent"));
+    assert_eq!(after["spec"], before["spec"], "the manifest's own token is the one the agent reads");
+    assert_eq!(
+        d.warnings,
+        ["keyward: profile \"kfp-persistence-agent\" serviceAccountToken: container \"ml-pipeline-persistenceagent\" already gets a token for audience \"pipelines.kubeflow.org\" as \"persistenceagent-sa-token\" at \"/var/run/secrets/kubeflow/tokens\" (volume \"persistenceagent-sa-token\"); keyward counts it as injected and adds no other"]
+    );
+    assert_eq!(requires(&d), []);
+}
+
+#[test]
+fn a_kfp_agent_without_its_token_gets_it_where_the_agent_reads_it() {
+    let before = fixture("kfp-persistenceagent-pod-no-token.json");
+    let (d, after) = admit(&create("kubeflow", REPLICASET_CONTROLLER), &before, &builtin());
+    assert_eq!(d.reason, Reason::Injected);
+    // token_refresher.go: SaTokenFile; the API server's TokenReview checks pipelines.kubeflow.org.
+    let (volume, file) =
+        file_at(&after, "ml-pipeline-persistenceagent", "/var/run/secrets/kubeflow/tokens/persistenceagent-sa-token");
+    assert_eq!(file, "persistenceagent-sa-token");
+    assert_eq!(volume["projected"]["sources"][0]["serviceAccountToken"]["audience"], "pipelines.kubeflow.org");
+    // Its informers use the normal API token: kept. The init container gets nothing.
+    assert!(has_api_token(&after));
+    assert_eq!(after["spec"]["automountServiceAccountToken"], before["spec"]["automountServiceAccountToken"]);
+    assert_eq!(container(&after, "wait-for-ml-pipeline"), container(&before, "wait-for-ml-pipeline"));
+    assert_eq!(after["spec"]["serviceAccountName"], "ml-pipeline-persistenceagent");
+    assert_eq!(requires(&d), [], "the token is the pod's own account's");
+}
+
+#[test]
+fn the_kfp_scheduled_workflow_controller_gets_its_token() {
+    let before = fixture("kfp-scheduledworkflow-pod.json");
+    let (d, after) = admit(&create("kubeflow", REPLICASET_CONTROLLER), &before, &builtin());
+    assert_eq!(d.profile.as_deref(), Some("kfp-scheduled-workflow"));
+    let (volume, _) =
+        file_at(&after, "ml-pipeline-scheduledworkflow", "/var/run/secrets/kubeflow/tokens/scheduledworkflow-sa-token");
+    assert_eq!(volume["projected"]["sources"][0]["serviceAccountToken"]["audience"], "pipelines.kubeflow.org");
+    assert!(has_api_token(&after));
+}
+
+// === systems no built-in serves: their pods are admitted unchanged ===
+
+#[test]
+fn kuberay_and_kserve_pods_are_left_alone_in_either_auth_mode() {
+    for (file, namespace, user) in [
+        ("kuberay-head-token-auth.json", "ray", KUBERAY_OPERATOR),
+        ("kuberay-worker-k8s-auth.json", "ray", KUBERAY_OPERATOR),
+        ("rayjob-submitter-pod.json", "ray", JOB_CONTROLLER),
+        ("inferencegraph-router-auth.json", "models", REPLICASET_CONTROLLER),
+        ("inferencegraph-router-no-auth.json", "models", REPLICASET_CONTROLLER),
+    ] {
+        let d = decide(&create(namespace, user), &fixture(file), &builtin());
+        assert_eq!(d.reason, Reason::NoProfile, "{file}");
+        assert!(d.allowed() && d.patch().is_empty(), "{file}");
+    }
+}
