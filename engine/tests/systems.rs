@@ -213,3 +213,23 @@ fn kuberay_and_kserve_pods_are_left_alone_in_either_auth_mode() {
         assert!(d.allowed() && d.patch().is_empty(), "{file}");
     }
 }
+
+#[test]
+fn the_operators_own_pods_are_never_selected() {
+    // The operators' and servers' own Deployments, by the labels their upstream manifests give
+    // their pods (fms config/manager/manager.yaml, kuberay helm-chart/kuberay-operator, kserve
+    // config/manager/manager.yaml, KFP ml-pipeline-apiserver-deployment.yaml), created by the
+    // ReplicaSet controller, on the KFP agent's pod shape.
+    for labels in [
+        json!({"control-plane": "controller-manager", "pod-template-hash": "5d8f7c9b6d"}),
+        json!({"app.kubernetes.io/name": "kuberay-operator", "app.kubernetes.io/component": "kuberay-operator"}),
+        json!({"control-plane": "kserve-controller-manager", "controller-tools.k8s.io": "1.0"}),
+        json!({"app": "ml-pipeline", "application-crd-id": "kubeflow-pipelines"}),
+    ] {
+        let mut pod = fixture("kfp-persistenceagent-pod-no-token.json");
+        pod["metadata"]["labels"] = labels.clone();
+        let d = decide(&create("operators", REPLICASET_CONTROLLER), &pod, &builtin());
+        assert_eq!(d.reason, Reason::NoProfile, "{labels}");
+        assert!(d.allowed() && d.patch().is_empty(), "{labels}");
+    }
+}
