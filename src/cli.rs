@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::controller::ControllerArgs;
 use crate::explain::{self, ExplainOptions, OutputFormat};
 use crate::profiles::ProfileArgs;
 use crate::serve::ServeArgs;
@@ -26,6 +27,11 @@ enum Command {
     ///
     /// Exits 0 when the pod would be admitted, 3 when it would be refused, 1 on bad input.
     Explain(ExplainArgs),
+    /// Issue and provision what the profiles mark as provided by keyward: per-owner client
+    /// certificates and tokens, per-namespace server CAs, accounts and role bindings.
+    ///
+    /// Runs in the cluster (or with KUBECONFIG), leader-elected on a Lease.
+    Controller(Box<ControllerArgs>),
     /// Validate the profiles and list them; exits non-zero with every problem found.
     CheckProfiles(ProfileArgs),
     /// Print Kubernetes manifests generated from the profiles.
@@ -71,6 +77,10 @@ impl Cli {
         match self.command {
             Command::Serve(args) => {
                 crate::serve::run(args.into_config()?)?;
+                Ok(ExitCode::SUCCESS)
+            }
+            Command::Controller(args) => {
+                crate::controller::run(*args)?;
                 Ok(ExitCode::SUCCESS)
             }
             Command::Explain(args) => {

@@ -2,6 +2,7 @@
 //! they need to call back to their control plane.
 
 mod cli;
+mod controller;
 mod explain;
 mod logging;
 mod manifests;

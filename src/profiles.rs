@@ -44,7 +44,7 @@ fn parse_pin(s: &str) -> Result<(String, String), String> {
         Some((profile, namespace)) if !profile.is_empty() && !namespace.is_empty() => {
             Ok((profile.to_string(), namespace.to_string()))
         }
-        _ => Err(format!("{s:?}: expected PROFILE=NAMESPACE, e.g. lmeval-job=opendatahub")),
+        _ => Err(format!("{s:?}: expected PROFILE=NAMESPACE, e.g. lmeval=lm-eval")),
     }
 }
 

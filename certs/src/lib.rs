@@ -18,7 +18,8 @@ pub mod store;
 pub mod testing;
 
 pub use error::Error;
-pub use pem::{CertInfo, ServingCert};
+pub use pem::{CertInfo, PemPair, ServingCert};
+pub use rcgen::DnType;
 pub use store::{watch, CertStore, ReloadEvent, ReloadOutcome, Trigger};
 
 /// The file names of a cert-manager (`kubernetes.io/tls`) Secret mounted as a volume.

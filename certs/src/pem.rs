@@ -1,5 +1,6 @@
 //! A serving certificate pair, parsed and checked before it may be served.
 
+use std::fmt;
 use std::net::IpAddr;
 use std::path::Path;
 use std::sync::Arc;
@@ -24,15 +25,39 @@ pub struct CertInfo {
     pub not_after: SystemTime,
     pub dns_names: Vec<String>,
     pub ip_addresses: Vec<IpAddr>,
+    /// URI names (a SPIFFE ID, for keyward's client certificates).
+    pub uris: Vec<String>,
+    /// The leaf is a CA (basicConstraints CA:TRUE).
+    pub is_ca: bool,
     /// Certificates in `tls.crt`, leaf included.
     pub chain_len: usize,
 }
 
-/// A checked pair, ready for rustls.
-#[derive(Debug, Clone)]
+/// A checked pair, ready for rustls, and as PEM (for a CA that issues with it).
+#[derive(Clone)]
 pub struct ServingCert {
     pub key: Arc<CertifiedKey>,
     pub info: CertInfo,
+    pub pem: Arc<PemPair>,
+}
+
+impl fmt::Debug for ServingCert {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServingCert").field("info", &self.info).finish_non_exhaustive()
+    }
+}
+
+/// The pair's text as read. Its `Debug` never shows the key.
+#[derive(Clone)]
+pub struct PemPair {
+    pub cert: String,
+    pub key: String,
+}
+
+impl fmt::Debug for PemPair {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PemPair").field("cert", &self.cert).field("key", &"<redacted>").finish()
+    }
 }
 
 impl CertInfo {
@@ -91,7 +116,11 @@ pub fn load_pair(cert_pem: &[u8], key_pem: &[u8], cert_path: &Path, key_path: &P
         }
         other => Error::BadCertificate { path: cert_path.to_path_buf(), reason: other.to_string() },
     })?;
-    Ok(ServingCert { key: Arc::new(certified), info })
+    let pem = PemPair {
+        cert: String::from_utf8_lossy(cert_pem).into_owned(),
+        key: String::from_utf8_lossy(key_pem).into_owned(),
+    };
+    Ok(ServingCert { key: Arc::new(certified), info, pem: Arc::new(pem) })
 }
 
 /// The RSA key sizes ring signs with.
@@ -210,10 +239,12 @@ fn inspect_chain(chain: &[CertificateDer<'_>], path: &Path) -> Result<CertInfo, 
     }
     let mut dns_names = Vec::new();
     let mut ip_addresses = Vec::new();
+    let mut uris = Vec::new();
     if let Ok(Some(san)) = leaf.subject_alternative_name() {
         for name in &san.value.general_names {
             match name {
                 GeneralName::DNSName(d) => dns_names.push(d.to_string()),
+                GeneralName::URI(u) => uris.push(u.to_string()),
                 GeneralName::IPAddress(bytes) => {
                     if let Ok(b) = <[u8; 4]>::try_from(*bytes) {
                         ip_addresses.push(IpAddr::from(b));
@@ -235,6 +266,8 @@ fn inspect_chain(chain: &[CertificateDer<'_>], path: &Path) -> Result<CertInfo, 
         not_after: to_system_time(validity.not_after.timestamp()),
         dns_names,
         ip_addresses,
+        uris,
+        is_ca: leaf.is_ca(),
         chain_len: chain.len(),
     })
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose, SerialNumber, PKCS_ECDSA_P256_SHA256,
+    KeyUsagePurpose, SanType, SerialNumber, PKCS_ECDSA_P256_SHA256,
 };
 
 use crate::error::Error;
@@ -97,26 +97,55 @@ impl Ca {
     /// A serving certificate for `names` (DNS names or IP addresses).
     pub fn issue_serving(&self, names: &[String], now: SystemTime, validity: Duration) -> Result<Minted, Error> {
         let first = names.first().cloned().unwrap_or_else(|| "keyward".into());
-        self.issue(names.to_vec(), &first, ExtendedKeyUsagePurpose::ServerAuth, now, validity)
+        self.issue(names.to_vec(), &[(DnType::CommonName, &first)], ExtendedKeyUsagePurpose::ServerAuth, now, validity)
     }
 
     /// A client certificate for mTLS, identified by `common_name`.
     pub fn issue_client(&self, common_name: &str, now: SystemTime, validity: Duration) -> Result<Minted, Error> {
-        self.issue(Vec::new(), common_name, ExtendedKeyUsagePurpose::ClientAuth, now, validity)
+        self.issue(Vec::new(), &[(DnType::CommonName, common_name)], ExtendedKeyUsagePurpose::ClientAuth, now, validity)
+    }
+
+    /// A client certificate for a workload identity: `uri` (a SPIFFE ID) as its only
+    /// subject alternative name, and `subject` (e.g. O = namespace, OU = kind, CN = name) for
+    /// servers that read the subject.
+    pub fn issue_client_identity(
+        &self,
+        subject: &[(DnType, &str)],
+        uri: &str,
+        now: SystemTime,
+        validity: Duration,
+    ) -> Result<Minted, Error> {
+        let uri = rcgen::string::Ia5String::try_from(uri.to_string()).map_err(mint_err)?;
+        self.issue_with(vec![SanType::URI(uri)], subject, ExtendedKeyUsagePurpose::ClientAuth, now, validity)
     }
 
     fn issue(
         &self,
         names: Vec<String>,
-        common_name: &str,
+        subject: &[(DnType, &str)],
+        usage: ExtendedKeyUsagePurpose,
+        now: SystemTime,
+        validity: Duration,
+    ) -> Result<Minted, Error> {
+        let params = CertificateParams::new(names).map_err(mint_err)?;
+        self.issue_with(params.subject_alt_names, subject, usage, now, validity)
+    }
+
+    fn issue_with(
+        &self,
+        names: Vec<SanType>,
+        subject: &[(DnType, &str)],
         usage: ExtendedKeyUsagePurpose,
         now: SystemTime,
         validity: Duration,
     ) -> Result<Minted, Error> {
         let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).map_err(mint_err)?;
-        let mut params = CertificateParams::new(names).map_err(mint_err)?;
+        let mut params = CertificateParams::default();
+        params.subject_alt_names = names;
         params.distinguished_name = DistinguishedName::new();
-        params.distinguished_name.push(DnType::CommonName, common_name);
+        for (kind, value) in subject {
+            params.distinguished_name.push(kind.clone(), *value);
+        }
         params.is_ca = IsCa::ExplicitNoCa;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = vec![usage];

@@ -68,6 +68,8 @@ type Observer = Box<dyn Fn(&ReloadOutcome) + Send + Sync>;
 /// The certificate rustls serves. Cheap to share (`Arc`); see the module docs.
 pub struct CertStore {
     dir: PathBuf,
+    /// What it holds, for logs: `serving certificate` unless named otherwise.
+    what: &'static str,
     current: ArcSwapOption<ServingCert>,
     last_error: Mutex<Option<String>>,
     events: broadcast::Sender<ReloadEvent>,
@@ -89,11 +91,19 @@ impl CertStore {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         Self {
             dir: dir.into(),
+            what: "serving certificate",
             current: ArcSwapOption::empty(),
             last_error: Mutex::new(None),
             events: broadcast::channel(64).0,
             observer: None,
         }
+    }
+
+    /// Names what the store holds in its log lines (e.g. `client CA`); the same checks and
+    /// guarantees apply whatever it holds.
+    pub fn named(mut self, what: &'static str) -> Self {
+        self.what = what;
+        self
     }
 
     /// Calls `observer` after every reload attempt (for metrics).
@@ -120,8 +130,8 @@ impl CertStore {
     pub fn ready(&self, now: SystemTime) -> Result<(), String> {
         match self.current() {
             None => Err(match self.last_error.lock().ok().and_then(|e| e.clone()) {
-                Some(e) => format!("no valid serving certificate loaded yet: {e}"),
-                None => "no serving certificate loaded yet".to_string(),
+                Some(e) => format!("no valid {} loaded yet: {e}", self.what),
+                None => format!("no {} loaded yet", self.what),
             }),
             Some(c) => c.info.check_valid_at(&self.dir.join(CERT_FILE), now).map_err(|e| e.to_string()),
         }
@@ -165,12 +175,13 @@ impl CertStore {
                     sha256 = %info.sha256,
                     not_after = %rfc3339(info.not_after),
                     dns_names = ?info.dns_names,
-                    "serving certificate loaded"
+                    "{} loaded",
+                    self.what
                 );
             }
             ReloadOutcome::Unchanged => {
                 *last = None;
-                tracing::debug!(?trigger, dir = %self.dir.display(), "serving certificate unchanged");
+                tracing::debug!(?trigger, dir = %self.dir.display(), "{} unchanged", self.what);
             }
             ReloadOutcome::Failed(error) => {
                 let serving = self.current().map(|c| c.info.sha256.clone());
@@ -180,7 +191,8 @@ impl CertStore {
                         ?trigger,
                         %error,
                         still_serving = serving.as_deref().unwrap_or("nothing"),
-                        "serving certificate refused; keeping the last good one"
+                        "{} refused; keeping the last good one",
+                        self.what
                     );
                 }
                 *last = Some(error.clone());

@@ -266,7 +266,7 @@ mod tests {
             [("lmeval-job".to_string(), "opendatahub".to_string()), ("kuberay-node".into(), "ray-system".into())]
         );
         let err = config(&["--operator-namespace", "lmeval-job"]).unwrap_err().to_string();
-        assert!(err.contains("\"lmeval-job\": expected PROFILE=NAMESPACE, e.g. lmeval-job=opendatahub"), "{err}");
+        assert!(err.contains("\"lmeval-job\": expected PROFILE=NAMESPACE, e.g. lmeval=lm-eval"), "{err}");
         let err = config(&["--max-connections", "0"]).unwrap_err().to_string();
         assert_eq!(err, "--max-connections: must be at least 1");
     }

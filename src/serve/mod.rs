@@ -5,7 +5,7 @@
 //! certificate is served. On SIGTERM or SIGINT, report not ready for `--shutdown-delay` while
 //! still serving, then stop accepting and let in-flight requests finish.
 
-mod config;
+pub(crate) mod config;
 mod connections;
 mod routes;
 
@@ -179,6 +179,24 @@ async fn serve_metrics(
     Ok(connections::serve(listener, Transport::Plain, app, connections, stop))
 }
 
+/// Serves `app` over plain HTTP on `listener` with the same connection rules as the metrics
+/// port (a cap, timeouts for slow and idle clients), until `stop`.
+pub(crate) fn serve_plain(
+    listener: TcpListener,
+    app: axum::Router,
+    stop: watch::Receiver<bool>,
+) -> impl std::future::Future<Output = ()> {
+    let limits = ConnectionLimits {
+        max_connections: 16,
+        handshake_timeout: std::time::Duration::from_secs(10),
+        request_read_timeout: std::time::Duration::from_secs(10),
+        idle_timeout: std::time::Duration::from_secs(120),
+        shutdown_grace: std::time::Duration::from_secs(5),
+    };
+    let connections = Connections::new("metrics", limits, Arc::new(Metrics::default()));
+    connections::serve(listener, Transport::Plain, app, connections, stop)
+}
+
 fn tls_config(certs: Arc<CertStore>) -> anyhow::Result<rustls::ServerConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut tls = rustls::ServerConfig::builder_with_provider(provider)
@@ -191,7 +209,7 @@ fn tls_config(certs: Arc<CertStore>) -> anyhow::Result<rustls::ServerConfig> {
     Ok(tls)
 }
 
-async fn wait_for_signal() {
+pub(crate) async fn wait_for_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };

@@ -1,0 +1,318 @@
+//! What should exist, decided from the profiles alone: pure, no API calls.
+//!
+//! Per opted-in namespace: the server CAs and service accounts (with their role bindings) the
+//! profiles provide. Per owner: the client certificates and generated tokens of the profile
+//! that selects a live pod — re-evaluated here on the pod as it is, since a label or an
+//! annotation on a pod proves nothing.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use keyward_engine::inject::{CaSource, Provision, RoleBinding, RoleKind};
+use keyward_engine::names::{Labels, TemplateContext};
+use keyward_engine::{ProfileSet, Reason, RequestFacts, Requester};
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+/// `app.kubernetes.io/managed-by: keyward` on everything the controller writes; it never
+/// modifies or deletes an object without it.
+pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "keyward");
+/// What an object was provisioned for: `namespace`, `owner` or `client-ca`.
+pub const PROVISIONED_FOR: &str = "keyward.io/provisioned-for";
+/// The profile an object was written for.
+pub const PROFILE_ANNOTATION: &str = "keyward.io/profile";
+/// The namespace label that opts a namespace in (the webhook's `namespaceSelector`).
+pub const OPT_IN: (&str, &str) = ("keyward.io/inject", "enabled");
+
+/// The pod's controller owner, as its ownerReference names it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Owner {
+    pub api_version: String,
+    pub kind: String,
+    pub name: String,
+    pub uid: String,
+}
+
+impl Owner {
+    /// The group of `apiVersion` (`""` for the core group).
+    pub fn group(&self) -> &str {
+        self.api_version.rsplit_once('/').map_or("", |(group, _)| group)
+    }
+
+    pub fn version(&self) -> &str {
+        self.api_version.rsplit_once('/').map_or(self.api_version.as_str(), |(_, version)| version)
+    }
+}
+
+/// One object keyward should make exist.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Desired {
+    pub namespace: String,
+    pub name: String,
+    pub profile: String,
+    pub want: Want,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Want {
+    /// The server CA under `key`, copied from `source` (a key of a Secret or ConfigMap).
+    ServerCa {
+        config_map: bool,
+        key: String,
+        source: SourceKey,
+    },
+    ServiceAccount,
+    /// A RoleBinding of `role` to the account `account` in the namespace.
+    RoleBinding {
+        account: String,
+        role: RoleBinding,
+    },
+    /// A client certificate for `owner`, identified by `identity`.
+    ClientCertificate {
+        owner: Owner,
+        identity: String,
+    },
+    /// A generated token under `key`, for `owner`.
+    Token {
+        owner: Owner,
+        key: String,
+    },
+}
+
+impl Want {
+    /// The kind of object, for metrics and messages.
+    pub fn object_kind(&self) -> &'static str {
+        match self {
+            Self::ServerCa { config_map: true, .. } => "ConfigMap",
+            Self::ServerCa { config_map: false, .. } | Self::ClientCertificate { .. } | Self::Token { .. } => "Secret",
+            Self::ServiceAccount => "ServiceAccount",
+            Self::RoleBinding { .. } => "RoleBinding",
+        }
+    }
+
+    /// What it is, for metrics: `server-ca`, `service-account`, `role-binding`,
+    /// `client-certificate`, `token`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::ServerCa { .. } => "server-ca",
+            Self::ServiceAccount => "service-account",
+            Self::RoleBinding { .. } => "role-binding",
+            Self::ClientCertificate { .. } => "client-certificate",
+            Self::Token { .. } => "token",
+        }
+    }
+}
+
+/// Where a server CA is read from, its namespace resolved.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SourceKey {
+    pub config_map: bool,
+    pub namespace: String,
+    pub name: String,
+    pub key: String,
+}
+
+/// Why a namespace-scoped object could not be planned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unplannable {
+    pub profile: String,
+    pub reason: String,
+}
+
+/// The objects the profiles provide in `namespace`. A CA source without a namespace is in the
+/// profile's operator namespace, from `operator_namespaces` (`--operator-namespace`).
+pub fn for_namespace(
+    profiles: &ProfileSet,
+    namespace: &str,
+    operator_namespaces: &BTreeMap<String, String>,
+) -> (Vec<Desired>, Vec<Unplannable>) {
+    let labels = Labels::new();
+    let ctx = TemplateContext { namespace, owner_name: None, labels: &labels };
+    let mut out = Vec::new();
+    let mut problems = Vec::new();
+    for profile in profiles.iter() {
+        for (_, kind) in profile.spec.inject.kinds() {
+            // Kinds issued per owner do not resolve without one: they are not per namespace.
+            let Ok(injection) = kind.plan(&ctx) else { continue };
+            for requirement in injection.requires {
+                let desired = |want| Desired {
+                    namespace: namespace.to_string(),
+                    name: requirement.name.clone(),
+                    profile: profile.name.clone(),
+                    want,
+                };
+                match &requirement.provision {
+                    Provision::ServerCa { source, key } => {
+                        match source_key(source, operator_namespaces.get(&profile.name)) {
+                            Ok(source) => out.push(desired(Want::ServerCa {
+                                config_map: requirement.kind == keyward_engine::ObjectKind::ConfigMap,
+                                key: key.clone(),
+                                source,
+                            })),
+                            Err(reason) => problems.push(Unplannable { profile: profile.name.clone(), reason }),
+                        }
+                    }
+                    Provision::ServiceAccount { bindings } => {
+                        out.push(desired(Want::ServiceAccount));
+                        for role in bindings {
+                            out.push(Desired {
+                                namespace: namespace.to_string(),
+                                name: role_binding_name(&requirement.name, role),
+                                profile: profile.name.clone(),
+                                want: Want::RoleBinding { account: requirement.name.clone(), role: role.clone() },
+                            });
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    (out, problems)
+}
+
+fn source_key(source: &CaSource, operator_namespace: Option<&String>) -> Result<SourceKey, String> {
+    let (config_map, object) = match (&source.secret, &source.config_map) {
+        (Some(o), None) => (false, o),
+        (None, Some(o)) => (true, o),
+        _ => return Err("serverCA.source must name exactly one of secret or configMap".into()),
+    };
+    let namespace = match (&object.namespace, operator_namespace) {
+        (Some(ns), _) => ns.clone(),
+        (None, Some(ns)) => ns.clone(),
+        (None, None) => {
+            return Err(format!(
+                "serverCA.source {:?} names no namespace, and the profile's operator namespace is not pinned; give source.namespace, or pass --operator-namespace",
+                object.name
+            ))
+        }
+    };
+    Ok(SourceKey { config_map, namespace, name: object.name.clone(), key: object.key.clone() })
+}
+
+/// `keyward-<account>-<role>`, within the 253 characters of an object name. Role names may
+/// hold `:` (`system:auth-delegator`), which RoleBinding names allow.
+pub fn role_binding_name(account: &str, role: &RoleBinding) -> String {
+    let kind = match role.kind {
+        RoleKind::ClusterRole => "cr",
+        RoleKind::Role => "r",
+    };
+    let mut name = format!("keyward-{account}-{kind}-{}", role.name);
+    if name.len() > 253 {
+        let mut cut = 253;
+        while !name.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        name.truncate(cut);
+    }
+    name
+}
+
+/// What the controller does for one live pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodVerdict {
+    /// Issue these for the pod's owner.
+    Issue { profile: String, owner: Owner, wants: Vec<Desired> },
+    /// Nothing, and why (for the debug log).
+    Nothing(String),
+}
+
+/// Re-evaluates the profiles on a live pod: it must be one a profile selects, and carry
+/// exactly what that profile injects (else keyward did not admit it as such, and issues
+/// nothing). Returns the per-owner objects of that profile provided by keyward.
+pub fn for_pod(profiles: &ProfileSet, pod: &Value, trust_domain: &str) -> PodVerdict {
+    let namespace = pod.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or_default();
+    if namespace.is_empty() {
+        return PodVerdict::Nothing("the pod has no namespace".into());
+    }
+    let Ok(raw) = serde_json::value::to_raw_value(pod) else {
+        return PodVerdict::Nothing("the pod does not serialise".into());
+    };
+    let raw: Box<RawValue> = raw;
+    let facts = RequestFacts::pod_create(namespace, Requester::Assumed);
+    let decision = keyward_engine::decide(&facts, &raw, profiles);
+    let Some(profile) = decision.profile.clone() else {
+        return PodVerdict::Nothing("no profile selects it".into());
+    };
+    if decision.reason != Reason::AlreadyInjected {
+        return PodVerdict::Nothing(format!(
+            "profile {profile:?} selects it, but it is not as keyward admits such pods ({})",
+            decision.reason.as_str()
+        ));
+    }
+    let Some(owner) = controller_owner(pod) else {
+        return PodVerdict::Nothing("it has no controller owner".into());
+    };
+    let Ok(mutation) = &decision.outcome else {
+        return PodVerdict::Nothing("refused".into());
+    };
+    let mut wants = Vec::new();
+    for (_, injection) in &mutation.injections {
+        for requirement in &injection.requires {
+            let want = match &requirement.provision {
+                Provision::ClientCertificate => Want::ClientCertificate {
+                    owner: owner.clone(),
+                    identity: spiffe_id(trust_domain, namespace, &owner.kind, &owner.name),
+                },
+                Provision::GeneratedToken { key } => Want::Token { owner: owner.clone(), key: key.clone() },
+                _ => continue,
+            };
+            wants.push(Desired {
+                namespace: namespace.to_string(),
+                name: requirement.name.clone(),
+                profile: profile.clone(),
+                want,
+            });
+        }
+    }
+    PodVerdict::Issue { profile, owner, wants }
+}
+
+/// The ownerReference with `controller: true`.
+pub fn controller_owner(pod: &Value) -> Option<Owner> {
+    let references = pod.pointer("/metadata/ownerReferences")?.as_array()?;
+    let owner = references.iter().find(|r| r.get("controller").and_then(Value::as_bool) == Some(true))?;
+    let field = |f: &str| owner.get(f).and_then(Value::as_str).filter(|s| !s.is_empty()).map(str::to_string);
+    Some(Owner { api_version: field("apiVersion")?, kind: field("kind")?, name: field("name")?, uid: field("uid")? })
+}
+
+/// `spiffe://<trust domain>/ns/<namespace>/<kind, lower case>/<name>`: every part is a
+/// Kubernetes name, so every character is one SPIFFE allows in a path segment.
+pub fn spiffe_id(trust_domain: &str, namespace: &str, kind: &str, name: &str) -> String {
+    format!("spiffe://{trust_domain}/ns/{namespace}/{}/{name}", kind.to_ascii_lowercase())
+}
+
+/// A SPIFFE trust domain: lower-case letters, digits, `.`, `-` and `_`, at most 255.
+pub fn trust_domain_problem(td: &str) -> Option<String> {
+    if td.is_empty() || td.len() > 255 {
+        return Some(format!("{td:?} must have 1 to 255 characters"));
+    }
+    if !td.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '-' | '_')) {
+        return Some(format!(
+            "{td:?} may hold only lower-case letters, digits, '.', '-' and '_' (a SPIFFE trust domain)"
+        ));
+    }
+    None
+}
+
+/// A label selector string (`k=v,k in (a,b),!k`) equivalent to the profile's label selector,
+/// for watching only the pods it could select.
+pub fn label_selector(selector: &keyward_engine::profile::LabelSelector) -> String {
+    use keyward_engine::profile::SelectorOperator;
+    let mut terms: Vec<String> = selector.match_labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    for req in &selector.match_expressions {
+        let values = req.values.join(",");
+        terms.push(match req.operator {
+            SelectorOperator::In => format!("{} in ({values})", req.key),
+            SelectorOperator::NotIn => format!("{} notin ({values})", req.key),
+            SelectorOperator::Exists => req.key.clone(),
+            SelectorOperator::DoesNotExist => format!("!{}", req.key),
+        });
+    }
+    terms.join(",")
+}
+
+/// Labels of the pod view's type, from plain strings (for callers without borrowed data).
+pub fn labels_of<'a>(pairs: &'a [(&'a str, &'a str)]) -> Labels<'a> {
+    pairs.iter().map(|(k, v)| (Cow::Borrowed(*k), Cow::Borrowed(*v))).collect()
+}

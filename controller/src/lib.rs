@@ -1,0 +1,25 @@
+//! keyward's controller: it makes every object the profiles mark as provided by keyward exist,
+//! stay valid, and go away with its owner or when its namespace opts out.
+//!
+//! - [`desired`]: what should exist, from the profiles and a live pod (pure).
+//! - [`identity`]: client certificates (issue, renew) and generated tokens.
+//! - [`objects`]: the Kubernetes objects keyward writes (pure).
+//! - [`reconcile`]: the writes, each behind the leadership check and the ownership check.
+//! - [`leader`]: Lease-based leader election (client-go semantics).
+//! - [`run`]: the watches, the work queue with backoff, and the periodic resync.
+
+#![warn(unreachable_pub)]
+
+pub mod desired;
+mod error;
+pub mod identity;
+pub mod leader;
+pub mod metrics;
+pub mod objects;
+pub mod reconcile;
+pub mod run;
+
+pub use error::Error;
+pub use leader::{LeaderElector, Leadership, LeaseConfig};
+pub use metrics::Metrics;
+pub use reconcile::{Reconciler, Settings};

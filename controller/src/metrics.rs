@@ -1,0 +1,137 @@
+//! The controller's metrics, in Prometheus' text format.
+
+use std::sync::Mutex;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ObjectLabels {
+    kind: &'static str,
+    action: &'static str,
+    result: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+/// What happened to an object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// A per-owner object created.
+    Issued,
+    /// A client certificate replaced.
+    Renewed,
+    /// A per-namespace object created or updated.
+    Provisioned,
+    /// Already right: nothing written.
+    Unchanged,
+    /// Removed (opt-out, or no profile wants it any more).
+    Deleted,
+    /// An object of that name that keyward does not manage: left alone, reported.
+    Foreign,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Issued => "issued",
+            Self::Renewed => "renewed",
+            Self::Provisioned => "provisioned",
+            Self::Unchanged => "unchanged",
+            Self::Deleted => "deleted",
+            Self::Foreign => "foreign",
+        }
+    }
+}
+
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    objects: Family<ObjectLabels, Counter>,
+    leader: Gauge,
+    next_expiry: Gauge,
+    client_ca_reloads: Family<ResultLabels, Counter>,
+    reconcile_errors: Family<ResultLabels, Counter>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("keyward_controller");
+        let objects = Family::<ObjectLabels, Counter>::default();
+        registry.register(
+            "objects",
+            "Objects reconciled, by kind (client-certificate|token|server-ca|service-account|role-binding|client-ca), action (issued|renewed|provisioned|unchanged|deleted|foreign) and result (ok|error)",
+            objects.clone(),
+        );
+        let leader = Gauge::default();
+        registry.register("leader", "1 while this replica holds the Lease and may write, else 0", leader.clone());
+        let next_expiry = Gauge::default();
+        registry.register(
+            "next_certificate_expiry_seconds",
+            "Seconds until the soonest-expiring client certificate keyward issued expires (renewal is at two thirds of its life)",
+            next_expiry.clone(),
+        );
+        let client_ca_reloads = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "client_ca_reloads",
+            "Attempts to load the client CA from --client-ca-dir, by result (loaded|unchanged|failed)",
+            client_ca_reloads.clone(),
+        );
+        let reconcile_errors = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "reconcile_errors",
+            "Reconciliations that failed and were queued to retry with backoff, by what (namespace|pod|sweep)",
+            reconcile_errors.clone(),
+        );
+        Self { registry: Mutex::new(registry), objects, leader, next_expiry, client_ca_reloads, reconcile_errors }
+    }
+}
+
+impl Metrics {
+    pub fn object(&self, kind: &'static str, action: Action, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.objects.get_or_create(&ObjectLabels { kind, action: action.as_str(), result }).inc();
+    }
+
+    /// The count for one label set (tests).
+    pub fn object_count(&self, kind: &'static str, action: Action, ok: bool) -> u64 {
+        let result = if ok { "ok" } else { "error" };
+        self.objects.get_or_create(&ObjectLabels { kind, action: action.as_str(), result }).get()
+    }
+
+    pub fn set_leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
+    }
+
+    pub fn set_next_expiry(&self, seconds: i64) {
+        self.next_expiry.set(seconds);
+    }
+
+    pub fn client_ca_reload(&self, result: &'static str) {
+        self.client_ca_reloads.get_or_create(&ResultLabels { result }).inc();
+    }
+
+    pub fn reconcile_error(&self, what: &'static str) {
+        self.reconcile_errors.get_or_create(&ResultLabels { result: what }).inc();
+    }
+
+    /// Everything, in the text exposition format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let registry = self.registry.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
+        out
+    }
+}

@@ -1,0 +1,226 @@
+//! `keyward controller`: issues and provisions what the profiles mark as provided by keyward.
+//!
+//! Start-up: load the profiles (the same flags and built-ins as `serve`), load the client CA
+//! and watch its directory, connect to the API (in a pod: its ServiceAccount; elsewhere:
+//! KUBECONFIG), then elect a leader on a Lease and reconcile. `/metrics`, `/healthz` and
+//! `/readyz` are served on --metrics-listen. On SIGTERM the Lease is released, so another
+//! replica takes over at once.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use anyhow::{bail, Context};
+use axum::http::StatusCode;
+use clap::Args;
+use keyward_certs::{CertStore, Trigger};
+use keyward_controller::{run, LeaderElector, Leadership, LeaseConfig, Metrics, Reconciler, Settings};
+use keyward_engine::inject::Provision;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::logging::LogFormat;
+use crate::profiles::ProfileArgs;
+use crate::serve::config::parse_duration;
+
+#[derive(Debug, Args)]
+pub struct ControllerArgs {
+    #[command(flatten)]
+    profiles: ProfileArgs,
+    /// The namespace keyward runs in (its Lease lives there).
+    #[arg(long, env = "KEYWARD_NAMESPACE", default_value = "keyward-system")]
+    namespace: String,
+    /// This replica's name in the Lease (the pod's name).
+    #[arg(long, env = "KEYWARD_IDENTITY")]
+    identity: Option<String>,
+    /// The client CA, as cert-manager writes its Secret (tls.crt, tls.key), mounted as a
+    /// directory; reloaded when it changes. Needed when a profile issues client certificates.
+    #[arg(long, env = "KEYWARD_CLIENT_CA_DIR", value_name = "DIR")]
+    client_ca_dir: Option<PathBuf>,
+    /// The SPIFFE trust domain of client certificate identities.
+    #[arg(long, env = "KEYWARD_TRUST_DOMAIN", default_value = "cluster.local")]
+    trust_domain: String,
+    /// How long a client certificate is valid; it is renewed at two thirds of that.
+    #[arg(long, env = "KEYWARD_CLIENT_CERT_VALIDITY", default_value = "24h", value_parser = parse_duration)]
+    client_cert_validity: Duration,
+    /// Namespaces to publish the client CA's certificate to, as a ConfigMap (control planes
+    /// that verify client certificates mount it).
+    #[arg(long, env = "KEYWARD_PUBLISH_CLIENT_CA_TO", value_delimiter = ',', value_name = "NAMESPACE")]
+    publish_client_ca_to: Vec<String>,
+    /// The name of that ConfigMap.
+    #[arg(long, env = "KEYWARD_CLIENT_CA_CONFIG_MAP", default_value = "keyward-client-ca")]
+    client_ca_config_map: String,
+    /// GET /metrics, /healthz and /readyz (plain HTTP), or `off`.
+    #[arg(long, env = "KEYWARD_METRICS_LISTEN", default_value = "0.0.0.0:9090")]
+    metrics_listen: String,
+    #[arg(long, env = "KEYWARD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    /// How often everything is reconciled even without a change.
+    #[arg(long, env = "KEYWARD_RESYNC_INTERVAL", default_value = "5m", value_parser = parse_duration)]
+    resync_interval: Duration,
+    /// How often the client CA's directory is read even without a change event.
+    #[arg(long, env = "KEYWARD_CERT_POLL_INTERVAL", default_value = "10s", value_parser = parse_duration)]
+    cert_poll_interval: Duration,
+    /// The Lease that elects the one replica that writes.
+    #[arg(long, env = "KEYWARD_LEASE_NAME", default_value = "keyward-controller")]
+    lease_name: String,
+}
+
+pub fn run(args: ControllerArgs) -> anyhow::Result<()> {
+    crate::logging::init(args.log_format);
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the runtime")?;
+    let result = runtime.block_on(controller(args));
+    crate::logging::flush();
+    result
+}
+
+async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
+    // kube's client builds its TLS from rustls' process-wide provider: ring, the only one
+    // compiled in. Already installed is fine.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let profiles = Arc::new(args.profiles.source().load()?);
+    if let Some(problem) = keyward_controller::desired::trust_domain_problem(&args.trust_domain) {
+        bail!("--trust-domain {problem}");
+    }
+    let identity = match args.identity.clone() {
+        Some(id) if !id.is_empty() => id,
+        _ => std::env::var("HOSTNAME")
+            .ok()
+            .filter(|h| !h.is_empty())
+            .context("--identity: give this replica's name (the pod's name), or set HOSTNAME")?,
+    };
+    let issuing = issuing_profiles(&profiles);
+    let metrics = Arc::new(Metrics::default());
+    let ca_dir = match (&args.client_ca_dir, issuing.is_empty()) {
+        (Some(dir), _) => dir.clone(),
+        (None, true) => std::env::temp_dir().join("keyward-no-client-ca"),
+        (None, false) => bail!(
+            "profiles {} issue client certificates: give --client-ca-dir, the directory where the keyward-client-ca Secret is mounted (tls.crt, tls.key)",
+            issuing.join(", ")
+        ),
+    };
+    let observer = metrics.clone();
+    let client_ca = Arc::new(
+        CertStore::new(&ca_dir).named("client CA").with_observer(move |o| observer.client_ca_reload(o.as_str())),
+    );
+    if args.client_ca_dir.is_some() {
+        client_ca.reload(Trigger::Startup);
+    }
+    let _watch = match &args.client_ca_dir {
+        Some(_) => Some(keyward_certs::watch(client_ca.clone(), args.cert_poll_interval)?),
+        None => None,
+    };
+
+    let client = kube::Client::try_default().await.map_err(|e| {
+        anyhow::anyhow!("cannot configure the Kubernetes client ({e}); in a pod, its ServiceAccount token must be mounted; elsewhere, set KUBECONFIG")
+    })?;
+    let (leading_tx, leading_rx) = watch::channel(false);
+    let elector = LeaderElector::new(client.clone(), LeaseConfig::new(&args.lease_name, &args.namespace, &identity));
+    let election = tokio::spawn(elector.run(leading_tx));
+    let leadership = Leadership::from_receiver(leading_rx);
+
+    let settings = Settings {
+        trust_domain: args.trust_domain.clone(),
+        client_cert_validity: args.client_cert_validity,
+        operator_namespaces: args.profiles.operator_namespaces.iter().cloned().collect::<BTreeMap<_, _>>(),
+        client_ca_config_map: args.client_ca_config_map.clone(),
+        publish_client_ca_to: args.publish_client_ca_to.clone(),
+    };
+    let reconciler = Arc::new(Reconciler::new(
+        client.clone(),
+        profiles.clone(),
+        settings,
+        client_ca.clone(),
+        leadership.clone(),
+        metrics.clone(),
+        identity.clone(),
+    ));
+    tracing::info!(
+        %identity,
+        namespace = %args.namespace,
+        profiles = ?profiles.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
+        issuing = ?issuing,
+        client_ca_dir = ?args.client_ca_dir,
+        trust_domain = %args.trust_domain,
+        "controller starting; waiting for the Lease"
+    );
+
+    let status = Arc::new(run::Status::default());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    if args.metrics_listen != "off" {
+        let addr: SocketAddr = args
+            .metrics_listen
+            .parse()
+            .with_context(|| format!("--metrics-listen {}: not HOST:PORT or off", args.metrics_listen))?;
+        let needs_ca = !issuing.is_empty();
+        let server = health_server(addr, metrics.clone(), status.clone(), client_ca.clone(), needs_ca, stop_rx).await?;
+        tokio::spawn(server);
+    }
+    let reloads = client_ca.subscribe();
+    let shutdown = async {
+        crate::serve::wait_for_signal().await;
+        tracing::info!("shutting down: releasing the Lease");
+    };
+    run::run(client, reconciler, leadership, args.resync_interval, status, reloads, shutdown).await;
+    let _ = stop_tx.send(true);
+    // Every receiver is gone once `run` returns: the elector releases the Lease and ends.
+    let _ = tokio::time::timeout(Duration::from_secs(5), election).await;
+    Ok(())
+}
+
+/// The profiles that issue client certificates (they need the client CA).
+fn issuing_profiles(profiles: &keyward_engine::ProfileSet) -> Vec<String> {
+    let labels = keyward_engine::names::Labels::new();
+    let ctx = keyward_engine::names::TemplateContext { namespace: "x", owner_name: Some("x"), labels: &labels };
+    profiles
+        .iter()
+        .filter(|p| {
+            p.spec.inject.kinds().any(|(_, kind)| {
+                kind.plan(&ctx).is_ok_and(|i| i.requires.iter().any(|r| r.provision == Provision::ClientCertificate))
+            })
+        })
+        .map(|p| p.name.clone())
+        .collect()
+}
+
+async fn health_server(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    status: Arc<run::Status>,
+    client_ca: Arc<CertStore>,
+    needs_ca: bool,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    let listener = TcpListener::bind(addr).await.with_context(|| format!("--metrics-listen {addr}: cannot bind"))?;
+    tracing::info!(role = "metrics", addr = %listener.local_addr()?, "listening (plain HTTP: /metrics, /healthz, /readyz)");
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(move || {
+                let metrics = metrics.clone();
+                async move { ([("content-type", "text/plain; version=0.0.4; charset=utf-8")], metrics.render()) }
+            }),
+        )
+        .route("/healthz", axum::routing::get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            axum::routing::get(move || {
+                let (status, client_ca) = (status.clone(), client_ca.clone());
+                async move {
+                    let ca = if needs_ca {
+                        client_ca.ready(SystemTime::now()).map_err(|e| format!("client CA: {e}"))
+                    } else {
+                        Ok(())
+                    };
+                    match status.ready().and(ca) {
+                        Ok(()) => (StatusCode::OK, "ok\n".to_string()),
+                        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {reason}\n")),
+                    }
+                }
+            }),
+        );
+    Ok(crate::serve::serve_plain(listener, app, stop))
+}
