@@ -162,3 +162,59 @@ fn cert_manager_issues_an_ecdsa_serving_certificate_that_rotates_its_key() {
     assert_eq!(client_ca["spec"]["isCA"], true);
     find(&docs, "Issuer", "keyward-client-ca");
 }
+
+#[test]
+fn the_controller_is_leader_elected_least_privileged_and_mounts_the_client_ca() {
+    let docs = render("cert-manager");
+    let deploy = find(&docs, "Deployment", "keyward-controller");
+    assert_eq!(deploy["spec"]["replicas"], 2);
+    let pod = &deploy["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "keyward-controller");
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault");
+    let c = &pod["containers"][0];
+    assert_eq!(c["args"][0], "controller");
+    assert!(c["args"].as_array().unwrap().contains(&json!("--client-ca-dir=/var/run/keyward/client-ca")));
+    assert_eq!(c["env"][0]["valueFrom"]["fieldRef"]["fieldPath"], "metadata.name", "the Lease identity is the pod");
+    let sc = &c["securityContext"];
+    assert_eq!(
+        (sc["allowPrivilegeEscalation"].clone(), sc["readOnlyRootFilesystem"].clone()),
+        (json!(false), json!(true))
+    );
+    assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
+    assert_eq!(c["readinessProbe"]["httpGet"], json!({"path": "/readyz", "port": "metrics"}));
+    // The client CA cert-manager issues, mounted as a directory.
+    let volume = pod["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "client-ca").unwrap();
+    assert_eq!(volume["secret"]["secretName"], find(&docs, "Certificate", "keyward-client-ca")["spec"]["secretName"]);
+    assert!(c["volumeMounts"].as_array().unwrap().iter().all(|m| m["subPath"].is_null()));
+
+    // RBAC: named verbs only; no escalate, impersonate or bind; the Lease by name.
+    let role = find(&docs, "ClusterRole", "keyward-controller");
+    for rule in role["rules"].as_array().unwrap() {
+        for field in ["apiGroups", "resources", "verbs"] {
+            assert!(!rule[field].as_array().unwrap().contains(&json!("*")), "wildcard in {rule}");
+        }
+        for verb in ["escalate", "impersonate", "bind"] {
+            assert!(!rule["verbs"].as_array().unwrap().contains(&json!(verb)), "{verb} in {rule}");
+        }
+    }
+    let rule_for = |resource: &str| {
+        role["rules"].as_array().unwrap().iter().find(|r| r["resources"] == json!([resource])).unwrap()["verbs"].clone()
+    };
+    assert_eq!(rule_for("pods"), json!(["get", "list", "watch"]), "pods are only read");
+    assert_eq!(rule_for("namespaces"), json!(["get", "list", "watch"]));
+    assert_eq!(rule_for("lmevaljobs"), json!(["get"]), "owners are only checked");
+    let lease = find(&docs, "Role", "keyward-controller-lease");
+    assert_eq!(lease["metadata"]["namespace"], "keyward-system");
+    assert_eq!(lease["rules"][1]["resourceNames"], json!(["keyward-controller"]));
+    let binding = find(&docs, "ClusterRoleBinding", "keyward-controller");
+    assert_eq!(
+        binding["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "keyward-controller", "namespace": "keyward-system"}])
+    );
+    // The webhook's account stays without any binding.
+    for doc in docs.iter().filter(|d| d["kind"].as_str().is_some_and(|k| k.ends_with("Binding"))) {
+        assert!(doc["subjects"].as_array().unwrap().iter().all(|s| s["name"] != "keyward"), "{doc}");
+    }
+    find(&docs, "NetworkPolicy", "keyward-controller");
+}

@@ -25,7 +25,7 @@ cleanup() {
   status=$?
   if [[ $status -ne 0 ]]; then
     echo "--- keyward logs ---" >&2
-    "${K[@]}" -n keyward-system logs -l app.kubernetes.io/name=keyward --tail=50 >&2 || true
+    "${K[@]}" -n keyward-system logs -l app.kubernetes.io/name=keyward --tail=50 --prefix >&2 || true
   fi
   rm -rf "$WORK"
   if [[ "${KEEP:-0}" == "1" ]]; then
@@ -64,6 +64,27 @@ say "build and load $IMAGE"
 docker build -t "$IMAGE" --build-arg VERSION=e2e "$ROOT"
 kind load docker-image "$IMAGE" --name "$CLUSTER"
 
+say "the fms-lm-eval-service operator's side: its namespace and gRPC serving certificate"
+# As fms-lm-eval-service's config/certmanager does it: a self-signed certificate whose Secret
+# (grpc-server-cert, with ca.crt) keyward copies into each opted-in namespace.
+"${K[@]}" create namespace lm-eval
+"${K[@]}" apply -f - <<YAML
+apiVersion: cert-manager.io/v1
+kind: Issuer
+metadata: {name: selfsigned, namespace: lm-eval}
+spec: {selfSigned: {}}
+---
+apiVersion: cert-manager.io/v1
+kind: Certificate
+metadata: {name: grpc-server-cert, namespace: lm-eval}
+spec:
+  secretName: grpc-server-cert
+  dnsNames: [tls-echo.lm-eval.svc]
+  privateKey: {algorithm: ECDSA, size: 256}
+  issuerRef: {kind: Issuer, name: selfsigned}
+YAML
+"${K[@]}" -n lm-eval wait certificate/grpc-server-cert --for=condition=Ready --timeout=120s
+
 say "apply deploy/overlays/cert-manager with the e2e image"
 cat > "$WORK/kustomization.yaml" <<YAML
 apiVersion: kustomize.config.k8s.io/v1beta1
@@ -83,6 +104,7 @@ for attempt in 1 2 3 4 5 6; do
 done
 "${K[@]}" -n keyward-system wait certificate/keyward-serving --for=condition=Ready --timeout=120s
 "${K[@]}" -n keyward-system rollout status deploy/keyward --timeout=180s
+"${K[@]}" -n keyward-system rollout status deploy/keyward-controller --timeout=180s
 ca_bundle="$("${K[@]}" get mutatingwebhookconfiguration keyward -o jsonpath='{.webhooks[0].clientConfig.caBundle}')"
 [[ -n "$ca_bundle" ]] || fail "cainjector did not fill caBundle"
 echo "ok: caBundle injected"
@@ -92,8 +114,11 @@ say "a namespace that opts in, with what the profiles refer to"
 "${K[@]}" label namespace "$NS" keyward.io/inject=enabled
 # The ServiceAccount admission plugin refuses pods until the namespace's default account exists.
 for _ in $(seq 30); do "${K[@]}" -n "$NS" get serviceaccount default >/dev/null 2>&1 && break; sleep 1; done
-# Until keyward's controller provisions it, the server CA is created by hand.
-"${K[@]}" -n "$NS" create configmap keyward-lmeval-server-ca --from-literal=ca.crt="$(echo "$ca_bundle" | base64 -d)"
+# keyward's controller provisions the server CA, copied from lm-eval/grpc-server-cert.
+for _ in $(seq 60); do "${K[@]}" -n "$NS" get configmap keyward-lmeval-server-ca >/dev/null 2>&1 && break; sleep 1; done
+expect "server CA provisioned" "$("${K[@]}" -n "$NS" get configmap keyward-lmeval-server-ca -o jsonpath='{.data.ca\.crt}')" \
+  "$("${K[@]}" -n lm-eval get secret grpc-server-cert -o jsonpath='{.data.ca\.crt}' | base64 -d)"
+expect "provisioned by keyward" "$("${K[@]}" -n "$NS" get configmap keyward-lmeval-server-ca -o jsonpath='{.metadata.labels.app\.kubernetes\.io/managed-by}')" keyward
 "${K[@]}" -n "$NS" create serviceaccount lm-eval-controller-manager
 # The operator's service account may create pods here (we impersonate it below).
 "${K[@]}" -n "$NS" create role pod-creator --verb=create --resource=pods
@@ -174,6 +199,98 @@ spec:
 YAML
 expect "ray pod unchanged" "$(dry_create "$LMEVAL_USER" "$WORK/ray.yaml" '{.metadata.annotations}')" ""
 
+say "an LMEvalJob driver pod reaches Running and completes an mTLS handshake with the operator's side"
+# A TLS server in lm-eval standing in for the operator's gRPC server: its certificate is
+# grpc-server-cert, and it requires client certificates from keyward's client CA (the
+# ConfigMap the controller publishes to lm-eval, as the operator would mount for GRPC_CLIENT_CA).
+for _ in $(seq 60); do "${K[@]}" -n lm-eval get configmap keyward-client-ca >/dev/null 2>&1 && break; sleep 1; done
+"${K[@]}" apply -f - <<YAML
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: tls-echo, namespace: lm-eval}
+spec:
+  selector: {matchLabels: {app: tls-echo}}
+  template:
+    metadata: {labels: {app: tls-echo}}
+    spec:
+      containers:
+        - name: server
+          image: docker.io/alpine/openssl:3.3.2
+          command: [openssl, s_server, -accept, "8443", -cert, /srv/tls.crt, -key, /srv/tls.key,
+                    -Verify, "1", -verify_return_error, -CAfile, /client-ca/ca.crt, -www]
+          volumeMounts:
+            - {name: cert, mountPath: /srv, readOnly: true}
+            - {name: client-ca, mountPath: /client-ca, readOnly: true}
+      volumes:
+        - {name: cert, secret: {secretName: grpc-server-cert}}
+        - {name: client-ca, configMap: {name: keyward-client-ca}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: tls-echo, namespace: lm-eval}
+spec:
+  selector: {app: tls-echo}
+  ports: [{port: 8443, targetPort: 8443}]
+YAML
+"${K[@]}" -n lm-eval rollout status deploy/tls-echo --timeout=120s
+# The LMEvalJob kind, and one job: the owner keyward checks before issuing.
+"${K[@]}" apply -f - <<YAML
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: lmevaljobs.foundation-model-stack.github.com.github.com}
+spec:
+  group: foundation-model-stack.github.com.github.com
+  names: {kind: LMEvalJob, plural: lmevaljobs, singular: lmevaljob}
+  scope: Namespaced
+  versions:
+    - name: v1beta1
+      served: true
+      storage: true
+      schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
+YAML
+"${K[@]}" wait crd/lmevaljobs.foundation-model-stack.github.com.github.com --for=condition=Established --timeout=60s
+"${K[@]}" -n "$NS" apply -f - <<YAML
+apiVersion: foundation-model-stack.github.com.github.com/v1beta1
+kind: LMEvalJob
+metadata: {name: e2e-eval}
+spec: {}
+YAML
+job_uid="$("${K[@]}" -n "$NS" get lmevaljob e2e-eval -o jsonpath='{.metadata.uid}')"
+cat > "$WORK/driver.yaml" <<YAML
+apiVersion: v1
+kind: Pod
+metadata:
+  name: e2e-eval
+  labels: {app.kubernetes.io/name: fms-lm-eval-service}
+  ownerReferences:
+    - {apiVersion: foundation-model-stack.github.com.github.com/v1beta1, kind: LMEvalJob, name: e2e-eval, uid: $job_uid, controller: true}
+spec:
+  restartPolicy: Never
+  containers:
+    - name: main
+      image: docker.io/alpine/openssl:3.3.2
+      command: [sh, -ec]
+      args:
+        - |
+          test -s "\$GRPC_CLIENT_CERT" && test -s "\$GRPC_CLIENT_KEY" && test -s "\$GRPC_SERVER_CA"
+          echo FILES-PRESENT
+          echo | openssl s_client -connect tls-echo.lm-eval.svc:8443 -servername tls-echo.lm-eval.svc \
+            -cert "\$GRPC_CLIENT_CERT" -key "\$GRPC_CLIENT_KEY" -CAfile "\$GRPC_SERVER_CA" \\
+            -verify_hostname tls-echo.lm-eval.svc -verify_return_error -brief
+          echo HANDSHAKE-OK
+          sleep 3600
+YAML
+"${K[@]}" --as="$LMEVAL_USER" --as-group=system:serviceaccounts -n "$NS" create -f "$WORK/driver.yaml"
+# Created before its Secret exists: keyward's controller issues it, the kubelet retries the mount.
+"${K[@]}" -n "$NS" wait pod/e2e-eval --for=condition=Ready --timeout=180s
+for _ in $(seq 30); do "${K[@]}" -n "$NS" logs e2e-eval | grep -q HANDSHAKE-OK && break; sleep 1; done
+expect_contains "driver files" "$("${K[@]}" -n "$NS" logs e2e-eval)" FILES-PRESENT
+expect_contains "driver mTLS handshake" "$("${K[@]}" -n "$NS" logs e2e-eval)" HANDSHAKE-OK
+expect "client certificate owner" "$("${K[@]}" -n "$NS" get secret e2e-eval-lmeval-client -o jsonpath='{.metadata.ownerReferences[0].uid}')" "$job_uid"
+expect_contains "client certificate identity" \
+  "$("${K[@]}" -n "$NS" get secret e2e-eval-lmeval-client -o jsonpath='{.data.tls\.crt}' | base64 -d | openssl x509 -noout -ext subjectAltName)" \
+  "URI:spiffe://cluster.local/ns/$NS/lmevaljob/e2e-eval"
+
 say "renew the serving certificate; keyward reloads it without a restart"
 restarts_before="$("${K[@]}" -n keyward-system get pods -l app.kubernetes.io/name=keyward -o jsonpath='{.items[*].status.containerStatuses[0].restartCount}')"
 old_crt="$("${K[@]}" -n keyward-system get secret keyward-serving-tls -o jsonpath='{.data.tls\.crt}')"
@@ -198,5 +315,13 @@ for pod in $("${K[@]}" -n keyward-system get pods -l app.kubernetes.io/name=keyw
 done
 expect "restarts after rotation" "$("${K[@]}" -n keyward-system get pods -l app.kubernetes.io/name=keyward -o jsonpath='{.items[*].status.containerStatuses[0].restartCount}')" "$restarts_before"
 expect "lmeval after rotation" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.spec.volumes[0].secret.secretName}')" evaljob-sample-lmeval-client
+
+say "opting the namespace out removes what keyward provisioned there"
+"${K[@]}" label namespace "$NS" keyward.io/inject-
+for _ in $(seq 60); do "${K[@]}" -n "$NS" get configmap keyward-lmeval-server-ca >/dev/null 2>&1 || break; sleep 1; done
+if "${K[@]}" -n "$NS" get configmap keyward-lmeval-server-ca >/dev/null 2>&1; then
+  fail "the server CA ConfigMap is still there after the namespace opted out"
+fi
+echo "ok: the server CA ConfigMap is gone"
 
 say "all checks passed"
