@@ -58,7 +58,7 @@ fn bench(c: &mut Criterion) {
         });
         let request = review::parse_request(&body).unwrap();
         let object = request.object.raw().unwrap();
-        let read = review::read_request(&body, &profiles.annotations_read()).unwrap();
+        let read = review::read_request(&body, profiles.annotations_read()).unwrap();
         c.bench_function(&format!("review/{name}/decide"), |b| {
             b.iter(|| decide_object(black_box(&read.facts()), black_box(&read.object), &profiles))
         });
@@ -69,7 +69,7 @@ fn bench(c: &mut Criterion) {
         });
         c.bench_function(&format!("review/{name}/parse-decide-respond"), |b| {
             b.iter(|| {
-                let request = review::read_request(black_box(&body), &profiles.annotations_read()).unwrap();
+                let request = review::read_request(black_box(&body), profiles.annotations_read()).unwrap();
                 let decision = decide_object(&request.facts(), &request.object, &profiles);
                 review::respond(&request.uid, &decision)
             })

@@ -245,7 +245,7 @@ fn run(
     if !facts.is_pod_create() {
         return Decision::unchanged(Reason::NotPodCreate);
     }
-    match pod::read(object, &profiles.annotations_read()) {
+    match pod::read(object, profiles.annotations_read()) {
         Ok(read) => decide_read(facts, &read, profiles, explain),
         Err(e) => invalid_pod(&e),
     }

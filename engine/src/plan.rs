@@ -91,6 +91,16 @@ pub(crate) fn plan<'p>(profile: &Profile, spec: &Spec<'_>, injections: &'p [(&'s
             )),
             None => {}
         }
+        // Many containers may mount the same other volume at the path: judge it once.
+        let mut judged: Vec<(String, bool)> = Vec::new();
+        let mut delivers_ours = |name: &str| match judged.iter().find(|(v, _)| *v == name) {
+            Some((_, same)) => *same,
+            None => {
+                let same = delivers(spec, name, &volume.source, &removed);
+                judged.push((name.to_string(), same));
+                same
+            }
+        };
         for container in &targets {
             let state = match container.mount_hits.iter().find(|h| h.path == mount.path) {
                 None => MountState::Add,
@@ -101,9 +111,7 @@ pub(crate) fn plan<'p>(profile: &Profile, spec: &Spec<'_>, injections: &'p [(&'s
                 {
                     MountState::There
                 }
-                Some(hit) if delivers(spec, &hit.volume, &volume.source, &removed) => {
-                    MountState::Accepted(hit.volume.to_string())
-                }
+                Some(hit) if delivers_ours(&hit.volume) => MountState::Accepted(hit.volume.to_string()),
                 Some(hit) => {
                     plan.conflicts.push(format!(
                         "container {:?} already mounts volume {:?} at {:?} (spec.{}[{}].volumeMounts[{}]), where profile {:?} mounts {:?}; move that mount to another path{}",

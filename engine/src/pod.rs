@@ -194,7 +194,7 @@ pub struct Read<'a> {
 
 /// Reads the pod object in one pass: `metadata` decoded (keeping the values of the annotations
 /// in `keep`), `spec` kept raw for later.
-pub fn read<'a>(object: &'a RawValue, keep: &[&str]) -> Result<Read<'a>, String> {
+pub fn read<'a>(object: &'a RawValue, keep: &[String]) -> Result<Read<'a>, String> {
     if !is_object(object) {
         return Err("expected an object".into());
     }
@@ -326,7 +326,7 @@ impl<'de, S: DeserializeSeed<'de>> DeserializeSeed<'de> for Nullable<S> {
 /// pod is not scanned twice.
 #[derive(Debug, Clone, Copy)]
 pub struct ReadSeed<'k> {
-    pub keep: &'k [&'k str],
+    pub keep: &'k [String],
 }
 
 impl<'de> DeserializeSeed<'de> for ReadSeed<'_> {
@@ -360,7 +360,7 @@ impl<'de> Visitor<'de> for ReadSeed<'_> {
 // --- metadata ---
 
 struct MetadataSeed<'k> {
-    keep: &'k [&'k str],
+    keep: &'k [String],
 }
 
 impl<'de> DeserializeSeed<'de> for MetadataSeed<'_> {
@@ -371,7 +371,7 @@ impl<'de> DeserializeSeed<'de> for MetadataSeed<'_> {
 }
 
 struct MetadataMap<'k> {
-    keep: &'k [&'k str],
+    keep: &'k [String],
 }
 
 impl<'de> DeserializeSeed<'de> for MetadataMap<'_> {
@@ -434,7 +434,7 @@ impl<'de> Visitor<'de> for StringMap {
 }
 
 struct AnnotationsSeed<'k> {
-    keep: &'k [&'k str],
+    keep: &'k [String],
 }
 
 impl<'de> DeserializeSeed<'de> for AnnotationsSeed<'_> {
@@ -454,7 +454,7 @@ impl<'de> Visitor<'de> for AnnotationsSeed<'_> {
         let mut count = 0;
         while let Some(key) = map.next_key_seed(Str)? {
             count += 1;
-            if self.keep.contains(&key.as_ref()) {
+            if self.keep.iter().any(|k| k == key.as_ref()) {
                 let value = map.next_value_seed(Str)?;
                 out.total_bytes += key.len() + value.len();
                 out.kept.insert(key, value);
@@ -883,7 +883,7 @@ mod tests {
             "ownerReferences":[{"apiVersion":"apps/v1","kind":"ReplicaSet","name":"rs","uid":"u0"},
                                {"apiVersion":"batch/v1","kind":"Job","name":"j","uid":"u1","controller":true}]},
             "spec":{"containers":[]}}"#);
-        let meta = read(&pod, &["keyward.io/injected"]).unwrap().metadata;
+        let meta = read(&pod, &["keyward.io/injected".to_string()]).unwrap().metadata;
         assert_eq!(meta.generate_name.as_deref(), Some("job-"));
         assert_eq!(meta.labels.get("a/b").map(|v| v.as_ref()), Some("y"), "escaped keys are decoded");
         assert_eq!(meta.annotations.kept.len(), 1);

@@ -78,7 +78,7 @@ pub fn parse_request(body: &[u8]) -> Result<AdmissionRequest<'_>, Error> {
 /// Parses a request envelope and reads the pod in the same pass (its metadata decoded, keeping
 /// the values of the annotations in `keep`): the body is scanned once. A pod that is not
 /// readable is left raw, for the engine to refuse with the reason.
-pub fn read_request<'a>(body: &'a [u8], keep: &[&str]) -> Result<AdmissionRequest<'a>, Error> {
+pub fn read_request<'a>(body: &'a [u8], keep: &[String]) -> Result<AdmissionRequest<'a>, Error> {
     match parse(body, Some(keep)) {
         Ok(request) => Ok(request),
         // Whether the envelope or the pod is at fault, the raw parse tells.
@@ -86,7 +86,7 @@ pub fn read_request<'a>(body: &'a [u8], keep: &[&str]) -> Result<AdmissionReques
     }
 }
 
-fn parse<'a>(body: &'a [u8], read_pod: Option<&[&str]>) -> Result<AdmissionRequest<'a>, Error> {
+fn parse<'a>(body: &'a [u8], read_pod: Option<&[String]>) -> Result<AdmissionRequest<'a>, Error> {
     let mut de = serde_json::Deserializer::from_slice(body);
     let envelope = EnvelopeSeed { read_pod }
         .deserialize(&mut de)
@@ -117,7 +117,7 @@ struct Envelope<'a> {
 
 /// The envelope, with `request.object` read (`read_pod`) or kept raw.
 struct EnvelopeSeed<'k> {
-    read_pod: Option<&'k [&'k str]>,
+    read_pod: Option<&'k [String]>,
 }
 
 impl<'de> DeserializeSeed<'de> for EnvelopeSeed<'_> {
@@ -153,7 +153,7 @@ impl<'de> Visitor<'de> for EnvelopeSeed<'_> {
 struct Borrowed<'a>(#[serde(borrow)] Cow<'a, str>);
 
 struct RequestSeed<'k> {
-    read_pod: Option<&'k [&'k str]>,
+    read_pod: Option<&'k [String]>,
 }
 
 impl<'de> DeserializeSeed<'de> for RequestSeed<'_> {
@@ -218,7 +218,7 @@ impl<'de> Visitor<'de> for RequestSeed<'_> {
 
 /// `request.object`, read as a pod.
 struct ObjectSeed<'k> {
-    keep: &'k [&'k str],
+    keep: &'k [String],
 }
 
 impl<'de> DeserializeSeed<'de> for ObjectSeed<'_> {

@@ -494,7 +494,7 @@ fn any_envelope() -> impl Strategy<Value = Value> {
 fn answer(body: &[u8], set: &ProfileSet) {
     use keyward_engine::engine::decide_object;
     use keyward_engine::review;
-    for request in [review::read_request(body, &set.annotations_read()), review::parse_request(body)] {
+    for request in [review::read_request(body, set.annotations_read()), review::parse_request(body)] {
         match request {
             Ok(request) => {
                 let decision = decide_object(&request.facts(), &request.object, set);

@@ -195,7 +195,7 @@ async fn read_body(
 /// Parses, decides and answers one admission (on a blocking thread).
 fn answer(state: &AppState, body: &[u8]) -> Response {
     let started = Instant::now();
-    let request = match review::read_request(body, &state.profiles.annotations_read()) {
+    let request = match review::read_request(body, state.profiles.annotations_read()) {
         Ok(r) => r,
         Err(e) => return refuse(state, StatusCode::BAD_REQUEST, e.to_string()),
     };

@@ -28,14 +28,24 @@ pub struct Profile {
 }
 
 /// The profiles in force, validated together (names unique).
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ProfileSet {
     profiles: Vec<Profile>,
+    /// [`Self::annotations_read`], worked out once: every request needs it.
+    annotation_keys: Vec<String>,
+}
+
+impl Default for ProfileSet {
+    fn default() -> Self {
+        Self::new(Vec::new())
+    }
 }
 
 impl ProfileSet {
     fn new(profiles: Vec<Profile>) -> Self {
-        Self { profiles }
+        let mut set = Self { profiles, annotation_keys: Vec::new() };
+        set.annotation_keys = annotation_keys(&set.profiles);
+        set
     }
 
     /// This set, with every profile of `overrides` added; an override replaces the profile of
@@ -47,6 +57,7 @@ impl ProfileSet {
                 None => self.profiles.push(profile),
             }
         }
+        self.annotation_keys = annotation_keys(&self.profiles);
         self
     }
 
@@ -68,14 +79,8 @@ impl ProfileSet {
 
     /// The annotations whose values the engine reads: keyward's own, and those the profiles
     /// select on (every annotation is counted for its size).
-    pub fn annotations_read(&self) -> Vec<&str> {
-        let mut keys = vec![crate::audit::ANNOTATION_INJECTED, crate::audit::ANNOTATION_ORIGINAL_SA];
-        for key in self.profiles.iter().flat_map(|p| p.spec.annotation_selector.keys()) {
-            if !keys.contains(&key) {
-                keys.push(key);
-            }
-        }
-        keys
+    pub fn annotations_read(&self) -> &[String] {
+        &self.annotation_keys
     }
 
     /// Pins the operator's namespace in a profile's requesters: every
@@ -107,6 +112,17 @@ impl ProfileSet {
         }
         Ok(p.spec.requesters.usernames.clone())
     }
+}
+
+fn annotation_keys(profiles: &[Profile]) -> Vec<String> {
+    let mut keys =
+        vec![crate::audit::ANNOTATION_INJECTED.to_string(), crate::audit::ANNOTATION_ORIGINAL_SA.to_string()];
+    for key in profiles.iter().flat_map(|p| p.spec.annotation_selector.keys()) {
+        if !keys.iter().any(|k| k == key) {
+            keys.push(key.to_string());
+        }
+    }
+    keys
 }
 
 #[cfg(test)]
