@@ -173,15 +173,9 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
 
 /// The profiles that issue client certificates (they need the client CA).
 fn issuing_profiles(profiles: &keyward_engine::ProfileSet) -> Vec<String> {
-    let labels = keyward_engine::names::Labels::new();
-    let ctx = keyward_engine::names::TemplateContext { namespace: "x", owner_name: Some("x"), labels: &labels };
     profiles
         .iter()
-        .filter(|p| {
-            p.spec.inject.kinds().any(|(_, kind)| {
-                kind.plan(&ctx).is_ok_and(|i| i.requires.iter().any(|r| r.provision == Provision::ClientCertificate))
-            })
-        })
+        .filter(|p| keyward_controller::desired::provides_per_owner(p, |r| *r == Provision::ClientCertificate))
         .map(|p| p.name.clone())
         .collect()
 }

@@ -5,14 +5,16 @@
 //! that selects a live pod — re-evaluated here on the pod as it is, since a label or an
 //! annotation on a pod proves nothing.
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 
+use keyward_engine::engine::decide_object;
 use keyward_engine::inject::{CaSource, Provision, RoleBinding, RoleKind};
 use keyward_engine::names::{Labels, TemplateContext};
-use keyward_engine::{ProfileSet, Reason, RequestFacts, Requester};
+use keyward_engine::pod;
+use keyward_engine::review::Object;
+use keyward_engine::text::prefix;
+use keyward_engine::{Profile, ProfileSet, Reason, RequestFacts, Requester};
 use serde_json::value::RawValue;
-use serde_json::Value;
 
 /// `app.kubernetes.io/managed-by: keyward` on everything the controller writes; it never
 /// modifies or deletes an object without it.
@@ -197,15 +199,19 @@ pub fn role_binding_name(account: &str, role: &RoleBinding) -> String {
         RoleKind::ClusterRole => "cr",
         RoleKind::Role => "r",
     };
-    let mut name = format!("keyward-{account}-{kind}-{}", role.name);
-    if name.len() > 253 {
-        let mut cut = 253;
-        while !name.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        name.truncate(cut);
-    }
-    name
+    prefix(&format!("keyward-{account}-{kind}-{}", role.name), 253).to_string()
+}
+
+/// Whether `profile` provides, per owner, an object whose provision `wanted` accepts (its kinds
+/// planned for a stand-in pod that has an owner).
+pub fn provides_per_owner(profile: &Profile, wanted: impl Fn(&Provision) -> bool) -> bool {
+    let labels = Labels::new();
+    let ctx = TemplateContext { namespace: "stand-in", owner_name: Some("stand-in"), labels: &labels };
+    profile
+        .spec
+        .inject
+        .kinds()
+        .any(|(_, kind)| kind.plan(&ctx).is_ok_and(|i| i.requires.iter().any(|r| wanted(&r.provision))))
 }
 
 /// What the controller does for one live pod.
@@ -217,20 +223,27 @@ pub enum PodVerdict {
     Nothing(String),
 }
 
-/// Re-evaluates the profiles on a live pod: it must be one a profile selects, and carry
-/// exactly what that profile injects (else keyward did not admit it as such, and issues
-/// nothing). Returns the per-owner objects of that profile provided by keyward.
-pub fn for_pod(profiles: &ProfileSet, pod: &Value, trust_domain: &str) -> PodVerdict {
-    let namespace = pod.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or_default();
+/// Re-evaluates the profiles on a live pod (as stored, in `namespace`): it must be one a
+/// profile selects, and carry exactly what that profile injects (else keyward did not admit it
+/// as such, and issues nothing). Returns the per-owner objects of that profile provided by
+/// keyward.
+pub fn for_pod(profiles: &ProfileSet, pod: &RawValue, namespace: &str, trust_domain: &str) -> PodVerdict {
     if namespace.is_empty() {
         return PodVerdict::Nothing("the pod has no namespace".into());
     }
-    let Ok(raw) = serde_json::value::to_raw_value(pod) else {
-        return PodVerdict::Nothing("the pod does not serialise".into());
+    // Read once, as the webhook reads it: the owner from the same view the decision uses.
+    let read = match pod::read(pod, profiles.annotations_read()) {
+        Ok(read) => read,
+        Err(e) => return PodVerdict::Nothing(format!("not a valid pod: {e}")),
     };
-    let raw: Box<RawValue> = raw;
+    let owner = read.metadata.controller_owner.as_ref().filter(|o| !o.uid.is_empty()).map(|o| Owner {
+        api_version: o.api_version.to_string(),
+        kind: o.kind.to_string(),
+        name: o.name.to_string(),
+        uid: o.uid.to_string(),
+    });
     let facts = RequestFacts::pod_create(namespace, Requester::Assumed);
-    let decision = keyward_engine::decide(&facts, &raw, profiles);
+    let decision = decide_object(&facts, &Object::Read(read), profiles);
     let Some(profile) = decision.profile.clone() else {
         return PodVerdict::Nothing("no profile selects it".into());
     };
@@ -240,7 +253,7 @@ pub fn for_pod(profiles: &ProfileSet, pod: &Value, trust_domain: &str) -> PodVer
             decision.reason.as_str()
         ));
     }
-    let Some(owner) = controller_owner(pod) else {
+    let Some(owner) = owner else {
         return PodVerdict::Nothing("it has no controller owner".into());
     };
     let Ok(mutation) = &decision.outcome else {
@@ -266,14 +279,6 @@ pub fn for_pod(profiles: &ProfileSet, pod: &Value, trust_domain: &str) -> PodVer
         }
     }
     PodVerdict::Issue { profile, owner, wants }
-}
-
-/// The ownerReference with `controller: true`.
-pub fn controller_owner(pod: &Value) -> Option<Owner> {
-    let references = pod.pointer("/metadata/ownerReferences")?.as_array()?;
-    let owner = references.iter().find(|r| r.get("controller").and_then(Value::as_bool) == Some(true))?;
-    let field = |f: &str| owner.get(f).and_then(Value::as_str).filter(|s| !s.is_empty()).map(str::to_string);
-    Some(Owner { api_version: field("apiVersion")?, kind: field("kind")?, name: field("name")?, uid: field("uid")? })
 }
 
 /// `spiffe://<trust domain>/ns/<namespace>/<kind, lower case>/<name>`: every part is a
@@ -310,9 +315,4 @@ pub fn label_selector(selector: &keyward_engine::profile::LabelSelector) -> Stri
         });
     }
     terms.join(",")
-}
-
-/// Labels of the pod view's type, from plain strings (for callers without borrowed data).
-pub fn labels_of<'a>(pairs: &'a [(&'a str, &'a str)]) -> Labels<'a> {
-    pairs.iter().map(|(k, v)| (Cow::Borrowed(*k), Cow::Borrowed(*v))).collect()
 }

@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime};
 use base64::Engine as _;
 use keyward_certs::pki::Ca;
 use keyward_certs::DnType;
+use keyward_engine::text::prefix;
 
 use crate::desired::Owner;
 use crate::error::Error;
@@ -35,9 +36,9 @@ pub fn issue(
     validity: Duration,
 ) -> Result<Issued, Error> {
     let subject = [
-        (DnType::OrganizationName, cut(namespace, 64)),
-        (DnType::OrganizationalUnitName, cut(&owner.kind, 64)),
-        (DnType::CommonName, cut(&owner.name, 64)),
+        (DnType::OrganizationName, prefix(namespace, 64)),
+        (DnType::OrganizationalUnitName, prefix(&owner.kind, 64)),
+        (DnType::CommonName, prefix(&owner.name, 64)),
     ];
     let minted = ca.issue_client_identity(&subject, identity, now, validity)?;
     Ok(Issued {
@@ -46,14 +47,6 @@ pub fn issue(
         ca_pem: ca.cert_pem().to_string(),
         not_after: now + validity,
     })
-}
-
-fn cut(s: &str, max: usize) -> &str {
-    let mut end = s.len().min(max);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
 }
 
 /// Whether an existing certificate Secret's data is still good.

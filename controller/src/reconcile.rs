@@ -128,19 +128,7 @@ impl Reconciler {
         let mut first_error = None;
         for d in &wanted {
             let result = self.ensure_namespace_object(d).await;
-            let kind = d.want.label();
-            match result {
-                Ok(Action::Foreign) => {
-                    self.metrics.object(kind, Action::Foreign, true);
-                    self.report_foreign(d, None).await;
-                }
-                Ok(action) => self.metrics.object(kind, action, true),
-                Err(e) => {
-                    self.metrics.object(kind, Action::Provisioned, false);
-                    tracing::warn!(error = %e, namespace, name = %d.name, kind = d.want.object_kind(), "provisioning failed; will retry");
-                    first_error.get_or_insert(e);
-                }
-            }
+            self.record(d, None, result, Action::Provisioned, &mut first_error).await;
         }
         first_error.map_or(Ok(()), Err)
     }
@@ -257,8 +245,9 @@ impl Reconciler {
     /// Issues what a live pod's owner needs, after re-evaluating the profile on the pod and
     /// checking that the owner exists with the UID the pod names.
     pub async fn pod(&self, pod: &Pod) -> Result<(), Error> {
-        let value = serde_json::to_value(pod).map_err(|e| Error::Malformed(e.to_string()))?;
-        let (profile, owner, wants) = match desired::for_pod(&self.profiles, &value, &self.settings.trust_domain) {
+        let raw = serde_json::value::to_raw_value(pod).map_err(|e| Error::Malformed(e.to_string()))?;
+        let ns = pod.namespace().unwrap_or_default();
+        let (profile, owner, wants) = match desired::for_pod(&self.profiles, &raw, &ns, &self.settings.trust_domain) {
             PodVerdict::Issue { profile, owner, wants } => (profile, owner, wants),
             PodVerdict::Nothing(why) => {
                 tracing::debug!(namespace = %pod.namespace().unwrap_or_default(), pod = %pod.name_any(), %why, "nothing to issue");
@@ -268,7 +257,6 @@ impl Reconciler {
         if wants.is_empty() {
             return Ok(());
         }
-        let ns = pod.namespace().unwrap_or_default();
         if !self.owner_exists(&ns, &owner).await? {
             tracing::warn!(namespace = %ns, pod = %pod.name_any(), profile, owner_kind = %owner.kind, owner = %owner.name, uid = %owner.uid,
                 "the pod's controller owner does not exist with the UID the pod names; nothing issued");
@@ -281,19 +269,7 @@ impl Reconciler {
                 Want::Token { owner, key } => self.ensure_token(d, owner, key).await,
                 _ => Ok(Action::Unchanged),
             };
-            let kind = d.want.label();
-            match result {
-                Ok(Action::Foreign) => {
-                    self.metrics.object(kind, Action::Foreign, true);
-                    self.report_foreign(d, Some(&owner)).await;
-                }
-                Ok(action) => self.metrics.object(kind, action, true),
-                Err(e) => {
-                    self.metrics.object(kind, Action::Issued, false);
-                    tracing::warn!(error = %e, namespace = %ns, name = %d.name, "issuing failed; will retry");
-                    first_error.get_or_insert(e);
-                }
-            }
+            self.record(d, Some(&owner), result, Action::Issued, &mut first_error).await;
         }
         first_error.map_or(Ok(()), Err)
     }
@@ -306,16 +282,28 @@ impl Reconciler {
     }
 
     async fn ensure_client_certificate(&self, d: &Desired, owner: &Owner, identity: &str) -> Result<Action, Error> {
-        let api = Api::<Secret>::namespaced(self.client.clone(), &d.namespace);
-        let existing = api.get_opt(&d.name).await?;
-        let ca = self.ca()?;
+        let existing = Api::<Secret>::namespaced(self.client.clone(), &d.namespace).get_opt(&d.name).await?;
+        let (action, _) = self.certificate(d, owner, identity, existing, &self.ca()?).await?;
+        Ok(action)
+    }
+
+    /// The client certificate for `owner`, given its Secret as read (if any): issued, renewed,
+    /// or left as it is. Returns what was done, and when the certificate now there expires.
+    async fn certificate(
+        &self,
+        d: &Desired,
+        owner: &Owner,
+        identity: &str,
+        existing: Option<Secret>,
+        ca: &Ca,
+    ) -> Result<(Action, Option<SystemTime>), Error> {
         let why = match &existing {
             None => None,
-            Some(s) if !is_managed(&s.metadata) => return Ok(Action::Foreign),
+            Some(s) if !is_managed(&s.metadata) => return Ok((Action::Foreign, None)),
             Some(s) if !owned_by(&s.metadata, owner) => Some("it belongs to an earlier owner of that name".to_string()),
             Some(s) => {
-                let data = s.data.clone().unwrap_or_default();
-                let get = |k: &str| data.get(k).map(|b| b.0.as_slice());
+                let data = s.data.as_ref();
+                let get = |k: &str| data.and_then(|d| d.get(k)).map(|b| b.0.as_slice());
                 match identity::renewal(
                     get(TLS_CRT),
                     get(TLS_KEY),
@@ -324,30 +312,32 @@ impl Reconciler {
                     identity,
                     SystemTime::now(),
                 ) {
-                    Renewal::Fresh { .. } => return Ok(Action::Unchanged),
+                    Renewal::Fresh { not_after } => return Ok((Action::Unchanged, Some(not_after))),
                     Renewal::Due(reason) => Some(reason),
                 }
             }
         };
         let issued =
-            identity::issue(&ca, &d.namespace, owner, identity, SystemTime::now(), self.settings.client_cert_validity)?;
+            identity::issue(ca, &d.namespace, owner, identity, SystemTime::now(), self.settings.client_cert_validity)?;
         let mut secret =
             objects::client_certificate_secret(d, owner, &issued.cert_pem, &issued.key_pem, &issued.ca_pem);
+        let api = Api::<Secret>::namespaced(self.client.clone(), &d.namespace);
         self.leader.check()?;
-        match (existing, why) {
-            (None, _) => {
+        let action = match existing {
+            None => {
                 api.create(&PostParams::default(), &secret).await?;
                 tracing::info!(namespace = %d.namespace, name = %d.name, %identity, profile = %d.profile, "client certificate issued");
-                Ok(Action::Issued)
+                Action::Issued
             }
-            (Some(old), why) => {
+            Some(old) => {
                 // One update replaces tls.crt and tls.key together.
                 secret.metadata.resource_version = old.metadata.resource_version;
                 api.replace(&d.name, &PostParams::default(), &secret).await?;
                 tracing::info!(namespace = %d.namespace, name = %d.name, %identity, reason = why.unwrap_or_default(), "client certificate renewed");
-                Ok(Action::Renewed)
+                Action::Renewed
             }
-        }
+        };
+        Ok((action, Some(issued.not_after)))
     }
 
     async fn ensure_token(&self, d: &Desired, owner: &Owner, key: &str) -> Result<Action, Error> {
@@ -391,6 +381,8 @@ impl Reconciler {
         let now = SystemTime::now();
         let mut soonest: Option<SystemTime> = None;
         let mut first_error = None;
+        // Loaded once, and only if there is a certificate to look at.
+        let mut ca: Option<Ca> = None;
         for secret in list.items {
             if secret.type_.as_deref() != Some("kubernetes.io/tls") || !is_managed(&secret.metadata) {
                 continue;
@@ -409,17 +401,21 @@ impl Reconciler {
             };
             let identity = desired::spiffe_id(&self.settings.trust_domain, &ns, &owner.kind, &owner.name);
             let d = Desired {
-                namespace: ns.clone(),
+                namespace: ns,
                 name: secret.name_any(),
                 profile: secret.annotations().get(desired::PROFILE_ANNOTATION).cloned().unwrap_or_default(),
                 want: Want::ClientCertificate { owner: owner.clone(), identity: identity.clone() },
             };
-            match self.ensure_client_certificate(&d, &owner, &identity).await {
-                Ok(action) => {
+            let ca = match &mut ca {
+                Some(ca) => ca,
+                None => ca.insert(self.ca()?),
+            };
+            match self.certificate(&d, &owner, &identity, Some(secret), ca).await {
+                Ok((action, not_after)) => {
                     if action == Action::Renewed {
                         self.metrics.object("client-certificate", Action::Renewed, true);
                     }
-                    if let Some(not_after) = self.not_after(&d).await {
+                    if let Some(not_after) = not_after {
                         soonest = Some(soonest.map_or(not_after, |s| s.min(not_after)));
                     }
                 }
@@ -434,12 +430,6 @@ impl Reconciler {
             self.metrics.set_next_expiry(seconds);
         }
         first_error.map_or(Ok(()), Err)
-    }
-
-    async fn not_after(&self, d: &Desired) -> Option<SystemTime> {
-        let secret = Api::<Secret>::namespaced(self.client.clone(), &d.namespace).get_opt(&d.name).await.ok()??;
-        let cert = secret.data?.remove(TLS_CRT)?;
-        keyward_certs::pem::cert_info(&cert.0, TLS_CRT.as_ref()).ok().map(|i| i.not_after)
     }
 
     /// Publishes the client CA's certificate to the namespaces named, and removes it from
@@ -494,6 +484,31 @@ impl Reconciler {
                 self.leader.check()?;
                 api.replace(&name, &PostParams::default(), &desired).await?;
                 Ok(Action::Provisioned)
+            }
+        }
+    }
+
+    /// Counts what was done to `d` (as `failed` when it failed), reports a name taken by
+    /// someone else's object, and keeps the first error for the caller's retry.
+    async fn record(
+        &self,
+        d: &Desired,
+        owner: Option<&Owner>,
+        result: Result<Action, Error>,
+        failed: Action,
+        first_error: &mut Option<Error>,
+    ) {
+        let kind = d.want.label();
+        match result {
+            Ok(Action::Foreign) => {
+                self.metrics.object(kind, Action::Foreign, true);
+                self.report_foreign(d, owner).await;
+            }
+            Ok(action) => self.metrics.object(kind, action, true),
+            Err(e) => {
+                self.metrics.object(kind, failed, false);
+                tracing::warn!(error = %e, namespace = %d.namespace, name = %d.name, kind = d.want.object_kind(), "reconciling failed; will retry");
+                first_error.get_or_insert(e);
             }
         }
     }

@@ -290,22 +290,16 @@ async fn work(
 /// only ones watched).
 pub fn pod_selectors(reconciler: &Reconciler) -> BTreeSet<String> {
     use keyward_engine::inject::Provision;
-    let labels = keyward_engine::names::Labels::new();
-    let mut out = BTreeSet::new();
-    for profile in reconciler.profiles().iter() {
-        let ctx = keyward_engine::names::TemplateContext { namespace: "x", owner_name: Some("x"), labels: &labels };
-        let per_owner = profile.spec.inject.kinds().any(|(_, kind)| {
-            kind.plan(&ctx).is_ok_and(|i| {
-                i.requires
-                    .iter()
-                    .any(|r| matches!(r.provision, Provision::ClientCertificate | Provision::GeneratedToken { .. }))
+    reconciler
+        .profiles()
+        .iter()
+        .filter(|p| {
+            desired::provides_per_owner(p, |provision| {
+                matches!(provision, Provision::ClientCertificate | Provision::GeneratedToken { .. })
             })
-        });
-        if per_owner {
-            out.insert(desired::label_selector(&profile.spec.selector));
-        }
-    }
-    out
+        })
+        .map(|p| desired::label_selector(&p.spec.selector))
+        .collect()
 }
 
 /// Every server CA source the profiles name.

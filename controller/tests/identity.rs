@@ -156,7 +156,7 @@ fn what_explain_requires_from_keyward_the_controller_provides() {
         let (per_namespace, problems) = desired::for_namespace(&profiles, &ns, &Default::default());
         assert!(problems.is_empty(), "{name}: {problems:?}");
         provided.extend(per_namespace.iter().map(|d| (d.want.object_kind().to_string(), d.name.clone())));
-        match desired::for_pod(&profiles, &pod, "cluster.local") {
+        match desired::for_pod(&profiles, &serde_json::value::to_raw_value(&pod).unwrap(), &ns, "cluster.local") {
             PodVerdict::Issue { wants, .. } => {
                 provided.extend(wants.iter().map(|d| (d.want.object_kind().to_string(), d.name.clone())))
             }

@@ -8,11 +8,18 @@ pub fn clip(s: &str, max: usize) -> Cow<'_, str> {
     if s.len() <= max {
         return Cow::Borrowed(s);
     }
-    let mut end = max;
+    let kept = prefix(s, max);
+    Cow::Owned(format!("{kept}…({} more bytes)", s.len() - kept.len()))
+}
+
+/// At most `max` bytes of `s`, cut at a character boundary, with no marker (for names whose
+/// length a format limits).
+pub fn prefix(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
     while !s.is_char_boundary(end) {
         end -= 1;
     }
-    Cow::Owned(format!("{}…({} more bytes)", &s[..end], s.len() - end))
+    &s[..end]
 }
 
 /// `s`, clipped to `max` bytes and quoted with Rust's escapes, so that a newline or a quote in
