@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use axum::http::StatusCode;
@@ -104,7 +104,8 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     };
     let observer = metrics.clone();
     let client_ca = Arc::new(
-        CertStore::new(&ca_dir).named("client CA").with_observer(move |o| observer.client_ca_reload(o.as_str())),
+        keyward_controller::identity::client_ca_store(&ca_dir)
+            .with_observer(move |o| observer.client_ca_reload(o.as_str())),
     );
     if args.client_ca_dir.is_some() {
         client_ca.reload(Trigger::Startup);
@@ -204,12 +205,7 @@ async fn health_server(
             axum::routing::get(move || {
                 let (status, client_ca) = (status.clone(), client_ca.clone());
                 async move {
-                    let ca = if needs_ca {
-                        client_ca.ready(SystemTime::now()).map_err(|e| format!("client CA: {e}"))
-                    } else {
-                        Ok(())
-                    };
-                    match status.ready().and(ca) {
+                    match run::readiness(&status, needs_ca.then_some(&*client_ca)) {
                         Ok(()) => (StatusCode::OK, "ok\n".to_string()),
                         Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {reason}\n")),
                     }

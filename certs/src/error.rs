@@ -22,6 +22,10 @@ pub enum Error {
     NotYetValid { path: PathBuf, not_before: SystemTime },
     #[error("{}: the certificate expired at {}", path.display(), rfc3339(*not_after))]
     Expired { path: PathBuf, not_after: SystemTime },
+    #[error("{}: not a CA certificate ({subject} lacks basicConstraints CA:TRUE); give the CA's certificate, not a leaf", path.display())]
+    NotACa { path: PathBuf, subject: String },
+    #[error("{0}; fix or remove ca.crt and ca.key to mint a new development CA (clients that trusted the old one must then trust the new ca.crt)")]
+    DevCa(Box<Error>),
     #[error("cannot mint a certificate: {0}")]
     Mint(String),
     #[error("cannot watch {}: {reason}", path.display())]

@@ -3,6 +3,7 @@
 //!
 //! - [`pem`]: parse `tls.crt` + `tls.key`, check the key matches the leaf, the chain order and
 //!   the validity window.
+//! - [`keys`]: private keys in PKCS#8, SEC1 or PKCS#1, as the PKCS#8 that rcgen signs with.
 //! - [`pki`]: mint a development CA and serving certificate (ECDSA P-256), and keep them in a
 //!   directory, reusing them while they are valid.
 //! - [`store`]: the certificate rustls serves, swapped atomically when the directory changes
@@ -11,6 +12,7 @@
 #![warn(unreachable_pub)]
 
 mod error;
+pub mod keys;
 pub mod pem;
 pub mod pki;
 pub mod store;

@@ -128,7 +128,7 @@ const MIN_RSA_BITS: usize = 2048;
 const MAX_RSA_BITS: usize = 8192;
 
 /// A PEM parse error in words (pki-types prints the offending line as a list of bytes).
-fn pem_error(e: &rustls::pki_types::pem::Error) -> String {
+pub(crate) fn pem_error(e: &rustls::pki_types::pem::Error) -> String {
     use rustls::pki_types::pem::Error as Pem;
     let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).trim_end().to_string();
     match e {
@@ -194,6 +194,13 @@ pub fn cert_info(cert_pem: &[u8], path: &Path) -> Result<CertInfo, Error> {
         return Err(Error::NoCertificate { path: path.to_path_buf() });
     }
     inspect_chain(&chain, path)
+}
+
+/// The raw public key (subjectPublicKey's bits) of the first certificate in `cert_pem`.
+pub(crate) fn public_key_of_first(cert_pem: &[u8]) -> Option<Vec<u8>> {
+    let der = CertificateDer::pem_slice_iter(cert_pem).next()?.ok()?;
+    let (_, cert) = X509Certificate::from_der(der.as_ref()).ok()?;
+    Some(cert.public_key().subject_public_key.data.to_vec())
 }
 
 /// Reads and checks `dir/tls.crt` and `dir/tls.key`.

@@ -10,11 +10,11 @@ use std::time::{Duration, SystemTime};
 
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose, SanType, SerialNumber, PKCS_ECDSA_P256_SHA256,
+    KeyUsagePurpose, PublicKeyData, SanType, SerialNumber, PKCS_ECDSA_P256_SHA256,
 };
 
 use crate::error::Error;
-use crate::pem::{cert_info, read_pair, CertInfo};
+use crate::pem::{cert_info, read_pair, CertInfo, ServingCert};
 use crate::{CA_FILE, CERT_FILE, KEY_FILE};
 
 /// The CA's private key, kept beside `ca.crt` in the development directory only.
@@ -79,11 +79,35 @@ impl Ca {
         Ok(Self { cert_pem: cert.pem(), issuer: Issuer::new(params, key) })
     }
 
-    /// Loads a CA from its PEM certificate and key.
-    pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Self, Error> {
-        let key = KeyPair::from_pem(key_pem).map_err(mint_err)?;
-        let issuer = Issuer::from_ca_cert_pem(cert_pem, key).map_err(mint_err)?;
+    /// Loads a CA from its PEM certificate (the CA first) and its private key in any
+    /// encoding cert-manager or openssl writes (PKCS#8, SEC1, PKCS#1), and checks that the
+    /// certificate is a CA and the key is its key. The paths are only for messages.
+    pub fn from_pem(cert_pem: &str, key_pem: &str, cert_path: &Path, key_path: &Path) -> Result<Self, Error> {
+        let info = cert_info(cert_pem.as_bytes(), cert_path)?;
+        if !info.is_ca {
+            return Err(Error::NotACa { path: cert_path.to_path_buf(), subject: info.subject });
+        }
+        let pkcs8 = crate::keys::pkcs8_from_pem(key_pem.as_bytes(), key_path)?;
+        let key =
+            KeyPair::try_from(&rustls::pki_types::PrivateKeyDer::Pkcs8(pkcs8)).map_err(|e| Error::UnsupportedKey {
+                path: key_path.to_path_buf(),
+                reason: format!(
+                    "keyward cannot sign with it ({e}); use an ECDSA P-256 or P-384 key, or RSA of 2048 bits or more"
+                ),
+            })?;
+        if Some(key.der_bytes()) != crate::pem::public_key_of_first(cert_pem.as_bytes()).as_deref() {
+            return Err(Error::KeyMismatch { cert: cert_path.to_path_buf(), key: key_path.to_path_buf() });
+        }
+        let issuer = Issuer::from_ca_cert_pem(cert_pem, key).map_err(|e| Error::BadCertificate {
+            path: cert_path.to_path_buf(),
+            reason: format!("cannot issue with this CA certificate: {e}"),
+        })?;
         Ok(Self { issuer, cert_pem: cert_pem.to_string() })
+    }
+
+    /// A CA from a pair loaded from `dir` (a cert-manager CA Secret: `tls.crt`, `tls.key`).
+    pub fn from_pair(pair: &ServingCert, dir: &Path) -> Result<Self, Error> {
+        Self::from_pem(&pair.pem.cert, &pair.pem.key, &dir.join(CERT_FILE), &dir.join(KEY_FILE))
     }
 
     pub fn cert_pem(&self) -> &str {
@@ -157,6 +181,18 @@ impl Ca {
     }
 }
 
+/// Whether the pair loaded from `dir` can issue client certificates: it loads as a [`Ca`]
+/// and signs one. The check a client CA store runs before it swaps a pair in.
+pub fn can_issue(pair: &ServingCert, dir: &Path) -> Result<(), Error> {
+    let ca = Ca::from_pair(pair, dir)?;
+    let now = SystemTime::now();
+    ca.issue_client("keyward signing check", now, SKEW).map_err(|e| Error::BadCertificate {
+        path: dir.join(CERT_FILE),
+        reason: format!("this CA cannot issue: {e}"),
+    })?;
+    Ok(())
+}
+
 /// What [`ensure_dev_dir`] did.
 #[derive(Debug, Clone)]
 pub struct DevCertificates {
@@ -193,7 +229,7 @@ pub fn ensure_dev_dir(dir: &Path, extra_names: &[String], now: SystemTime) -> Re
         }
     }
     std::fs::create_dir_all(dir).map_err(|source| Error::Write { path: dir.to_path_buf(), source })?;
-    let ca = match load_dev_ca(dir, now) {
+    let ca = match load_dev_ca(dir, now).map_err(|e| Error::DevCa(Box::new(e)))? {
         Some(ca) => ca,
         None => {
             let ca = Ca::mint("keyward development CA", now, DEV_CA_VALIDITY)?;
@@ -211,15 +247,21 @@ pub fn ensure_dev_dir(dir: &Path, extra_names: &[String], now: SystemTime) -> Re
     Ok(done(false, info))
 }
 
-/// The development CA in `dir`, if it is there, parses, and stays valid beyond a new leaf.
-fn load_dev_ca(dir: &Path, now: SystemTime) -> Option<Ca> {
-    let cert = std::fs::read_to_string(dir.join(CA_FILE)).ok()?;
-    let key = std::fs::read_to_string(dir.join(CA_KEY_FILE)).ok()?;
-    let info = cert_info(cert.as_bytes(), &dir.join(CA_FILE)).ok()?;
-    if info.not_after < now + DEV_LEAF_VALIDITY + DAY {
-        return None;
+/// The development CA in `dir`: `None` when there is none, or when it expires before a new
+/// leaf would (a new CA is minted then). A CA that is there but cannot be used is an error,
+/// never silently replaced: the developer may trust it, or have put their own there.
+fn load_dev_ca(dir: &Path, now: SystemTime) -> Result<Option<Ca>, Error> {
+    let (cert_path, key_path) = (dir.join(CA_FILE), dir.join(CA_KEY_FILE));
+    if !cert_path.exists() && !key_path.exists() {
+        return Ok(None);
     }
-    Ca::from_pem(&cert, &key).ok()
+    let read = |path: &Path| std::fs::read_to_string(path).map_err(|source| Error::Read { path: path.into(), source });
+    let (cert, key) = (read(&cert_path)?, read(&key_path)?);
+    let info = cert_info(cert.as_bytes(), &cert_path)?;
+    if info.not_after < now + DEV_LEAF_VALIDITY + DAY {
+        return Ok(None);
+    }
+    Ca::from_pem(&cert, &key, &cert_path, &key_path).map(Some)
 }
 
 /// Writes a file atomically (a temporary file, then a rename), private when it holds a key.

@@ -64,6 +64,7 @@ pub struct ReloadEvent {
 }
 
 type Observer = Box<dyn Fn(&ReloadOutcome) + Send + Sync>;
+type Check = Box<dyn Fn(&ServingCert, &Path) -> Result<(), Error> + Send + Sync>;
 
 /// The certificate rustls serves. Cheap to share (`Arc`); see the module docs.
 pub struct CertStore {
@@ -74,6 +75,8 @@ pub struct CertStore {
     last_error: Mutex<Option<String>>,
     events: broadcast::Sender<ReloadEvent>,
     observer: Option<Observer>,
+    /// What a pair must also pass, beyond the serving checks (a CA must be able to issue).
+    check: Option<Check>,
 }
 
 impl fmt::Debug for CertStore {
@@ -96,6 +99,7 @@ impl CertStore {
             last_error: Mutex::new(None),
             events: broadcast::channel(64).0,
             observer: None,
+            check: None,
         }
     }
 
@@ -103,6 +107,17 @@ impl CertStore {
     /// guarantees apply whatever it holds.
     pub fn named(mut self, what: &'static str) -> Self {
         self.what = what;
+        self
+    }
+
+    /// Refuses, like any bad pair, one that fails `check` (given the pair and the directory):
+    /// the last good pair stays. A client CA is loaded with [`crate::pki::can_issue`], so a
+    /// CA that cannot sign is never swapped in and readiness says so.
+    pub fn checked_with(
+        mut self,
+        check: impl Fn(&ServingCert, &Path) -> Result<(), Error> + Send + Sync + 'static,
+    ) -> Self {
+        self.check = Some(Box::new(check));
         self
     }
 
@@ -142,6 +157,9 @@ impl CertStore {
     pub fn reload(&self, trigger: Trigger) -> ReloadOutcome {
         let checked = read_pair(&self.dir).and_then(|pair| {
             pair.info.check_valid_at(&self.dir.join(CERT_FILE), SystemTime::now())?;
+            if let Some(check) = &self.check {
+                check(&pair, &self.dir)?;
+            }
             Ok(pair)
         });
         let outcome = match checked {

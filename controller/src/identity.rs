@@ -16,6 +16,14 @@ pub const TLS_CRT: &str = "tls.crt";
 pub const TLS_KEY: &str = "tls.key";
 pub const CA_CRT: &str = "ca.crt";
 
+/// The store for the client CA mounted at `dir` (cert-manager's `tls.crt`, `tls.key`, with
+/// the key in any encoding it writes). A pair that cannot issue (not a CA, a key that cannot
+/// sign) is refused like a half-written file: the last good CA keeps signing, and until one
+/// has loaded the controller is not ready.
+pub fn client_ca_store(dir: &std::path::Path) -> keyward_certs::CertStore {
+    keyward_certs::CertStore::new(dir).named("client CA").checked_with(keyward_certs::pki::can_issue)
+}
+
 /// A freshly issued client certificate: `tls.crt`, `tls.key`, and the client CA as `ca.crt`.
 pub struct Issued {
     pub cert_pem: String,

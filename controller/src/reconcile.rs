@@ -114,7 +114,7 @@ impl Reconciler {
         if !current.info.is_ca {
             return Err(Error::NotACa { dir });
         }
-        Ok(Ca::from_pem(&current.pem.cert, &current.pem.key)?)
+        Ok(Ca::from_pair(&current, self.client_ca.dir())?)
     }
 
     // === per namespace ===

@@ -57,6 +57,16 @@ impl Status {
     }
 }
 
+/// Readiness: the namespace watch has listed, and, when profiles issue client certificates,
+/// a client CA that can sign is loaded.
+pub fn readiness(status: &Status, client_ca: Option<&keyward_certs::CertStore>) -> Result<(), String> {
+    status.ready()?;
+    match client_ca {
+        Some(store) => store.ready(std::time::SystemTime::now()).map_err(|e| format!("client CA: {e}")),
+        None => Ok(()),
+    }
+}
+
 /// Runs until `shutdown` resolves.
 pub async fn run(
     client: Client,

@@ -29,22 +29,58 @@ fn fixture(name: &str) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
-/// A client CA as cert-manager writes its Secret, mounted as the kubelet does.
+/// A client CA as cert-manager writes its Secret by default (an ECDSA key in SEC1, `EC PRIVATE
+/// KEY`: the shipped Certificate asks for PKCS#8, but a user's may not), mounted as the kubelet
+/// does, and loaded as `keyward controller` loads it.
 struct ClientCa {
     _dir: tempfile::TempDir,
     store: Arc<CertStore>,
     ca: Ca,
 }
 
+fn certs_fixture(name: &str) -> String {
+    std::fs::read_to_string(format!("{}/../certs/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+}
+
 fn client_ca() -> ClientCa {
-    let ca = Ca::mint("keyward client CA", SystemTime::now(), Duration::from_secs(30 * 86400)).unwrap();
+    let (cert, key) = (certs_fixture("ca-ec256.crt"), certs_fixture("ca-ec256-sec1.key"));
+    assert!(key.starts_with("-----BEGIN EC PRIVATE KEY-----"));
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("tls.crt"), ca.cert_pem()).unwrap();
-    std::fs::write(dir.path().join("tls.key"), ca.key_pem()).unwrap();
-    std::fs::write(dir.path().join("ca.crt"), ca.cert_pem()).unwrap();
-    let store = Arc::new(CertStore::new(dir.path()));
+    std::fs::write(dir.path().join("tls.crt"), &cert).unwrap();
+    std::fs::write(dir.path().join("tls.key"), &key).unwrap();
+    std::fs::write(dir.path().join("ca.crt"), &cert).unwrap();
+    let store = Arc::new(identity::client_ca_store(dir.path()));
     assert_eq!(store.reload(Trigger::Startup).as_str(), "loaded");
+    let ca = Ca::from_pem(&cert, &key, "tls.crt".as_ref(), "tls.key".as_ref()).unwrap();
     ClientCa { _dir: dir, store, ca }
+}
+
+#[test]
+fn readiness_needs_a_client_ca_that_can_sign() {
+    let status = run::Status::default();
+    status.namespaces_synced.store(true, std::sync::atomic::Ordering::Relaxed);
+    // A leaf where the client CA should be: a valid pair, but it cannot sign certificates.
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::mint("some CA", SystemTime::now(), Duration::from_secs(86400)).unwrap();
+    let leaf = ca.issue_serving(&["x.example".into()], SystemTime::now(), Duration::from_secs(3600)).unwrap();
+    std::fs::write(dir.path().join("tls.crt"), &leaf.cert_pem).unwrap();
+    std::fs::write(dir.path().join("tls.key"), &leaf.key_pem).unwrap();
+    let store = identity::client_ca_store(dir.path());
+    assert_eq!(store.reload(Trigger::Startup).as_str(), "failed");
+    let reason = run::readiness(&status, Some(&store)).unwrap_err();
+    assert!(
+        reason.starts_with("client CA: no valid client CA loaded yet: ")
+            && reason.ends_with("not a CA certificate (CN=x.example lacks basicConstraints CA:TRUE); give the CA's certificate, not a leaf"),
+        "{reason}"
+    );
+    // Profiles that issue nothing need no client CA.
+    run::readiness(&status, None).unwrap();
+    // The CA as cert-manager writes it (SEC1): ready.
+    let good = client_ca();
+    run::readiness(&status, Some(&good.store)).unwrap();
+    // And nothing is ready before the namespace watch has listed.
+    let fresh = run::Status::default();
+    assert_eq!(run::readiness(&fresh, Some(&good.store)).unwrap_err(), "the namespace watch has not listed yet");
 }
 
 fn reconciler(
