@@ -1,5 +1,5 @@
 # Everyday commands. `make help` lists them.
-.PHONY: help run explain bench manifests deploy-check deny e2e test fmt lint check-profiles ci
+.PHONY: help run explain bench manifests deploy-check image-check image deny e2e test fmt lint check-profiles ci
 
 help: ## list the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -25,8 +25,14 @@ lint: ## clippy, warnings as errors
 manifests: ## regenerate deploy/base/webhook.yaml from the profiles
 	cargo run -q -- manifests webhook > deploy/base/webhook.yaml
 
-deploy-check: ## render the cert-manager overlay and validate it strictly (as CI does)
-	kubectl kustomize deploy/overlays/cert-manager | target/ci-venv/bin/python deploy/validate.py -
+deploy-check: ## render every overlay and validate it strictly (as CI does)
+	for o in deploy/overlays/*/; do kubectl kustomize $$o | target/ci-venv/bin/python deploy/validate.py - || exit 1; done
+
+image-check: ## check the Dockerfile's build stage against the workspace, without Docker (as CI does)
+	target/ci-venv/bin/python deploy/check_image.py
+
+image: ## build the image keyward:dev (needs Docker with BuildKit)
+	docker build -t keyward:dev --build-arg VERSION=$$(git describe --tags --always --dirty) .
 
 deny: ## licenses, duplicate crates and sources (deny.toml), as CI checks them
 	target/ci-tools/bin/cargo-deny check licenses bans sources

@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""Tests of deploy/check_image.py: it passes the Dockerfile, and refuses a build stage that
+drifted from the workspace (the hand-made dependency layer keyward shipped at 189e566) and a
+.dockerignore that drops a file the sources include. Run by .ci/run:
+
+    python deploy/test_check_image.py
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+import check_image  # noqa: E402
+
+
+def copy_of_repo(dest):
+    """The tracked files of the repository (what a clean clone holds), in `dest`."""
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    for rel in filter(None, files.decode().split("\0")):
+        src = os.path.join(ROOT, rel)
+        if not os.path.isfile(src):
+            continue  # deleted in the working tree
+        out = os.path.join(dest, rel)
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        shutil.copy2(src, out)
+
+
+class CheckImage(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="keyward-image-test-")
+        copy_of_repo(self.dir)
+
+    def tearDown(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def test_the_dockerfile_passes(self):
+        problems, checked = check_image.check(self.dir)
+        self.assertEqual(problems, [])
+        self.assertEqual(checked, 1)
+
+    def test_a_hand_made_dependency_layer_that_drifted_is_refused(self):
+        shutil.copy(os.path.join(HERE, "testdata", "Dockerfile.drifted"), os.path.join(self.dir, "Dockerfile"))
+        problems, _ = check_image.check(self.dir)
+        self.assertTrue(problems, "the drifted Dockerfile passed")
+        self.assertTrue(
+            problems[0].startswith("line 30: cargo cannot read the workspace the COPY lines give it"), problems[0]
+        )
+
+    def test_a_dockerignore_that_drops_an_included_file_is_refused(self):
+        with open(os.path.join(self.dir, ".dockerignore"), "a", encoding="utf-8") as f:
+            f.write("engine/profiles/\n")
+        problems, _ = check_image.check(self.dir)
+        self.assertEqual(
+            problems,
+            [
+                f"line 32: engine/src/profile/load.rs includes '../../profiles/{name}.yaml', which is not in the stage (.dockerignore or a COPY left it out)"
+                for name in ("lmeval", "kfp")
+            ],
+        )
+
+    def test_a_bin_that_does_not_exist_is_refused(self):
+        path = os.path.join(self.dir, "Dockerfile")
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text.replace("--bin keyward", "--bin keywrad"))
+        problems, _ = check_image.check(self.dir)
+        self.assertEqual(len(problems), 1)
+        self.assertTrue(problems[0].startswith("line 32: cargo build --bin keywrad: no such binary in the workspace"), problems[0])
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
