@@ -20,6 +20,11 @@ struct ResultLabels {
     result: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ConditionLabels {
+    condition: &'static str,
+}
+
 /// What happened to an object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
@@ -57,6 +62,7 @@ pub struct Metrics {
     next_expiry: Gauge,
     client_ca_reloads: Family<ResultLabels, Counter>,
     reconcile_errors: Family<ResultLabels, Counter>,
+    conditions: Family<ConditionLabels, Gauge>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -91,10 +97,27 @@ impl Default for Metrics {
         let reconcile_errors = Family::<ResultLabels, Counter>::default();
         registry.register(
             "reconcile_errors",
-            "Reconciliations that failed and were queued to retry with backoff, by what (namespace|pod|sweep)",
+            "Reconciliations that failed and were queued to retry with backoff, by what (namespace|pod|sweep|renew|client-ca)",
             reconcile_errors.clone(),
         );
-        Self { registry: Mutex::new(registry), objects, leader, next_expiry, client_ca_reloads, reconcile_errors }
+        let conditions = Family::<ConditionLabels, Gauge>::default();
+        registry.register(
+            "conditions",
+            "Conditions in force that keyward reports and works around rather than fails on, by condition (client-ca-namespace-missing|server-ca-source-unusable); each is logged when it starts and ends",
+            conditions.clone(),
+        );
+        for condition in crate::conditions::Condition::ALL {
+            conditions.get_or_create(&ConditionLabels { condition: condition.as_str() }).set(0);
+        }
+        Self {
+            registry: Mutex::new(registry),
+            objects,
+            leader,
+            next_expiry,
+            client_ca_reloads,
+            reconcile_errors,
+            conditions,
+        }
     }
 }
 
@@ -124,6 +147,16 @@ impl Metrics {
 
     pub fn reconcile_error(&self, what: &'static str) {
         self.reconcile_errors.get_or_create(&ResultLabels { result: what }).inc();
+    }
+
+    pub fn set_conditions(&self, condition: crate::conditions::Condition, count: usize) {
+        let count = i64::try_from(count).unwrap_or(i64::MAX);
+        self.conditions.get_or_create(&ConditionLabels { condition: condition.as_str() }).set(count);
+    }
+
+    /// How many of `condition` are in force (tests).
+    pub fn conditions(&self, condition: crate::conditions::Condition) -> i64 {
+        self.conditions.get_or_create(&ConditionLabels { condition: condition.as_str() }).get()
     }
 
     /// Everything, in the text exposition format.

@@ -8,7 +8,7 @@ use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ObjectReference, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use k8s_openapi::NamespaceResourceScope;
 use keyward_certs::pki::Ca;
@@ -20,6 +20,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::conditions::{Change, Condition, Conditions};
 use crate::desired::{self, Desired, Owner, PodVerdict, Want};
 use crate::error::Error;
 use crate::identity::{self, Renewal, CA_CRT, TLS_CRT, TLS_KEY};
@@ -62,6 +63,7 @@ pub struct Reconciler {
     leader: Leadership,
     metrics: Arc<Metrics>,
     recorder: Recorder,
+    conditions: Conditions,
 }
 
 impl Debug for Reconciler {
@@ -85,7 +87,7 @@ impl Reconciler {
     ) -> Self {
         let reporter = kube::runtime::events::Reporter { controller: "keyward".into(), instance: Some(instance) };
         let recorder = Recorder::new(client.clone(), reporter);
-        Self { client, profiles, settings, client_ca, leader, metrics, recorder }
+        Self { client, profiles, settings, client_ca, leader, metrics, recorder, conditions: Conditions::default() }
     }
 
     pub fn profiles(&self) -> &ProfileSet {
@@ -102,6 +104,11 @@ impl Reconciler {
 
     pub fn leader(&self) -> &Leadership {
         &self.leader
+    }
+
+    /// The conditions in force (see [`crate::conditions`]).
+    pub fn conditions(&self) -> &Conditions {
+        &self.conditions
     }
 
     /// The client CA, as loaded from `--client-ca-dir`.
@@ -127,7 +134,25 @@ impl Reconciler {
         }
         let mut first_error = None;
         for d in &wanted {
-            let result = self.ensure_namespace_object(d).await;
+            let subject = format!("{} {}/{}", d.want.object_kind(), d.namespace, d.name);
+            let result = match self.ensure_namespace_object(d).await {
+                // A source that is missing or holds no certificate is not this namespace's
+                // failure: the copy already there (if any) stays, the condition is reported,
+                // and the source's watch brings this back when it changes.
+                Err(Error::Source { what, reason }) => {
+                    let note = format!(
+                        "{subject} for profile {:?} is not provisioned: {what}: {reason}; pods that need it wait until the source holds a CA certificate",
+                        d.profile
+                    );
+                    self.raise(Condition::ServerCaSourceUnusable, &subject, &note, Some(namespace_ref(&d.namespace)))
+                        .await;
+                    continue;
+                }
+                other => other,
+            };
+            if matches!(d.want, Want::ServerCa { .. }) && result.is_ok() {
+                self.resolve(Condition::ServerCaSourceUnusable, &subject);
+            }
             self.record(d, None, result, Action::Provisioned, &mut first_error).await;
         }
         first_error.map_or(Ok(()), Err)
@@ -439,7 +464,24 @@ impl Reconciler {
             return Ok(());
         }
         let ca = self.ca()?;
+        let mut first_error = None;
         for ns in &self.settings.publish_client_ca_to {
+            // Nothing is published into a namespace that does not exist (creating the ConfigMap
+            // would fail, every time): reported, and published when the namespace appears.
+            match Api::<Namespace>::all(self.client.clone()).get_opt(ns).await {
+                Ok(Some(_)) => self.resolve(Condition::ClientCaNamespaceMissing, ns),
+                Ok(None) => {
+                    let note = format!(
+                        "--publish-client-ca-to names namespace {ns:?}, which does not exist; the client CA is published there when it is created"
+                    );
+                    self.raise(Condition::ClientCaNamespaceMissing, ns, &note, None).await;
+                    continue;
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e.into());
+                    continue;
+                }
+            }
             let object = objects::client_ca_config_map(ns, &self.settings.client_ca_config_map, ca.cert_pem());
             let api = Api::<ConfigMap>::namespaced(self.client.clone(), ns);
             match self.ensure(api, object, |a, b| a.data == b.data).await {
@@ -450,14 +492,47 @@ impl Reconciler {
                 Ok(action) => self.metrics.object("client-ca", action, true),
                 Err(e) => {
                     self.metrics.object("client-ca", Action::Provisioned, false);
-                    return Err(e);
+                    first_error.get_or_insert(e);
                 }
             }
         }
         let named: BTreeSet<String> = self.settings.publish_client_ca_to.iter().cloned().collect();
         let name = self.settings.client_ca_config_map.clone();
         let keep = move |_: &'static str, ns: &str, n: &str| named.contains(ns) && n == name;
-        self.sweep::<ConfigMap>("ConfigMap", &objects::managed_selector(Scope::ClientCa), &keep).await
+        self.sweep::<ConfigMap>("ConfigMap", &objects::managed_selector(Scope::ClientCa), &keep).await?;
+        first_error.map_or(Ok(()), Err)
+    }
+
+    // === conditions ===
+
+    /// Reports `condition` on `subject` when it starts or its message changes: a log line, the
+    /// metric, and an Event on `regarding` when there is an object to attach it to.
+    async fn raise(&self, condition: Condition, subject: &str, note: &str, regarding: Option<ObjectReference>) {
+        if self.conditions.raise(condition, subject, note) != Change::Raised {
+            return;
+        }
+        self.metrics.set_conditions(condition, self.conditions.count(condition));
+        tracing::warn!(
+            condition = condition.as_str(),
+            subject,
+            note,
+            "condition: keyward carries on with everything else"
+        );
+        if let Some(regarding) = regarding {
+            let reason = match condition {
+                Condition::ClientCaNamespaceMissing => "ClientCaNamespaceMissing",
+                Condition::ServerCaSourceUnusable => "ServerCaSourceUnusable",
+            };
+            self.event(reason, note, "Provision", &regarding).await;
+        }
+    }
+
+    /// Says that `condition` on `subject` no longer holds, if it did.
+    fn resolve(&self, condition: Condition, subject: &str) {
+        if self.conditions.clear(condition, subject) == Change::Cleared {
+            self.metrics.set_conditions(condition, self.conditions.count(condition));
+            tracing::info!(condition = condition.as_str(), subject, "condition resolved");
+        }
     }
 
     // === shared ===
@@ -530,26 +605,35 @@ impl Reconciler {
                 uid: Some(o.uid.clone()),
                 ..ObjectReference::default()
             },
-            None => ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Namespace".into()),
-                name: Some(d.namespace.clone()),
-                ..ObjectReference::default()
-            },
+            None => namespace_ref(&d.namespace),
         };
+        self.event("NameTaken", &note, "Provision", &regarding).await;
+    }
+
+    /// A Warning Event on `regarding`, written by the leader only.
+    async fn event(&self, reason: &str, note: &str, action: &str, regarding: &ObjectReference) {
         if !self.leader.is_leader() {
             return;
         }
         let event = Event {
             type_: EventType::Warning,
-            reason: "NameTaken".into(),
-            note: Some(note),
-            action: "Provision".into(),
+            reason: reason.into(),
+            note: Some(note.into()),
+            action: action.into(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&event, &regarding).await {
+        if let Err(e) = self.recorder.publish(&event, regarding).await {
             tracing::debug!(error = %e, "could not record the event");
         }
+    }
+}
+
+fn namespace_ref(namespace: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Namespace".into()),
+        name: Some(namespace.into()),
+        ..ObjectReference::default()
     }
 }
 

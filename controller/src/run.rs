@@ -31,8 +31,17 @@ pub enum Key {
         name: String,
     },
     AllPods,
-    /// Opt-out removal, certificate renewal, the client CA's publication.
+    /// Removing what keyward provisioned in namespaces that opted out.
     Sweep,
+    /// Renewing the client certificates that are due.
+    Renew,
+    /// Publishing the client CA to `--publish-client-ca-to`.
+    PublishClientCa,
+}
+
+impl Key {
+    /// What the periodic resync, and a replica that becomes leader, queue.
+    pub const EVERYTHING: [Key; 5] = [Key::AllNamespaces, Key::AllPods, Key::Sweep, Key::Renew, Key::PublishClientCa];
 }
 
 /// Backoff for a key that failed: 500 ms, doubling, at most 5 minutes.
@@ -129,6 +138,28 @@ pub async fn run(
         });
     }
 
+    // The namespaces the client CA is published to: one that is created gets it at once.
+    for ns in reconciler.settings().publish_client_ca_to.clone() {
+        let ns_tx = tx.clone();
+        let fields = format!("metadata.name={ns}");
+        let stream = watcher(Api::<Namespace>::all(client.clone()), watcher::Config::default().fields(&fields))
+            .default_backoff()
+            .touched_objects();
+        tokio::spawn(async move {
+            futures::pin_mut!(stream);
+            while let Some(event) = stream.next().await {
+                match event {
+                    Ok(_) => {
+                        let _ = ns_tx.send(Key::PublishClientCa);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, namespace = %ns, "namespace watch failed; retrying with backoff")
+                    }
+                }
+            }
+        });
+    }
+
     // The server CAs' sources: a change is copied to every opted-in namespace.
     for source in ca_sources(&reconciler) {
         let src_tx = tx.clone();
@@ -150,7 +181,7 @@ pub async fn run(
         let mut ticker = tokio::time::interval(resync);
         loop {
             ticker.tick().await;
-            for key in [Key::AllNamespaces, Key::AllPods, Key::Sweep] {
+            for key in Key::EVERYTHING {
                 let _ = tick_tx.send(key);
             }
         }
@@ -159,7 +190,8 @@ pub async fn run(
     tokio::spawn(async move {
         while let Ok(event) = ca_reloaded.recv().await {
             if matches!(event.outcome, keyward_certs::ReloadOutcome::Loaded(_)) {
-                let _ = ca_tx.send(Key::Sweep);
+                let _ = ca_tx.send(Key::Renew);
+                let _ = ca_tx.send(Key::PublishClientCa);
             }
         }
     });
@@ -179,7 +211,7 @@ pub async fn run(
                 let leading = leadership.is_leader();
                 reconciler.metrics().set_leader(leading);
                 if leading {
-                    for key in [Key::AllNamespaces, Key::AllPods, Key::Sweep] {
+                    for key in Key::EVERYTHING {
                         pending.insert(key, Instant::now());
                     }
                 } else {
@@ -252,6 +284,8 @@ fn key_label(key: &Key) -> &'static str {
         Key::Namespace(_) | Key::AllNamespaces => "namespace",
         Key::Pod { .. } | Key::AllPods => "pod",
         Key::Sweep => "sweep",
+        Key::Renew => "renew",
+        Key::PublishClientCa => "client-ca",
     }
 }
 
@@ -287,11 +321,10 @@ async fn work(
                 }
             }
         }
-        Key::Sweep => {
-            reconciler.sweep_namespaces(&opted_in()).await?;
-            reconciler.renew_all().await?;
-            reconciler.publish_client_ca().await?;
-        }
+        // Three keys, not one: a failure in one (and its backoff) never delays the others.
+        Key::Sweep => reconciler.sweep_namespaces(&opted_in()).await?,
+        Key::Renew => reconciler.renew_all().await?,
+        Key::PublishClientCa => reconciler.publish_client_ca().await?,
     }
     Ok(())
 }

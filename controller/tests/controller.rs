@@ -12,6 +12,7 @@ use std::time::{Duration, SystemTime};
 use k8s_openapi::api::core::v1::Pod;
 use keyward_certs::pki::Ca;
 use keyward_certs::{CertStore, Trigger};
+use keyward_controller::conditions::Condition;
 use keyward_controller::identity::{self, Renewal};
 use keyward_controller::metrics::Action;
 use keyward_controller::{run, LeaderElector, Leadership, LeaseConfig, Metrics, Reconciler, Settings};
@@ -465,10 +466,16 @@ async fn a_changed_ca_source_updates_every_copy() {
         second.cert_pem()
     );
 
-    // A source that is not a certificate is refused, and the copy kept.
+    // A source that is not a certificate is refused, and the copy kept; it is a condition
+    // reported, not a failure retried.
     server_ca_source(&fake, "not a certificate");
-    let err = r.namespace("team-a").await.unwrap_err().to_string();
-    assert!(err.contains("serverCA source Secret lm-eval/grpc-server-cert key ca.crt: not a PEM certificate"), "{err}");
+    r.namespace("team-a").await.unwrap();
+    let note =
+        r.conditions().message(Condition::ServerCaSourceUnusable, "ConfigMap team-a/keyward-lmeval-server-ca").unwrap();
+    assert!(
+        note.contains("serverCA source Secret lm-eval/grpc-server-cert key ca.crt: not a PEM certificate"),
+        "{note}"
+    );
     assert_eq!(
         fake.get("v1", "ConfigMap", "team-a", "keyward-lmeval-server-ca").unwrap()["data"]["ca.crt"],
         second.cert_pem()
@@ -476,8 +483,73 @@ async fn a_changed_ca_source_updates_every_copy() {
 }
 
 #[tokio::test]
+async fn a_missing_ca_source_is_a_condition_reported_once_and_everything_else_is_provisioned() {
+    let fake = FakeApi::default();
+    let ca = client_ca();
+    let r = reconciler(&fake, "keyward", builtins_and_account(), &ca, Leadership::always());
+    // No lm-eval namespace, no grpc-server-cert: this cluster runs no fms-lm-eval-service.
+    r.namespace("team-a").await.unwrap();
+    r.namespace("team-a").await.unwrap();
+    assert!(fake.get("v1", "ConfigMap", "team-a", "keyward-lmeval-server-ca").is_none());
+    assert!(fake.get("v1", "ServiceAccount", "team-a", "keyward-router").is_some(), "the rest is provisioned");
+    let subject = "ConfigMap team-a/keyward-lmeval-server-ca";
+    assert_eq!(
+        r.conditions().message(Condition::ServerCaSourceUnusable, subject).unwrap(),
+        "ConfigMap team-a/keyward-lmeval-server-ca for profile \"lmeval\" is not provisioned: serverCA source Secret lm-eval/grpc-server-cert key ca.crt: missing; pods that need it wait until the source holds a CA certificate"
+    );
+    assert_eq!(r.metrics().conditions(Condition::ServerCaSourceUnusable), 1);
+    assert_eq!(r.metrics().object_count("server-ca", Action::Provisioned, false), 0, "not counted as a failure");
+    // One Event on the namespace, however often it is reconciled.
+    let events: Vec<_> =
+        fake.calls().into_iter().filter(|c| c.method == "POST" && c.resource.starts_with("events.k8s.io")).collect();
+    assert_eq!(events.len(), 1, "{events:#?}");
+    let body = events[0].body.clone().unwrap();
+    assert_eq!(body["reason"], "ServerCaSourceUnusable");
+    assert_eq!(body["regarding"], json!({"apiVersion": "v1", "kind": "Namespace", "name": "team-a"}));
+
+    // The source appears: provisioned, and the condition ends.
+    server_ca_source(&fake, Ca::mint("gRPC", SystemTime::now(), Duration::from_secs(86400)).unwrap().cert_pem());
+    r.namespace("team-a").await.unwrap();
+    assert!(fake.get("v1", "ConfigMap", "team-a", "keyward-lmeval-server-ca").is_some());
+    assert_eq!(r.conditions().message(Condition::ServerCaSourceUnusable, subject), None);
+    assert_eq!(r.metrics().conditions(Condition::ServerCaSourceUnusable), 0);
+}
+
+#[tokio::test]
+async fn the_client_ca_is_not_published_to_a_namespace_that_does_not_exist() {
+    let fake = FakeApi::default();
+    fake.require_namespaces();
+    fake.seed(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "control-plane"}}));
+    let ca = client_ca();
+    let r = Arc::new(Reconciler::new(
+        fake.client("keyward"),
+        Arc::new(ProfileSet::builtin().unwrap()),
+        Settings { publish_client_ca_to: vec!["lm-eval".into(), "control-plane".into()], ..Settings::default() },
+        ca.store.clone(),
+        Leadership::always(),
+        Arc::new(Metrics::default()),
+        "keyward".into(),
+    ));
+    r.publish_client_ca().await.unwrap();
+    r.publish_client_ca().await.unwrap();
+    assert!(fake.get("v1", "ConfigMap", "control-plane", "keyward-client-ca").is_some());
+    assert!(fake.writes().iter().all(|c| c.namespace != "lm-eval"), "{:#?}", fake.writes());
+    assert_eq!(
+        r.conditions().message(Condition::ClientCaNamespaceMissing, "lm-eval").unwrap(),
+        "--publish-client-ca-to names namespace \"lm-eval\", which does not exist; the client CA is published there when it is created"
+    );
+    assert_eq!(r.metrics().conditions(Condition::ClientCaNamespaceMissing), 1);
+    fake.seed(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "lm-eval"}}));
+    r.publish_client_ca().await.unwrap();
+    assert!(fake.get("v1", "ConfigMap", "lm-eval", "keyward-client-ca").is_some());
+    assert_eq!(r.metrics().conditions(Condition::ClientCaNamespaceMissing), 0);
+}
+
+#[tokio::test]
 async fn the_client_ca_certificate_is_published_and_never_its_key() {
     let fake = FakeApi::default();
+    fake.require_namespaces();
+    fake.seed(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "lm-eval"}}));
     let ca = client_ca();
     let r = reconciler(&fake, "keyward", ProfileSet::builtin().unwrap(), &ca, Leadership::always());
     r.publish_client_ca().await.unwrap();
@@ -552,6 +624,35 @@ async fn api_errors_are_retried_with_backoff_not_in_a_hot_loop() {
         "{}",
         r.metrics().render()
     );
+    task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_without_the_operators_namespace_keeps_reconciling_everything_else() {
+    // The shipped manifests publish the client CA to lm-eval, and the lmeval built-in copies
+    // its server CA from there; on a cluster without fms-lm-eval-service neither exists.
+    let fake = FakeApi::default();
+    fake.require_namespaces();
+    fake.seed(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}}));
+    fake.seed(opted_in("team-a"));
+    fake.seed(owner());
+    let ca = client_ca();
+    let r = reconciler(&fake, "keyward", builtins_and_account(), &ca, Leadership::always());
+    let task = start(&fake, r.clone(), Leadership::always(), &ca, "keyward");
+    fake.until(LIMIT, |f| f.get("v1", "ServiceAccount", "team-a", "keyward-router")).await;
+    fake.seed(injected_fms_pod());
+    fake.until(LIMIT, |f| f.get("v1", "Secret", "team-a", "evaljob-sample-lmeval-client")).await;
+    // Opting out is acted on at once, not behind a backoff.
+    let mut ns = fake.get("v1", "Namespace", "", "team-a").unwrap();
+    ns["metadata"]["labels"] = json!({"kubernetes.io/metadata.name": "team-a"});
+    fake.seed(ns);
+    fake.until(LIMIT, |f| f.get("v1", "ServiceAccount", "team-a", "keyward-router").is_none().then_some(())).await;
+    // The operator's namespace appears: the client CA is published there, by the watch.
+    fake.seed(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "lm-eval"}}));
+    fake.until(LIMIT, |f| f.get("v1", "ConfigMap", "lm-eval", "keyward-client-ca")).await;
+    let metrics = r.metrics().render();
+    assert!(!metrics.contains("keyward_controller_reconcile_errors_total{"), "{metrics}");
+    assert!(fake.calls().iter().all(|c| c.status < 400 || c.method == "GET"), "{:#?}", fake.calls());
     task.abort();
 }
 

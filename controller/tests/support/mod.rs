@@ -58,6 +58,9 @@ struct Change {
     namespace: String,
     kind: &'static str,
     object: Value,
+    /// The object before a modification: a selector watch sees an object that stops matching
+    /// as DELETED, and one that starts matching as ADDED, as the apiserver's watch cache does.
+    previous: Option<Value>,
 }
 
 #[derive(Default)]
@@ -68,6 +71,9 @@ struct State {
     calls: Vec<Call>,
     failures: Vec<Failure>,
     history: Vec<Change>,
+    /// Refuse to create a namespaced object in a namespace that does not exist, as the
+    /// apiserver does (off by default: most tests do not seed their namespaces).
+    require_namespaces: bool,
 }
 
 #[derive(Clone)]
@@ -124,13 +130,9 @@ impl FakeApi {
             object["metadata"]["uid"] = json!(format!("uid-{}", state.uids));
         }
         object["metadata"]["resourceVersion"] = json!(state.rv.to_string());
-        let kind = if state.objects.contains_key(&(resource.clone(), ns.clone(), name.clone())) {
-            "MODIFIED"
-        } else {
-            "ADDED"
-        };
-        state.objects.insert((resource.clone(), ns.clone(), name), object.clone());
-        let change = Change { rv: state.rv, resource, namespace: ns, kind, object: object.clone() };
+        let previous = state.objects.insert((resource.clone(), ns.clone(), name), object.clone());
+        let kind = if previous.is_some() { "MODIFIED" } else { "ADDED" };
+        let change = Change { rv: state.rv, resource, namespace: ns, kind, object: object.clone(), previous };
         state.history.push(change.clone());
         drop(state);
         let _ = self.changes.send(change);
@@ -143,7 +145,8 @@ impl FakeApi {
         let mut state = self.state.lock().unwrap();
         if let Some(object) = state.objects.remove(&(resource.clone(), namespace.to_string(), name.to_string())) {
             state.rv += 1;
-            let change = Change { rv: state.rv, resource, namespace: namespace.into(), kind: "DELETED", object };
+            let change =
+                Change { rv: state.rv, resource, namespace: namespace.into(), kind: "DELETED", object, previous: None };
             state.history.push(change.clone());
             drop(state);
             let _ = self.changes.send(change);
@@ -166,6 +169,12 @@ impl FakeApi {
 
     pub fn clear_calls(&self) {
         self.state.lock().unwrap().calls.clear();
+    }
+
+    /// From now on, creating an object in a namespace with no Namespace object fails with 404
+    /// `namespaces "NAME" not found`, as it does on a real apiserver.
+    pub fn require_namespaces(&self) {
+        self.state.lock().unwrap().require_namespaces = true;
     }
 
     /// The next `times` calls of `method` on `resource` fail with `code`.
@@ -267,6 +276,7 @@ impl FakeApi {
             return (code, Some(status(code, "InternalError", "injected failure")));
         }
         let key = (resource.to_string(), namespace.to_string(), name.to_string());
+        let mut previous = None;
         let (code, object, change) = match method {
             "GET" if !name.is_empty() => match state.objects.get(&key) {
                 Some(o) => (200, o.clone(), None),
@@ -292,6 +302,10 @@ impl FakeApi {
                     return (422, Some(status(422, "Invalid", "metadata.name: Required value")));
                 };
                 let key = (resource.to_string(), namespace.to_string(), name.clone());
+                let namespace_key = ("/v1/namespaces".to_string(), String::new(), namespace.to_string());
+                if state.require_namespaces && !namespace.is_empty() && !state.objects.contains_key(&namespace_key) {
+                    return (404, Some(status(404, "NotFound", &format!("namespaces {namespace:?} not found"))));
+                }
                 if state.objects.contains_key(&key) {
                     return (409, Some(status(409, "AlreadyExists", &format!("{resource} {name:?} already exists"))));
                 }
@@ -316,7 +330,7 @@ impl FakeApi {
                 object["metadata"]["uid"] = current["metadata"]["uid"].clone();
                 state.rv += 1;
                 object["metadata"]["resourceVersion"] = json!(state.rv.to_string());
-                state.objects.insert(key, object.clone());
+                previous = state.objects.insert(key, object.clone());
                 (200, object, Some("MODIFIED"))
             }
             "PATCH" => {
@@ -327,7 +341,7 @@ impl FakeApi {
                 merge(&mut object, &body.unwrap_or(Value::Null));
                 state.rv += 1;
                 object["metadata"]["resourceVersion"] = json!(state.rv.to_string());
-                state.objects.insert(key, object.clone());
+                previous = state.objects.insert(key, object.clone());
                 (200, object, Some("MODIFIED"))
             }
             "DELETE" => match state.objects.remove(&key) {
@@ -346,6 +360,7 @@ impl FakeApi {
                 namespace: namespace.to_string(),
                 kind,
                 object: object.clone(),
+                previous,
             };
             state.history.push(change.clone());
             let _ = self.changes.send(change);
@@ -364,19 +379,35 @@ impl FakeApi {
         let fields = params.get("fieldSelector").cloned().unwrap_or_default();
         let rx = self.changes.subscribe();
         let past: Vec<Change> = self.state.lock().unwrap().history.iter().filter(|c| c.rv > since).cloned().collect();
-        let wanted = move |c: &Change| {
-            c.resource == resource
-                && (namespace.is_empty() || c.namespace == namespace)
-                && matches(&c.object, &selector, &fields)
+        // What a watch with these selectors sends for a change, if anything.
+        let seen = move |c: &Change| -> Option<&'static str> {
+            if c.resource != resource || !(namespace.is_empty() || c.namespace == namespace) {
+                return None;
+            }
+            let now = matches(&c.object, &selector, &fields);
+            let before = c.previous.as_ref().is_some_and(|p| matches(p, &selector, &fields));
+            match (c.kind, before, now) {
+                ("MODIFIED", true, false) => Some("DELETED"),
+                ("MODIFIED", false, true) => Some("ADDED"),
+                ("MODIFIED", false, false) => None,
+                (kind, _, true) => Some(kind),
+                _ => None,
+            }
         };
-        let line = |c: &Change| {
-            let mut text = serde_json::to_vec(&json!({"type": c.kind, "object": c.object})).unwrap();
+        let wanted = {
+            let seen = seen.clone();
+            move |c: &Change| seen(c).is_some()
+        };
+        let line = move |c: &Change| {
+            let kind = seen(c).unwrap_or(c.kind);
+            let mut text = serde_json::to_vec(&json!({"type": kind, "object": c.object})).unwrap();
             text.push(b'\n');
             Ok::<_, Infallible>(Frame::data(Bytes::from(text)))
         };
         let wanted2 = wanted.clone();
+        let line2 = line.clone();
         let replay = futures::stream::iter(
-            past.into_iter().filter(move |c| wanted(c)).map(move |c| line(&c)).collect::<Vec<_>>(),
+            past.into_iter().filter(move |c| wanted(c)).map(move |c| line2(&c)).collect::<Vec<_>>(),
         );
         let live = futures::stream::unfold(rx, |mut rx| async move {
             loop {
