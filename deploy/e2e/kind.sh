@@ -4,31 +4,38 @@
 #   deploy/e2e/kind.sh            # create, test, delete
 #   KEEP=1 deploy/e2e/kind.sh     # keep the cluster afterwards to poke at it
 #
-# Needs: docker, kind, kubectl, openssl. Pulls kindest/node and cert-manager from the internet.
-# Exits non-zero on the first failure, and deletes the cluster either way (unless KEEP=1).
+# Needs: docker (with BuildKit), kind, kubectl, openssl. Pulls kindest/node, cert-manager and
+# two small images from the internet. Exits non-zero on the first failure, and deletes the
+# cluster it created either way (unless KEEP=1); a cluster of that name that was already there
+# is refused, never deleted.
 set -euo pipefail
 
 CLUSTER="${CLUSTER:-keyward-e2e}"
 KIND_NODE_IMAGE="${KIND_NODE_IMAGE:-kindest/node:v1.32.2}"    # matchConditions: Kubernetes >= 1.30
 CERT_MANAGER_VERSION="${CERT_MANAGER_VERSION:-v1.16.2}"
-IMAGE="keyward:e2e"
+IMAGE="keyward:dev"                                           # what deploy/overlays/local installs
 NS="keyward-e2e-jobs"
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 CTX="kind-${CLUSTER}"
 K=(kubectl --context "$CTX")
 WORK="$(mktemp -d)"
+CREATED=0
+# shellcheck source=deploy/e2e/lib.sh
+source "$ROOT/deploy/e2e/lib.sh"
 
 say() { printf '\n==> %s\n' "$*"; }
 fail() { printf '\nFAIL: %s\n' "$*" >&2; exit 1; }
 
 cleanup() {
   status=$?
-  if [[ $status -ne 0 ]]; then
+  if [[ $status -ne 0 && $CREATED == 1 ]]; then
     echo "--- keyward logs ---" >&2
     "${K[@]}" -n keyward-system logs -l app.kubernetes.io/name=keyward --tail=50 --prefix >&2 || true
   fi
   rm -rf "$WORK"
-  if [[ "${KEEP:-0}" == "1" ]]; then
+  if [[ $CREATED != 1 ]]; then
+    :
+  elif [[ "${KEEP:-0}" == "1" ]]; then
     echo "cluster kept: kubectl --context $CTX ..."
   else
     kind delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
@@ -54,14 +61,19 @@ expect_contains() {
 }
 
 say "kind cluster $CLUSTER ($KIND_NODE_IMAGE)"
+if cluster_exists "$CLUSTER"; then
+  fail "a kind cluster named $CLUSTER exists already (KEEP=1 leaves one behind); delete it with 'kind delete cluster --name $CLUSTER', or run with CLUSTER=another-name"
+fi
 kind create cluster --name "$CLUSTER" --image "$KIND_NODE_IMAGE" --wait 120s
+CREATED=1
 
 say "cert-manager $CERT_MANAGER_VERSION"
 "${K[@]}" apply -f "https://github.com/cert-manager/cert-manager/releases/download/${CERT_MANAGER_VERSION}/cert-manager.yaml"
 "${K[@]}" -n cert-manager rollout status deploy/cert-manager deploy/cert-manager-webhook deploy/cert-manager-cainjector --timeout=180s
+wait_for_cert_manager "${K[@]}" || fail "cert-manager is not ready"
 
 say "build and load $IMAGE"
-docker build -t "$IMAGE" --build-arg VERSION=e2e "$ROOT"
+DOCKER_BUILDKIT=1 docker build -t "$IMAGE" --build-arg VERSION="e2e-$(git -C "$ROOT" describe --tags --always --dirty 2>/dev/null || echo unknown)" "$ROOT"
 kind load docker-image "$IMAGE" --name "$CLUSTER"
 
 say "the fms-lm-eval-service operator's side: its namespace and gRPC serving certificate"
@@ -85,23 +97,8 @@ spec:
 YAML
 "${K[@]}" -n lm-eval wait certificate/grpc-server-cert --for=condition=Ready --timeout=120s
 
-say "apply deploy/overlays/cert-manager with the e2e image"
-cat > "$WORK/kustomization.yaml" <<YAML
-apiVersion: kustomize.config.k8s.io/v1beta1
-kind: Kustomization
-resources:
-  - $ROOT/deploy/overlays/cert-manager
-images:
-  - name: ghcr.io/keyward/keyward
-    newName: keyward
-    newTag: e2e
-YAML
-# cert-manager's own webhook may need a moment before it admits Certificates.
-for attempt in 1 2 3 4 5 6; do
-  if "${K[@]}" apply -k "$WORK"; then break; fi
-  [[ $attempt == 6 ]] && fail "kubectl apply -k failed"
-  sleep 10
-done
+say "apply deploy/overlays/local (the cert-manager install, with $IMAGE)"
+"${K[@]}" apply -k "$ROOT/deploy/overlays/local"
 "${K[@]}" -n keyward-system wait certificate/keyward-serving --for=condition=Ready --timeout=120s
 "${K[@]}" -n keyward-system rollout status deploy/keyward --timeout=180s
 "${K[@]}" -n keyward-system rollout status deploy/keyward-controller --timeout=180s
@@ -151,7 +148,8 @@ LMEVAL_USER="system:serviceaccount:$NS:lm-eval-controller-manager"
 expect "lmeval keeps its service account" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.spec.serviceAccountName}')" default
 expect "lmeval automountServiceAccountToken" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.spec.automountServiceAccountToken}')" false
 expect "lmeval volumes" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.spec.volumes[*].name}')" "keyward-client-cert keyward-server-ca"
-expect "lmeval client Secret" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.spec.volumes[0].secret.secretName}')" evaljob-sample-lmeval-client
+expect "lmeval client Secret" \
+  "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" "$(volume_jsonpath keyward-client-cert secret.secretName)")" evaljob-sample-lmeval-client
 expect "lmeval driver init container untouched" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.spec.initContainers[0].volumeMounts}')" ""
 expect "lmeval main env" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.spec.containers[0].env[*].name}')" \
   "GRPC_CLIENT_CERT GRPC_CLIENT_KEY GRPC_SERVER_CA"
@@ -180,11 +178,13 @@ spec:
 YAML
 "${K[@]}" -n "$NS" apply -f "$WORK/kfp.yaml"
 "${K[@]}" -n "$NS" rollout status deploy/ml-pipeline-persistenceagent --timeout=120s
-kfp_pod() { "${K[@]}" -n "$NS" get pods -l app=ml-pipeline-persistenceagent -o jsonpath="$1"; }
-expect_contains "kfp token volume" "$(kfp_pod '{.items[0].spec.volumes[*].name}')" "persistenceagent-sa-token"
-expect "kfp token audience" "$(kfp_pod '{.items[0].spec.volumes[0].projected.sources[0].serviceAccountToken.audience}')" pipelines.kubeflow.org
-expect_contains "kfp keeps the API token" "$(kfp_pod '{.items[0].spec.volumes[*].name}')" "kube-api-access-"
-expect_contains "kfp token mount" "$(kfp_pod '{.items[0].spec.containers[0].volumeMounts[*].mountPath}')" "/var/run/secrets/kubeflow/tokens"
+kfp_name="$("${K[@]}" -n "$NS" get pods -l app=ml-pipeline-persistenceagent -o jsonpath='{.items[0].metadata.name}')"
+kfp_pod() { "${K[@]}" -n "$NS" get pod "$kfp_name" -o jsonpath="$1"; }
+expect_contains "kfp token volume" "$(kfp_pod '{.spec.volumes[*].name}')" "persistenceagent-sa-token"
+expect "kfp token audience" \
+  "$(kfp_pod "$(volume_jsonpath persistenceagent-sa-token 'projected.sources[0].serviceAccountToken.audience')")" pipelines.kubeflow.org
+expect_contains "kfp keeps the API token" "$(kfp_pod '{.spec.volumes[*].name}')" "kube-api-access-"
+expect_contains "kfp token mount" "$(kfp_pod '{.spec.containers[0].volumeMounts[*].mountPath}')" "/var/run/secrets/kubeflow/tokens"
 
 say "a pod no built-in serves (a KubeRay worker) is left alone"
 cat > "$WORK/ray.yaml" <<YAML
@@ -256,6 +256,9 @@ metadata: {name: e2e-eval}
 spec: {}
 YAML
 job_uid="$("${K[@]}" -n "$NS" get lmevaljob e2e-eval -o jsonpath='{.metadata.uid}')"
+# The check the driver runs is deploy/e2e/mtls-check.sh, the same file tests/e2e_script.rs runs
+# offline against a local openssl s_server (and a rogue client certificate, which must fail).
+"${K[@]}" -n "$NS" create configmap e2e-mtls-check --from-file=mtls-check.sh="$ROOT/deploy/e2e/mtls-check.sh"
 cat > "$WORK/driver.yaml" <<YAML
 apiVersion: v1
 kind: Pod
@@ -274,25 +277,26 @@ spec:
         - |
           test -s "\$GRPC_CLIENT_CERT" && test -s "\$GRPC_CLIENT_KEY" && test -s "\$GRPC_SERVER_CA"
           echo FILES-PRESENT
-          echo | openssl s_client -connect tls-echo.lm-eval.svc:8443 -servername tls-echo.lm-eval.svc \
-            -cert "\$GRPC_CLIENT_CERT" -key "\$GRPC_CLIENT_KEY" -CAfile "\$GRPC_SERVER_CA" \\
-            -verify_hostname tls-echo.lm-eval.svc -verify_return_error -brief
-          echo HANDSHAKE-OK
+          sh /e2e/mtls-check.sh tls-echo.lm-eval.svc 8443 "\$GRPC_CLIENT_CERT" "\$GRPC_CLIENT_KEY" "\$GRPC_SERVER_CA"
           sleep 3600
+      volumeMounts:
+        - {name: e2e, mountPath: /e2e, readOnly: true}
+  volumes:
+    - {name: e2e, configMap: {name: e2e-mtls-check}}
 YAML
 "${K[@]}" --as="$LMEVAL_USER" --as-group=system:serviceaccounts -n "$NS" create -f "$WORK/driver.yaml"
 # Created before its Secret exists: keyward's controller issues it, the kubelet retries the mount.
-"${K[@]}" -n "$NS" wait pod/e2e-eval --for=condition=Ready --timeout=180s
-for _ in $(seq 30); do "${K[@]}" -n "$NS" logs e2e-eval | grep -q HANDSHAKE-OK && break; sleep 1; done
+# The check's verdict is in the log (MTLS-OK, or MTLS-FAILED and the container exits).
+for _ in $(seq 90); do "${K[@]}" -n "$NS" logs e2e-eval 2>/dev/null | grep -q 'MTLS-' && break; sleep 2; done
 expect_contains "driver files" "$("${K[@]}" -n "$NS" logs e2e-eval)" FILES-PRESENT
-expect_contains "driver mTLS handshake" "$("${K[@]}" -n "$NS" logs e2e-eval)" HANDSHAKE-OK
+expect_contains "driver mTLS request answered" "$("${K[@]}" -n "$NS" logs e2e-eval)" MTLS-OK
 expect "client certificate owner" "$("${K[@]}" -n "$NS" get secret e2e-eval-lmeval-client -o jsonpath='{.metadata.ownerReferences[0].uid}')" "$job_uid"
 expect_contains "client certificate identity" \
   "$("${K[@]}" -n "$NS" get secret e2e-eval-lmeval-client -o jsonpath='{.data.tls\.crt}' | base64 -d | openssl x509 -noout -ext subjectAltName)" \
   "URI:spiffe://cluster.local/ns/$NS/lmevaljob/e2e-eval"
 
 say "renew the serving certificate; keyward reloads it without a restart"
-restarts_before="$("${K[@]}" -n keyward-system get pods -l app.kubernetes.io/name=keyward -o jsonpath='{.items[*].status.containerStatuses[0].restartCount}')"
+restarts_before="$("${K[@]}" -n keyward-system get pods -l "$WEBHOOK_PODS" -o jsonpath='{.items[*].status.containerStatuses[0].restartCount}')"
 old_crt="$("${K[@]}" -n keyward-system get secret keyward-serving-tls -o jsonpath='{.data.tls\.crt}')"
 # Deleting the Secret makes cert-manager issue a new one (rotationPolicy: Always: a new key).
 "${K[@]}" -n keyward-system delete secret keyward-serving-tls
@@ -305,7 +309,7 @@ done
 new_sha="$(echo "$new_crt" | base64 -d | openssl x509 -noout -fingerprint -sha256 | cut -d= -f2 | tr -d : | tr 'A-F' 'a-f')"
 echo "new certificate sha256: $new_sha"
 # The kubelet syncs Secret volumes within about a minute; each replica logs the reload.
-for pod in $("${K[@]}" -n keyward-system get pods -l app.kubernetes.io/name=keyward -o name); do
+for pod in $("${K[@]}" -n keyward-system get pods -l "$WEBHOOK_PODS" -o name); do
   for _ in $(seq 90); do
     "${K[@]}" -n keyward-system logs "$pod" | grep -q "\"sha256\":\"$new_sha\"" && break
     sleep 2
@@ -313,8 +317,9 @@ for pod in $("${K[@]}" -n keyward-system get pods -l app.kubernetes.io/name=keyw
   "${K[@]}" -n keyward-system logs "$pod" | grep -q "\"sha256\":\"$new_sha\"" || fail "$pod did not load the new certificate"
   echo "ok: $pod serves the new certificate"
 done
-expect "restarts after rotation" "$("${K[@]}" -n keyward-system get pods -l app.kubernetes.io/name=keyward -o jsonpath='{.items[*].status.containerStatuses[0].restartCount}')" "$restarts_before"
-expect "lmeval after rotation" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.spec.volumes[0].secret.secretName}')" evaljob-sample-lmeval-client
+expect "restarts after rotation" "$("${K[@]}" -n keyward-system get pods -l "$WEBHOOK_PODS" -o jsonpath='{.items[*].status.containerStatuses[0].restartCount}')" "$restarts_before"
+expect "lmeval after rotation" \
+  "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" "$(volume_jsonpath keyward-client-cert secret.secretName)")" evaljob-sample-lmeval-client
 
 say "opting the namespace out removes what keyward provisioned there"
 "${K[@]}" label namespace "$NS" keyward.io/inject-

@@ -1,0 +1,326 @@
+//! `deploy/e2e/kind.sh` cannot run here (no Docker, no cluster), so every step whose logic can
+//! be exercised offline is: the overlay it installs renders with the image it builds; its
+//! volume lookups find keyward's volumes by name in the pods the apiserver really stores
+//! (`kube-api-access-*` first); its pod selectors pick the webhook and not the controller; its
+//! mTLS check passes only when the server answers, against a local `openssl s_server` with a
+//! good and a rogue client certificate; and it never deletes a kind cluster it did not create
+//! (run with stub `kind`, `docker` and `kubectl` on the PATH).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic is the test failure report
+
+use std::io::Write;
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use keyward_certs::pki::Ca;
+use serde::Deserialize;
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn render(overlay: &str) -> Vec<Value> {
+    let out = Command::new("kubectl")
+        .args(["kustomize", &format!("{}/deploy/overlays/{overlay}", root().display())])
+        .output();
+    let out =
+        out.unwrap_or_else(|e| panic!("kubectl kustomize: {e} (kubectl v1.27+ with built-in kustomize is needed)"));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_yaml::Deserializer::from_slice(&out.stdout).map(|d| Value::deserialize(d).unwrap()).collect()
+}
+
+/// Runs `script` in bash with `deploy/e2e/lib.sh` sourced.
+fn with_lib(script: &str) -> Output {
+    let lib = root().join("deploy/e2e/lib.sh");
+    Command::new("bash")
+        .args(["-euo", "pipefail", "-c", &format!("source {}; {script}", lib.display())])
+        .output()
+        .unwrap()
+}
+
+fn lib_var(name: &str) -> String {
+    let out = with_lib(&format!("printf %s \"${name}\""));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn the_overlay_kind_sh_installs_is_the_cert_manager_install_with_the_image_it_builds() {
+    let local = render("local");
+    let upstream = render("cert-manager");
+    assert_eq!(local.len(), upstream.len());
+    let script = std::fs::read_to_string(root().join("deploy/e2e/kind.sh")).unwrap();
+    assert!(script.contains("IMAGE=\"keyward:dev\""));
+    assert!(script.contains("apply -k \"$ROOT/deploy/overlays/local\""));
+    for (l, u) in local.iter().zip(&upstream) {
+        let mut l = l.clone();
+        if l["kind"] == "Deployment" {
+            let name = l["metadata"]["name"].clone();
+            let image = &mut l["spec"]["template"]["spec"]["containers"][0]["image"];
+            assert_eq!(*image, "keyward:dev", "{name}");
+            *image = u["spec"]["template"]["spec"]["containers"][0]["image"].clone();
+        }
+        assert_eq!(&l, u);
+    }
+}
+
+/// The pod `keyward explain` says the apiserver would store (after keyward's patch).
+fn admitted_pod(fixture: &str) -> tempfile::NamedTempFile {
+    let out = Command::new(env!("CARGO_BIN_EXE_keyward"))
+        .args(["explain", "-o", "json", "--namespace", "team-a"])
+        .arg(root().join("tests/fixtures").join(fixture))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut file = tempfile::NamedTempFile::new().unwrap();
+    file.write_all(answer["pod"].to_string().as_bytes()).unwrap();
+    file
+}
+
+/// `kubectl`'s jsonpath over a local file, as kind.sh applies it to the pod it reads.
+fn jsonpath_of_volume(pod: &Path, volume: &str, field: &str) -> String {
+    let script = format!(
+        "KUBECONFIG=/dev/null kubectl patch --local -f {} --type=merge -p '{{}}' -o jsonpath=\"$(volume_jsonpath {volume} '{field}')\"",
+        pod.display()
+    );
+    let out = with_lib(&script);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn volumes_are_found_by_name_after_the_api_access_volume_the_apiserver_adds_first() {
+    let kfp = admitted_pod("kfp-persistenceagent-pod-no-token.json");
+    let pod: Value = serde_json::from_reader(std::fs::File::open(kfp.path()).unwrap()).unwrap();
+    // What the old lookup (volumes[0]) read: the ServiceAccount plugin's volume.
+    assert!(pod["spec"]["volumes"][0]["name"].as_str().unwrap().starts_with("kube-api-access-"));
+    assert_eq!(
+        jsonpath_of_volume(
+            kfp.path(),
+            "persistenceagent-sa-token",
+            "projected.sources[0].serviceAccountToken.audience"
+        ),
+        "pipelines.kubeflow.org"
+    );
+    let lmeval = admitted_pod("lmeval-fms-driver-pod.json");
+    let name = jsonpath_of_volume(lmeval.path(), "keyward-client-cert", "secret.secretName");
+    assert!(name.ends_with("-lmeval-client"), "{name}");
+}
+
+#[test]
+fn the_rotation_check_selects_the_webhooks_pods_and_not_the_controllers() {
+    let docs = render("local");
+    let labels = |name: &str| {
+        let d = docs.iter().find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == name).unwrap();
+        d["spec"]["template"]["metadata"]["labels"].as_object().unwrap().clone()
+    };
+    let selects = |selector: &str, labels: &serde_json::Map<String, Value>| {
+        selector.split(',').all(|term| {
+            let (k, v) = term.split_once('=').unwrap();
+            labels.get(k).and_then(Value::as_str) == Some(v)
+        })
+    };
+    let (webhook, controller) = (lib_var("WEBHOOK_PODS"), lib_var("CONTROLLER_PODS"));
+    assert!(selects(&webhook, &labels("keyward")) && !selects(&webhook, &labels("keyward-controller")));
+    assert!(selects(&controller, &labels("keyward-controller")) && !selects(&controller, &labels("keyward")));
+    let script = std::fs::read_to_string(root().join("deploy/e2e/kind.sh")).unwrap();
+    for line in script.lines().filter(|l| l.contains("restartCount") || l.contains("for pod in")) {
+        assert!(line.contains("\"$WEBHOOK_PODS\""), "selects pods by something else: {line}");
+    }
+}
+
+// === the mTLS check ===
+
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `openssl s_server -www` requiring client certificates from `client_ca`, as the e2e's
+/// tls-echo does. Returns once it accepts connections.
+fn s_server(dir: &Path, client_ca: &Path) -> Server {
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let child = Command::new("openssl")
+        .args(["s_server", "-accept", &format!("127.0.0.1:{port}"), "-cert"])
+        .arg(dir.join("server.crt"))
+        .arg("-key")
+        .arg(dir.join("server.key"))
+        .args(["-Verify", "1", "-verify_return_error", "-CAfile"])
+        .arg(client_ca)
+        .arg("-www")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("openssl is needed for this test");
+    let server = Server { child, port };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "openssl s_server did not listen on {port}");
+        std::thread::yield_now();
+    }
+    server
+}
+
+fn mtls_check(server: &Server, dir: &Path, client: &str, server_ca: &str) -> Output {
+    Command::new("sh")
+        .arg(root().join("deploy/e2e/mtls-check.sh"))
+        .args(["localhost", &server.port.to_string()])
+        .arg(dir.join(format!("{client}.crt")))
+        .arg(dir.join(format!("{client}.key")))
+        .arg(dir.join(server_ca))
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn the_mtls_check_passes_only_when_the_server_answers_a_trusted_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let now = SystemTime::now();
+    let day = Duration::from_secs(86400);
+    let write = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).unwrap();
+    let server_ca = Ca::mint("lm-eval gRPC", now, day).unwrap();
+    let serving = server_ca.issue_serving(&["localhost".into()], now, day).unwrap();
+    write("server-ca.crt", server_ca.cert_pem());
+    write("server.crt", &serving.cert_pem);
+    write("server.key", &serving.key_pem);
+    // keyward's client CA, and a rogue one with the very same name.
+    for (who, ca) in [
+        ("client", Ca::mint("keyward client CA", now, day).unwrap()),
+        ("rogue", Ca::mint("keyward client CA", now, day).unwrap()),
+    ] {
+        let leaf =
+            ca.issue_client_identity(&[], "spiffe://cluster.local/ns/team-a/lmevaljob/e2e-eval", now, day).unwrap();
+        write(&format!("{who}-ca.crt"), ca.cert_pem());
+        write(&format!("{who}.crt"), &leaf.cert_pem);
+        write(&format!("{who}.key"), &leaf.key_pem);
+    }
+    let server = s_server(dir.path(), &dir.path().join("client-ca.crt"));
+
+    let ok = mtls_check(&server, dir.path(), "client", "server-ca.crt");
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    assert_eq!(
+        String::from_utf8_lossy(&ok.stdout),
+        format!("MTLS-OK: localhost:{} answered over mutual TLS\n", server.port)
+    );
+
+    // With TLS 1.3 the rogue client completes its handshake; the server's refusal comes after.
+    let rogue = mtls_check(&server, dir.path(), "rogue", "server-ca.crt");
+    assert_eq!(rogue.status.code(), Some(1), "a rogue client certificate passed the check");
+    assert!(String::from_utf8_lossy(&rogue.stderr).starts_with("MTLS-FAILED: "));
+    // A server the client does not trust.
+    let untrusted = mtls_check(&server, dir.path(), "client", "rogue-ca.crt");
+    assert_eq!(untrusted.status.code(), Some(1));
+}
+
+// === kind.sh and clusters it did not create ===
+
+/// Runs kind.sh with stub `docker`, `kind`, `kubectl` and `openssl` that log their arguments.
+/// `clusters`: what `kind get clusters` prints; `create_ok`: whether `kind create` succeeds.
+/// Every `kubectl` call fails, which stops the script at its first cluster step.
+fn run_kind_sh(clusters: &str, create_ok: bool, keep: bool) -> (Output, String) {
+    let bin = tempfile::tempdir().unwrap();
+    let log = bin.path().join("calls.log");
+    let stub = |name: &str, body: &str| {
+        let path = bin.path().join(name);
+        std::fs::write(&path, format!("#!/bin/sh\necho \"{name} $*\" >> '{}'\n{body}\n", log.display())).unwrap();
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+    };
+    stub("docker", "exit 0");
+    stub("openssl", "exit 0");
+    stub("kubectl", "exit 1");
+    let create = if create_ok { "exit 0" } else { "exit 1" };
+    stub(
+        "kind",
+        &format!("case \"$1 $2\" in\n  'get clusters') printf '%s' '{clusters}' ;;\n  'create cluster') {create} ;;\nesac\nexit 0"),
+    );
+    let path = format!("{}:{}", bin.path().display(), std::env::var("PATH").unwrap_or_default());
+    let out = Command::new("bash")
+        .arg(root().join("deploy/e2e/kind.sh"))
+        .env("PATH", path)
+        .env("KEEP", if keep { "1" } else { "0" })
+        .env_remove("CLUSTER")
+        .output()
+        .unwrap();
+    let calls = std::fs::read_to_string(&log).unwrap_or_default();
+    (out, calls)
+}
+
+#[test]
+fn kind_sh_refuses_a_cluster_that_exists_and_never_deletes_one_it_did_not_create() {
+    // Left behind by KEEP=1: refused, and still there afterwards.
+    let (out, calls) = run_kind_sh("other\nkeyward-e2e\n", true, false);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("a kind cluster named keyward-e2e exists already"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!calls.contains("create cluster") && !calls.contains("delete cluster"), "{calls}");
+
+    // kind create failed: nothing of ours to delete.
+    let (out, calls) = run_kind_sh("", false, false);
+    assert!(!out.status.success());
+    assert!(calls.contains("kind create cluster --name keyward-e2e") && !calls.contains("delete cluster"), "{calls}");
+
+    // Created, then a later step failed: the cluster it created is deleted...
+    let (out, calls) = run_kind_sh("", true, false);
+    assert!(!out.status.success());
+    assert!(calls.contains("kind delete cluster --name keyward-e2e"), "{calls}");
+    // ...unless KEEP=1.
+    let (out, calls) = run_kind_sh("", true, true);
+    assert!(!out.status.success());
+    assert!(calls.contains("kind create cluster") && !calls.contains("delete cluster"), "{calls}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("cluster kept: kubectl --context kind-keyward-e2e"));
+}
+
+#[test]
+fn cert_manager_is_ready_when_its_webhook_admits_a_dry_run_not_when_it_rolled_out() {
+    // A stub kubectl that refuses (as the apiserver does before cainjector has run) twice.
+    let dir = tempfile::tempdir().unwrap();
+    let count = dir.path().join("count");
+    let stub = dir.path().join("kubectl");
+    std::fs::write(
+        &stub,
+        format!(
+            "#!/bin/sh\ncat > {dir}/body\necho \"$*\" >> {dir}/args\nn=$(cat {count} 2>/dev/null || echo 0); n=$((n+1)); echo $n > {count}\n[ $n -ge 3 ]\n",
+            dir = dir.path().display(),
+            count = count.display()
+        ),
+    )
+    .unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&stub, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let out = with_lib(&format!("WAIT_INTERVAL=0 wait_for_cert_manager {} --context kind-x", stub.display()));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read_to_string(&count).unwrap().trim(), "3");
+    let args = std::fs::read_to_string(dir.path().join("args")).unwrap();
+    assert_eq!(args.lines().last(), Some("--context kind-x apply --dry-run=server -f -"));
+    let body: Value = serde_json::from_str(&std::fs::read_to_string(dir.path().join("body")).unwrap()).unwrap();
+    assert_eq!((body["apiVersion"].as_str(), body["kind"].as_str()), (Some("cert-manager.io/v1"), Some("Issuer")));
+
+    // Never admitted: a failure that says so, after the tries it was given.
+    std::fs::write(&count, "-100").unwrap();
+    let out = with_lib(&format!("WAIT_TRIES=4 WAIT_INTERVAL=0 wait_for_cert_manager {}", stub.display()));
+    assert!(!out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "cert-manager's webhook did not admit a dry-run Issuer after 4 tries\n"
+    );
+}
