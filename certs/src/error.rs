@@ -26,6 +26,8 @@ pub enum Error {
     NotACa { path: PathBuf, subject: String },
     #[error("{0}; fix or remove ca.crt and ca.key to mint a new development CA (clients that trusted the old one must then trust the new ca.crt)")]
     DevCa(Box<Error>),
+    #[error("{what}: {reason}")]
+    BadKey { what: String, reason: String },
     #[error("cannot mint a certificate: {0}")]
     Mint(String),
     #[error("cannot watch {}: {reason}", path.display())]

@@ -3,6 +3,7 @@
 //!
 //! - [`pem`]: parse `tls.crt` + `tls.key`, check the key matches the leaf, the chain order and
 //!   the validity window.
+//! - [`attestation`]: the admission attestation's HMAC keys, hot-reloaded from a directory.
 //! - [`keys`]: private keys in PKCS#8, SEC1 or PKCS#1, as the PKCS#8 that rcgen signs with.
 //! - [`pki`]: mint a development CA and serving certificate (ECDSA P-256), and keep them in a
 //!   directory, reusing them while they are valid.
@@ -11,6 +12,7 @@
 
 #![warn(unreachable_pub)]
 
+pub mod attestation;
 mod error;
 pub mod keys;
 pub mod pem;
@@ -22,7 +24,7 @@ pub mod testing;
 pub use error::Error;
 pub use pem::{CertInfo, PemPair, ServingCert};
 pub use rcgen::DnType;
-pub use store::{watch, CertStore, ReloadEvent, ReloadOutcome, Trigger};
+pub use store::{watch, CertStore, ReloadEvent, ReloadOutcome, ReloadSource, Trigger};
 
 /// The file names of a cert-manager (`kubernetes.io/tls`) Secret mounted as a volume.
 pub const CERT_FILE: &str = "tls.crt";

@@ -6,6 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use base64::Engine as _;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::sign::CertifiedKey;
@@ -201,6 +202,69 @@ pub(crate) fn public_key_of_first(cert_pem: &[u8]) -> Option<Vec<u8>> {
     let der = CertificateDer::pem_slice_iter(cert_pem).next()?.ok()?;
     let (_, cert) = X509Certificate::from_der(der.as_ref()).ok()?;
     Some(cert.public_key().subject_public_key.data.to_vec())
+}
+
+/// The most certificates a copied trust bundle may hold, and its largest size: a CA rotation
+/// needs two or three; a ConfigMap holds at most 1 MiB.
+pub const MAX_BUNDLE_CERTIFICATES: usize = 16;
+pub const MAX_BUNDLE_BYTES: usize = 128 * 1024;
+
+/// A trust bundle to copy: only CA certificates, re-encoded from their DER so that nothing else
+/// in the source (a private key, comments, other sections) can come along. Refuses a source
+/// with a private key (in any PEM form), a certificate that is not a CA, none at all, or more
+/// than [`MAX_BUNDLE_CERTIFICATES`] or [`MAX_BUNDLE_BYTES`]. `what` names the source.
+pub fn ca_bundle(text: &[u8], what: &str) -> Result<String, Error> {
+    use rustls::pki_types::pem::SectionKind;
+    let refuse = |reason: String| Error::BadCertificate { path: what.into(), reason };
+    if text.len() > MAX_BUNDLE_BYTES {
+        return Err(refuse(format!(
+            "{} bytes, more than the {MAX_BUNDLE_BYTES} a trust bundle may have; give only the CA certificates",
+            text.len()
+        )));
+    }
+    // Any private key, whatever its label (pki-types skips labels it does not know, such as
+    // ENCRYPTED PRIVATE KEY): a CA source must never hold one, and keyward never copies one.
+    if text.windows(b"PRIVATE KEY-----".len()).any(|w| w == b"PRIVATE KEY-----") {
+        return Err(refuse(
+            "holds a private key; keyward copies only CA certificates: point the source at a key that holds just the CA certificate (cert-manager: ca.crt, never tls.key)".into(),
+        ));
+    }
+    let mut certificates = Vec::new();
+    for section in <(SectionKind, Vec<u8>) as PemObject>::pem_slice_iter(text) {
+        let (kind, der) = section.map_err(|e| refuse(format!("not valid PEM: {}", pem_error(&e))))?;
+        if kind == SectionKind::Certificate {
+            certificates.push(der);
+        }
+    }
+    if certificates.is_empty() {
+        return Err(refuse("holds no PEM certificate; give the CA certificate (-----BEGIN CERTIFICATE-----)".into()));
+    }
+    if certificates.len() > MAX_BUNDLE_CERTIFICATES {
+        return Err(refuse(format!(
+            "holds {} certificates, more than the {MAX_BUNDLE_CERTIFICATES} a trust bundle may have",
+            certificates.len()
+        )));
+    }
+    let mut out = String::new();
+    for (i, der) in certificates.iter().enumerate() {
+        let (_, cert) = X509Certificate::from_der(der)
+            .map_err(|e| refuse(format!("certificate {} is not valid X.509: {e}", i + 1)))?;
+        if !cert.is_ca() {
+            return Err(refuse(format!(
+                "certificate {} ({}) is not a CA (no basicConstraints CA:TRUE): a trust bundle holds CA certificates, not a server's own certificate; use ca.crt",
+                i + 1,
+                cert.subject()
+            )));
+        }
+        out.push_str("-----BEGIN CERTIFICATE-----\n");
+        let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+        for line in b64.as_bytes().chunks(64) {
+            out.push_str(&String::from_utf8_lossy(line));
+            out.push('\n');
+        }
+        out.push_str("-----END CERTIFICATE-----\n");
+    }
+    Ok(out)
 }
 
 /// Reads and checks `dir/tls.crt` and `dir/tls.key`.

@@ -241,9 +241,26 @@ impl Drop for Watch {
 /// several events; `cp` writes two files one after the other).
 const SETTLE: Duration = Duration::from_millis(100);
 
+/// What [`watch`] keeps current: something read from a mounted directory.
+pub trait ReloadSource: Send + Sync + 'static {
+    fn dir(&self) -> &Path;
+    /// Reads the directory again; keeps what it has when the files are refused.
+    fn reload(&self, trigger: Trigger);
+}
+
+impl ReloadSource for CertStore {
+    fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn reload(&self, trigger: Trigger) {
+        CertStore::reload(self, trigger);
+    }
+}
+
 /// Watches the store's directory and polls it every `poll`, reloading on each change. Must be
 /// called inside a tokio runtime.
-pub fn watch(store: Arc<CertStore>, poll: Duration) -> Result<Watch, Error> {
+pub fn watch<S: ReloadSource>(store: Arc<S>, poll: Duration) -> Result<Watch, Error> {
     let changed = Arc::new(Notify::new());
     let signal = changed.clone();
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
@@ -270,7 +287,7 @@ pub fn watch(store: Arc<CertStore>, poll: Duration) -> Result<Watch, Error> {
             };
             let store = store.clone();
             // Reading files blocks; keep it off the async workers.
-            if tokio::task::spawn_blocking(move || store.reload(trigger)).await.is_err() {
+            if tokio::task::spawn_blocking(move || ReloadSource::reload(&*store, trigger)).await.is_err() {
                 tracing::error!("certificate reload task panicked");
             }
         }

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
+use crate::attest::{self, Attestor, ANNOTATION_ATTESTATION};
 use crate::audit::{
     AuditRecord, ContainerScope, ANNOTATION_INJECTED, ANNOTATION_ORIGINAL_SA, TOTAL_ANNOTATION_SIZE_LIMIT,
 };
@@ -25,7 +26,7 @@ use crate::select;
 use crate::text::{clip, quoted};
 
 /// What the engine needs from an AdmissionReview request besides the object.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 pub struct RequestFacts<'a> {
     /// `CREATE`, `UPDATE`, `DELETE` or `CONNECT`.
     pub operation: &'a str,
@@ -38,6 +39,10 @@ pub struct RequestFacts<'a> {
     /// `request.namespace`: the pod's own `metadata.namespace` may be empty on CREATE.
     pub namespace: &'a str,
     pub requester: Requester<'a>,
+    /// Signs the admission attestation of pods whose profile issues per-owner credentials
+    /// (the webhook's key). `None` (explain, the controller's re-evaluation): no attestation is
+    /// written or compared.
+    pub attestor: Option<&'a dyn Attestor>,
 }
 
 /// Who is creating the pod.
@@ -53,7 +58,20 @@ pub enum Requester<'a> {
 impl<'a> RequestFacts<'a> {
     /// A pod CREATE in `namespace` by `requester`: what the apiserver sends for a new pod.
     pub fn pod_create(namespace: &'a str, requester: Requester<'a>) -> Self {
-        Self { operation: "CREATE", group: "", resource: "pods", sub_resource: "", namespace, requester }
+        Self {
+            operation: "CREATE",
+            group: "",
+            resource: "pods",
+            sub_resource: "",
+            namespace,
+            requester,
+            attestor: None,
+        }
+    }
+
+    /// The same facts, attested with `attestor`.
+    pub fn attested_by(self, attestor: &'a dyn Attestor) -> Self {
+        Self { attestor: Some(attestor), ..self }
     }
 
     fn is_pod_create(&self) -> bool {
@@ -92,6 +110,9 @@ pub enum Reason {
     InvalidPod,
     /// keyward would have produced an invalid pod (a bug); denied instead.
     Internal,
+    /// The profile issues per-owner credentials, which need the admission attestation, and
+    /// the webhook has no attestation key loaded yet.
+    Unattestable,
 }
 
 impl Reason {
@@ -110,6 +131,7 @@ impl Reason {
             Self::TooLarge => "too-large",
             Self::InvalidPod => "invalid-pod",
             Self::Internal => "internal",
+            Self::Unattestable => "unattestable",
         }
     }
 }
@@ -492,8 +514,24 @@ fn inject(
     let kinds = record.kinds();
     let existing = |key: &str| meta.annotations.kept.get(key).map(|v| v.as_ref());
     let mut added: Vec<(&'static str, String)> = Vec::new();
+    let attestation = match attestation(facts, meta, profile, &annotation, existing(ANNOTATION_ATTESTATION)) {
+        Attestation::Keep => None,
+        Attestation::Write(value) => Some(value),
+        Attestation::NoKey => {
+            return Decision::deny(
+                Reason::Unattestable,
+                format!(
+                    "keyward: profile {:?} issues credentials for this pod's owner, which needs keyward's admission attestation, and this webhook has no attestation key loaded yet (keyward's controller creates the Secret keyward-attestation; the kubelet delivers it within a minute or two); retry then",
+                    profile.name
+                ),
+            )
+        }
+    };
     if existing(ANNOTATION_INJECTED) != Some(annotation.as_str()) {
         added.push((ANNOTATION_INJECTED, annotation));
+    }
+    if let Some(value) = attestation {
+        added.push((ANNOTATION_ATTESTATION, value));
     }
     if let Some(original) = &planned.original_service_account {
         if existing(ANNOTATION_ORIGINAL_SA).is_none() {
@@ -553,4 +591,39 @@ fn inject(
     d.warnings = warnings;
     d.audit_annotations = audit_annotations;
     d
+}
+
+/// What to do about the admission attestation.
+enum Attestation {
+    /// Nothing: the profile issues nothing per owner, or the pod's is already valid.
+    Keep,
+    Write(String),
+    /// One is needed and no key is loaded.
+    NoKey,
+}
+
+/// The admission attestation, if the profile issues per-owner credentials: the attestation
+/// binds the owner and the record of what was injected, so the controller issues per-owner
+/// credentials only for pods this webhook admitted as such.
+fn attestation(
+    facts: &RequestFacts<'_>,
+    meta: &Metadata<'_>,
+    profile: &Profile,
+    injected: &str,
+    existing: Option<&str>,
+) -> Attestation {
+    let (Some(attestor), Some(owner), true) = (facts.attestor, &meta.controller_owner, profile.issues_per_owner) else {
+        return Attestation::Keep;
+    };
+    let owner = attest::OwnerRef {
+        group: select::api_group(&owner.api_version),
+        kind: &owner.kind,
+        name: &owner.name,
+        uid: &owner.uid,
+    };
+    let payload = attest::payload(facts.namespace, &owner, &profile.name, injected);
+    if existing.is_some_and(|v| attestor.verifies(&payload, v)) {
+        return Attestation::Keep;
+    }
+    attestor.attest(&payload).map_or(Attestation::NoKey, Attestation::Write)
 }

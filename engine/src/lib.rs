@@ -9,11 +9,13 @@
 //! - [`kinds`]: one module per kind of injection, and the registry that lists them.
 //! - [`profile`]: the `InjectionProfile` schema (listing the kinds), loading and validation.
 //! - [`pod`]: the narrow view of the pod, decoded from the raw request.
-//! - [`select`], `plan`, `check`, [`audit`]: selection, the patch, the self-check, the record.
+//! - [`select`], `plan`, `check`, [`audit`], [`attest`]: selection, the patch, the self-check, the
+//!   record, and the admission attestation's payload.
 //! - [`engine`]: the decision; [`review`]: the AdmissionReview envelope.
 
 #![warn(unreachable_pub)]
 
+pub mod attest;
 pub mod audit;
 mod check;
 pub mod engine;
@@ -29,6 +31,7 @@ pub mod review;
 pub mod select;
 pub mod text;
 
+pub use attest::{Attestor, ANNOTATION_ATTESTATION};
 pub use audit::{
     AuditRecord, ContainerScope, ANNOTATION_INJECTED, ANNOTATION_ORIGINAL_SA, TOTAL_ANNOTATION_SIZE_LIMIT,
 };

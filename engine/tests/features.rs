@@ -200,7 +200,7 @@ fn plain_env_and_api_token_removal_keep_the_account() {
 #[test]
 fn requires_lists_each_new_dependency_with_its_provider_once() {
     let inject = "    clientCertificate: {secretName: \"{owner.name}-client\", mountPath: /var/run/secrets/example/client}\n    serverCA: {configMapName: site-ca, mountPath: /var/run/secrets/example/ca}\n    token: {secretName: api-key, mountPath: /var/run/secrets/example/token, valueEnv: API_KEY}\n    serviceAccount: {name: demo-runner, provider: keyward, bindings: [{kind: ClusterRole, name: view}]}\n";
-    let set = profiles(&profile("", inject));
+    let set = profiles(&profile("  controllerOwners: [{apiGroup: apps, kind: ReplicaSet}]\n", inject));
     let facts = create("team-a", OPERATOR);
     let (d, after) = admit(&facts, &plain_pod(), &set);
     let requires: Vec<(String, &str, &str)> = d
@@ -223,4 +223,97 @@ fn requires_lists_each_new_dependency_with_its_provider_once() {
     let again = decide(&facts, &after, &set);
     assert_eq!(again.reason, Reason::AlreadyInjected);
     assert_eq!(again.outcome.as_ref().unwrap().requires().count(), 0);
+}
+
+// === the admission attestation ===
+
+const LMEVAL_OPERATOR: &str = "system:serviceaccount:lm-eval:lm-eval-controller-manager";
+
+/// What the webhook signs for the fms driver pod: the owner, the profile and the record.
+fn lmeval_payload(pod: &Value) -> Vec<u8> {
+    let owner = &pod["metadata"]["ownerReferences"][0];
+    keyward_engine::attest::payload(
+        "team-a",
+        &keyward_engine::attest::OwnerRef {
+            group: "foundation-model-stack.github.com.github.com",
+            kind: "LMEvalJob",
+            name: owner["name"].as_str().unwrap(),
+            uid: owner["uid"].as_str().unwrap(),
+        },
+        "lmeval",
+        pod["metadata"]["annotations"]["keyward.io/injected"].as_str().unwrap(),
+    )
+}
+
+#[test]
+fn a_pod_whose_owner_gets_credentials_is_attested_once_and_a_forgery_is_replaced() {
+    use keyward_engine::Attestor as _;
+    let attestor = TestAttestor { key: Some(1) };
+    let facts = create("team-a", LMEVAL_OPERATOR).attested_by(&attestor);
+    let (d, after) = admit(&facts, &fixture("lmeval-fms-driver-pod.json"), &builtin());
+    assert_eq!(d.reason, Reason::Injected);
+    let value = after["metadata"]["annotations"]["keyward.io/attestation"].as_str().unwrap();
+    assert_eq!(Some(value.to_string()), attestor.attest(&lmeval_payload(&after)));
+    let ops = patch_json(&d);
+    assert!(
+        ops.as_array().unwrap().iter().any(|op| op["path"] == "/metadata/annotations/keyward.io~1attestation"),
+        "{ops}"
+    );
+    // A reinvocation changes nothing.
+    let again = decide(&facts, &after, &builtin());
+    assert_eq!((again.reason, again.patch().len()), (Reason::AlreadyInjected, 0));
+
+    // A pod that arrives with an attestation it wrote itself gets the real one instead.
+    let mut forged = fixture("lmeval-fms-driver-pod.json");
+    forged["metadata"]["annotations"] = json!({"keyward.io/attestation": "v1.test.0000000000000000"});
+    let (_, after) = admit(&facts, &forged, &builtin());
+    assert_eq!(after["metadata"]["annotations"]["keyward.io/attestation"].as_str(), Some(value));
+    // Under another key (another cluster's webhook), the attestation differs.
+    let other = TestAttestor { key: Some(2) };
+    let (_, elsewhere) = admit(
+        &create("team-a", LMEVAL_OPERATOR).attested_by(&other),
+        &fixture("lmeval-fms-driver-pod.json"),
+        &builtin(),
+    );
+    assert_ne!(elsewhere["metadata"]["annotations"]["keyward.io/attestation"].as_str(), Some(value));
+}
+
+#[test]
+fn without_a_key_a_pod_that_needs_an_attestation_is_refused_and_others_are_not_attested() {
+    let keyless = TestAttestor { key: None };
+    let d = decide(
+        &create("team-a", LMEVAL_OPERATOR).attested_by(&keyless),
+        &fixture("lmeval-fms-driver-pod.json"),
+        &builtin(),
+    );
+    assert_eq!(d.reason, Reason::Unattestable);
+    assert_eq!(
+        d.message().unwrap(),
+        "keyward: profile \"lmeval\" issues credentials for this pod's owner, which needs keyward's admission attestation, and this webhook has no attestation key loaded yet (keyward's controller creates the Secret keyward-attestation; the kubelet delivers it within a minute or two); retry then"
+    );
+    // The KFP agents get a projected token, nothing per owner: no attestation, key or not.
+    let (d, after) = admit(
+        &create("kubeflow", "system:serviceaccount:kube-system:replicaset-controller").attested_by(&keyless),
+        &fixture("kfp-persistenceagent-pod-no-token.json"),
+        &builtin(),
+    );
+    assert_eq!(d.reason, Reason::Injected);
+    assert!(after["metadata"]["annotations"].get("keyward.io/attestation").is_none());
+    // A requester the profile refuses gets no attestation either (it is refused).
+    let d = decide(
+        &create("team-a", "system:serviceaccount:team-a:someone").attested_by(&TestAttestor { key: Some(1) }),
+        &fixture("lmeval-fms-driver-pod.json"),
+        &builtin(),
+    );
+    assert_eq!(d.reason, Reason::RequesterDenied);
+}
+
+#[test]
+fn a_profile_that_issues_per_owner_must_name_its_owner_kinds() {
+    let yaml = profile("", "    clientCertificate: {secretName: \"{owner.name}-client\", mountPath: /var/run/secrets/example/client, provider: keyward}\n");
+    let err = keyward_engine::ProfileSet::from_sources([("test.yaml".to_string(), yaml)]).unwrap_err().to_string();
+    assert!(
+        err.contains("spec.controllerOwners: must name the owner kinds (apiGroup, kind) keyward issues per-owner credentials for"),
+        "{err}"
+    );
 }

@@ -389,7 +389,7 @@ fn generated_profile() -> impl Strategy<Value = GeneratedProfile> {
         })
         .prop_map(|(a, b, c, d, e, (f, g), containers, (keep_user, skip))| {
             let kinds: Vec<KindYaml> = [a, b, c, d, f, e, g].into_iter().flatten().collect();
-            let mut yaml = "apiVersion: keyward.io/v1alpha1\nkind: InjectionProfile\nmetadata: {name: gen}\nspec:\n  selector: {matchLabels: {app: gen}}\n  requesters: {usernames: [gen-bot]}\n".to_string();
+            let mut yaml = "apiVersion: keyward.io/v1alpha1\nkind: InjectionProfile\nmetadata: {name: gen}\nspec:\n  selector: {matchLabels: {app: gen}}\n  controllerOwners: [{apiGroup: batch, kind: Job}]\n  requesters: {usernames: [gen-bot]}\n".to_string();
             if let Some(list) = containers {
                 yaml.push_str(&format!("  containers: {list}\n"));
             }
@@ -420,6 +420,7 @@ proptest! {
         shape in pod_shape(),
         with_team in any::<bool>(),
         preset in proptest::collection::vec((0usize..8, any::<bool>()), 0..3),
+        attested in any::<bool>(),
     ) {
         let set = ProfileSet::from_sources([("gen.yaml".to_string(), profile.yaml.clone())])
             .unwrap_or_else(|e| panic!("generated profile does not load: {e}\n{}", profile.yaml));
@@ -438,7 +439,8 @@ proptest! {
                 }
             }
         }
-        let facts = create("team-a", "gen-bot");
+        let attestor = TestAttestor { key: Some(7) };
+        let facts = if attested { create("team-a", "gen-bot").attested_by(&attestor) } else { create("team-a", "gen-bot") };
         let decision = decide(&facts, &pod, &set);
         if decision.allowed() {
             let after = apply(&pod, &decision);

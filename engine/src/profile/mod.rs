@@ -25,6 +25,25 @@ pub struct Profile {
     /// Where it came from (a file path or `builtin:…`), for messages.
     pub source: String,
     pub spec: ProfileSpec,
+    /// Whether keyward issues per-owner objects for its pods (a client certificate or a
+    /// generated token, `provider: keyward`): then its pods carry the admission attestation.
+    /// Worked out once, at load.
+    pub issues_per_owner: bool,
+}
+
+impl Profile {
+    /// Whether it provides, per owner, an object whose provision `wanted` accepts (its kinds
+    /// planned for a stand-in pod that has an owner).
+    pub fn provides_per_owner(&self, wanted: impl Fn(&crate::inject::Provision) -> bool) -> bool {
+        let labels = crate::names::Labels::new();
+        let ctx =
+            crate::names::TemplateContext { namespace: "stand-in", owner_name: Some("stand-in"), labels: &labels };
+        self.spec.inject.kinds().any(|(_, kind)| {
+            kind.plan(&ctx).is_ok_and(|i| {
+                i.requires.iter().any(|r| r.provided_by == crate::inject::Provider::Keyward && wanted(&r.provision))
+            })
+        })
+    }
 }
 
 /// The profiles in force, validated together (names unique).
@@ -115,8 +134,11 @@ impl ProfileSet {
 }
 
 fn annotation_keys(profiles: &[Profile]) -> Vec<String> {
-    let mut keys =
-        vec![crate::audit::ANNOTATION_INJECTED.to_string(), crate::audit::ANNOTATION_ORIGINAL_SA.to_string()];
+    let mut keys = vec![
+        crate::audit::ANNOTATION_INJECTED.to_string(),
+        crate::audit::ANNOTATION_ORIGINAL_SA.to_string(),
+        crate::attest::ANNOTATION_ATTESTATION.to_string(),
+    ];
     for key in profiles.iter().flat_map(|p| p.spec.annotation_selector.keys()) {
         if !keys.iter().any(|k| k == key) {
             keys.push(key.to_string());

@@ -8,7 +8,7 @@ use super::schema::{
 };
 use super::Profile;
 use crate::error::ProfileError;
-use crate::inject::Check;
+use crate::inject::{Check, Provision};
 use crate::kinds::Injections;
 use crate::names::{
     is_dns1123_subdomain, is_label_value, is_qualified_name, service_account_pattern, DNS1123_SUBDOMAIN_RULE,
@@ -78,10 +78,22 @@ pub(super) fn validate(source: &str, doc: ProfileDocument, errors: &mut Vec<Prof
         problem(&field, reason);
     }
 
+    let mut profile =
+        Profile { name: doc.metadata.name, source: source.to_string(), spec: doc.spec, issues_per_owner: false };
+    profile.issues_per_owner =
+        profile.provides_per_owner(|p| matches!(p, Provision::ClientCertificate | Provision::GeneratedToken { .. }));
+    if profile.issues_per_owner && profile.spec.controller_owners.is_empty() {
+        // An identity is issued per owner: the controller checks that the owner exists with
+        // the kind and API group named here before it issues anything.
+        problem(
+            "spec.controllerOwners",
+            "must name the owner kinds (apiGroup, kind) keyward issues per-owner credentials for, since the profile issues a client certificate or token per owner; list the operator's job kind".into(),
+        );
+    }
     if errors.len() > before {
         return None;
     }
-    Some(Profile { name: doc.metadata.name, source: source.to_string(), spec: doc.spec })
+    Some(profile)
 }
 
 fn validate_annotation_selector(selector: &AnnotationSelector, problem: &mut impl FnMut(&str, String)) {

@@ -148,3 +148,30 @@ pub fn admit(facts: &RequestFacts<'_>, pod: &Value, profiles: &ProfileSet) -> (D
 pub fn patch_json(decision: &Decision) -> Value {
     serde_json::to_value(decision.patch()).unwrap()
 }
+
+/// An attestor for engine tests: a keyed FNV-1a "signature", deterministic and key-dependent
+/// (the engine only asks for a value and compares it; the real HMAC is keyward-certs').
+#[derive(Debug, Clone)]
+pub struct TestAttestor {
+    pub key: Option<u64>,
+}
+
+impl TestAttestor {
+    fn tag(key: u64, payload: &[u8]) -> String {
+        let mut h = 0xcbf2_9ce4_8422_2325u64 ^ key;
+        for b in payload {
+            h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        format!("v1.test.{h:016x}")
+    }
+}
+
+impl keyward_engine::Attestor for TestAttestor {
+    fn attest(&self, payload: &[u8]) -> Option<String> {
+        self.key.map(|k| Self::tag(k, payload))
+    }
+
+    fn verifies(&self, payload: &[u8], value: &str) -> bool {
+        self.key.is_some_and(|k| Self::tag(k, payload) == value)
+    }
+}

@@ -1,0 +1,252 @@
+//! The admission attestation's keys: HMAC-SHA256 keys the controller generates and keeps in the
+//! Secret `keyward-attestation` (`current`, `previous`: 32 random bytes each), which the webhook
+//! reads from a mounted directory, hot-reloaded like its certificate. The webhook signs with
+//! `current`; a signature under `current` or `previous` verifies, so a rotation never
+//! invalidates a pod attested a moment before it.
+//!
+//! An attestation is `v1.<key id>.<base64url HMAC>`: the key id (the first 8 bytes of the
+//! key's SHA-256, hex) picks the key to check with; it says nothing about the key itself.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+use base64::Engine as _;
+use ring::hmac;
+
+use crate::error::Error;
+use crate::store::{ReloadSource, Trigger};
+
+/// The files of the mounted Secret.
+pub const CURRENT_FILE: &str = "current";
+pub const PREVIOUS_FILE: &str = "previous";
+/// The size of a key, in bytes.
+pub const KEY_BYTES: usize = 32;
+const PREFIX: &str = "v1";
+
+/// One key and its id.
+#[derive(Clone)]
+pub struct Key {
+    id: String,
+    key: hmac::Key,
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Key").field("id", &self.id).finish_non_exhaustive()
+    }
+}
+
+impl Key {
+    /// A key from its 32 bytes. `what` names it in messages.
+    pub fn from_bytes(bytes: &[u8], what: &str) -> Result<Self, Error> {
+        if bytes.len() != KEY_BYTES {
+            return Err(Error::BadKey {
+                what: what.into(),
+                reason: format!("{} bytes; an attestation key is {KEY_BYTES} random bytes", bytes.len()),
+            });
+        }
+        Ok(Self { id: key_id(bytes), key: hmac::Key::new(hmac::HMAC_SHA256, bytes) })
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+}
+
+/// The id of a key: the first 8 bytes of its SHA-256, hex.
+pub fn key_id(bytes: &[u8]) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
+    digest.as_ref()[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// 32 bytes from the system's secure random source: a new key.
+pub fn generate() -> Result<[u8; KEY_BYTES], Error> {
+    let mut bytes = [0u8; KEY_BYTES];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes)
+        .map_err(|_| Error::Mint("no system randomness for an attestation key".into()))?;
+    Ok(bytes)
+}
+
+/// Makes sure `dir/current` holds a key, for development (`keyward serve` without
+/// `--tls-dir`): a new random key the first time, kept after that (`0600`).
+pub fn ensure_dev_key(dir: &Path) -> Result<(), Error> {
+    let path = dir.join(CURRENT_FILE);
+    if let Ok(bytes) = std::fs::read(&path) {
+        return Key::from_bytes(&bytes, &path.display().to_string()).map(|_| ());
+    }
+    std::fs::create_dir_all(dir).map_err(|source| Error::Write { path: dir.to_path_buf(), source })?;
+    crate::pki::write_file(&path, &generate()?, true)
+}
+
+/// The keys in force: the one that signs, and the one before it.
+#[derive(Debug, Clone, Default)]
+pub struct Keys {
+    pub current: Option<Key>,
+    pub previous: Option<Key>,
+}
+
+impl Keys {
+    /// The attestation of `payload` with the current key.
+    pub fn sign(&self, payload: &[u8]) -> Option<String> {
+        let key = self.current.as_ref()?;
+        let tag = hmac::sign(&key.key, payload);
+        Some(format!("{PREFIX}.{}.{}", key.id, base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(tag.as_ref())))
+    }
+
+    /// Whether `value` attests `payload` under the current or the previous key (compared in
+    /// constant time).
+    pub fn verify(&self, payload: &[u8], value: &str) -> bool {
+        let mut parts = value.splitn(3, '.');
+        let (Some(PREFIX), Some(id), Some(tag)) = (parts.next(), parts.next(), parts.next()) else {
+            return false;
+        };
+        let Ok(tag) = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(tag) else {
+            return false;
+        };
+        [&self.current, &self.previous]
+            .into_iter()
+            .flatten()
+            .find(|k| k.id == id)
+            .is_some_and(|k| hmac::verify(&k.key, payload, &tag).is_ok())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.current.is_none()
+    }
+}
+
+/// The keys mounted at a directory, reloaded when it changes (see [`crate::watch`]). A file
+/// that is not a 32-byte key is refused and the last good keys stay.
+pub struct KeyStore {
+    dir: PathBuf,
+    keys: ArcSwap<Keys>,
+    last_error: Mutex<Option<String>>,
+}
+
+impl fmt::Debug for KeyStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyStore").field("dir", &self.dir).field("keys", &self.keys.load()).finish()
+    }
+}
+
+impl KeyStore {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self { dir: dir.into(), keys: ArcSwap::from_pointee(Keys::default()), last_error: Mutex::new(None) }
+    }
+
+    /// The keys in force now.
+    pub fn keys(&self) -> Arc<Keys> {
+        self.keys.load_full()
+    }
+
+    /// `Ok` once a current key is loaded; otherwise why not.
+    pub fn ready(&self) -> Result<(), String> {
+        if !self.keys.load().is_empty() {
+            return Ok(());
+        }
+        match self.last_error.lock().ok().and_then(|e| e.clone()) {
+            Some(e) => Err(format!("no attestation key loaded yet: {e}")),
+            None => Err(format!(
+                "no attestation key loaded yet from {} (keyward's controller creates the Secret keyward-attestation)",
+                self.dir.display()
+            )),
+        }
+    }
+
+    /// Reads the directory; swaps the keys in when they load and differ. Returns whether they
+    /// changed, or why they were refused.
+    pub fn load(&self) -> Result<bool, Error> {
+        let read = |name: &str| -> Result<Option<Key>, Error> {
+            let path = self.dir.join(name);
+            match std::fs::read(&path) {
+                Ok(bytes) => Key::from_bytes(&bytes, &path.display().to_string()).map(Some),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(source) => Err(Error::Read { path, source }),
+            }
+        };
+        let keys = Keys { current: read(CURRENT_FILE)?, previous: read(PREVIOUS_FILE)? };
+        if keys.current.is_none() {
+            return Err(Error::BadKey {
+                what: self.dir.join(CURRENT_FILE).display().to_string(),
+                reason: "missing (keyward's controller creates the Secret keyward-attestation; mount it here)".into(),
+            });
+        }
+        let ids = |k: &Keys| (k.current.as_ref().map(|k| k.id.clone()), k.previous.as_ref().map(|k| k.id.clone()));
+        let changed = ids(&self.keys.load()) != ids(&keys);
+        if changed {
+            self.keys.store(Arc::new(keys));
+        }
+        Ok(changed)
+    }
+}
+
+impl ReloadSource for KeyStore {
+    fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn reload(&self, trigger: Trigger) {
+        let outcome = self.load();
+        let mut last = self.last_error.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        match outcome {
+            Ok(true) => {
+                *last = None;
+                let keys = self.keys.load();
+                tracing::info!(
+                    ?trigger,
+                    dir = %self.dir.display(),
+                    current = keys.current.as_ref().map(Key::id).unwrap_or_default(),
+                    previous = keys.previous.as_ref().map(Key::id).unwrap_or_default(),
+                    "attestation keys loaded"
+                );
+            }
+            Ok(false) => *last = None,
+            Err(e) => {
+                let error = e.to_string();
+                if last.as_deref() != Some(error.as_str()) {
+                    let keeping = self.keys.load().current.as_ref().map(|k| k.id.clone());
+                    tracing::error!(?trigger, %error, keeping = keeping.as_deref().unwrap_or("none"), "attestation keys refused; keeping the last good ones");
+                }
+                *last = Some(error);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_signature_verifies_under_the_current_and_the_previous_key_only() {
+        let (a, b, c) = (generate().unwrap(), generate().unwrap(), generate().unwrap());
+        let key = |bytes: &[u8]| Key::from_bytes(bytes, "k").unwrap();
+        let first = Keys { current: Some(key(&a)), previous: None };
+        let value = first.sign(b"payload").unwrap();
+        assert!(value.starts_with(&format!("v1.{}.", key_id(&a))));
+        assert!(first.verify(b"payload", &value));
+        assert!(!first.verify(b"payload2", &value));
+        // Rotated once: still verifies; rotated twice: no longer.
+        let second = Keys { current: Some(key(&b)), previous: Some(key(&a)) };
+        assert!(second.verify(b"payload", &value));
+        assert_ne!(second.sign(b"payload").unwrap(), value);
+        let third = Keys { current: Some(key(&c)), previous: Some(key(&b)) };
+        assert!(!third.verify(b"payload", &value));
+        // Forgeries: another key's id, a cut tag, junk.
+        let forged = format!("v1.{}.{}", key_id(&b), value.rsplit('.').next().unwrap());
+        assert!(!second.verify(b"payload", &forged));
+        assert!(!first.verify(b"payload", &value[..value.len() - 2]));
+        for junk in ["", "v1", "v1..", "v2.x.y", "v1.0011223344556677.!!!"] {
+            assert!(!first.verify(b"payload", junk), "{junk:?}");
+        }
+        assert_eq!(Keys::default().sign(b"payload"), None);
+    }
+
+    #[test]
+    fn a_key_is_32_bytes() {
+        let err = Key::from_bytes(b"short", "current").unwrap_err();
+        assert_eq!(err.to_string(), "current: 5 bytes; an attestation key is 32 random bytes");
+    }
+}
