@@ -16,7 +16,7 @@ use anyhow::{bail, Context};
 use axum::http::StatusCode;
 use clap::Args;
 use keyward_certs::{CertStore, Trigger};
-use keyward_controller::{run, LeaderElector, Leadership, LeaseConfig, Metrics, Reconciler, Settings};
+use keyward_controller::{run, LeaderElector, LeaseConfig, Metrics, Reconciler, Settings};
 use keyward_engine::inject::Provision;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -66,6 +66,20 @@ pub struct ControllerArgs {
     /// The Lease that elects the one replica that writes.
     #[arg(long, env = "KEYWARD_LEASE_NAME", default_value = "keyward-controller")]
     lease_name: String,
+    /// How long any request to the API server may take to start answering before it is
+    /// abandoned and retried (watches: until their stream starts).
+    #[arg(long, env = "KEYWARD_API_TIMEOUT", default_value = "15s", value_parser = parse_duration)]
+    api_timeout: Duration,
+    /// Keys (an owner, a namespace) reconciled at once; one key never runs twice at once.
+    #[arg(long, env = "KEYWARD_WORKERS", default_value_t = 8)]
+    workers: usize,
+    /// The Secret in --namespace that holds the admission attestation's keys; keyward creates
+    /// and rotates it, and the webhook mounts it (--attestation-key-dir).
+    #[arg(long, env = "KEYWARD_ATTESTATION_SECRET", default_value = "keyward-attestation")]
+    attestation_secret: String,
+    /// How often the attestation key is replaced; the previous key stays valid one period more.
+    #[arg(long, env = "KEYWARD_ATTESTATION_KEY_ROTATION", default_value = "168h", value_parser = parse_duration)]
+    attestation_key_rotation: Duration,
 }
 
 pub fn run(args: ControllerArgs) -> anyhow::Result<()> {
@@ -115,13 +129,17 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         None => None,
     };
 
-    let client = kube::Client::try_default().await.map_err(|e| {
-        anyhow::anyhow!("cannot configure the Kubernetes client ({e}); in a pod, its ServiceAccount token must be mounted; elsewhere, set KUBECONFIG")
-    })?;
-    let (leading_tx, leading_rx) = watch::channel(false);
-    let elector = LeaderElector::new(client.clone(), LeaseConfig::new(&args.lease_name, &args.namespace, &identity));
-    let election = tokio::spawn(elector.run(leading_tx));
-    let leadership = Leadership::from_receiver(leading_rx);
+    let client = kube_client(args.api_timeout).await?;
+    let lease = LeaseConfig::new(&args.lease_name, &args.namespace, &identity);
+    if let Some(problem) = lease.problem() {
+        bail!("leader election: {problem}");
+    }
+    let elector = LeaderElector::new(client.clone(), lease);
+    let leadership = elector.leadership();
+    let (stop_election, election_stopped) = tokio::sync::oneshot::channel::<()>();
+    let election = tokio::spawn(elector.run(async {
+        let _ = election_stopped.await;
+    }));
 
     let settings = Settings {
         trust_domain: args.trust_domain.clone(),
@@ -129,6 +147,9 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         operator_namespaces: args.profiles.operator_namespaces.iter().cloned().collect::<BTreeMap<_, _>>(),
         client_ca_config_map: args.client_ca_config_map.clone(),
         publish_client_ca_to: args.publish_client_ca_to.clone(),
+        namespace: args.namespace.clone(),
+        attestation_secret: args.attestation_secret.clone(),
+        attestation_rotation: args.attestation_key_rotation,
     };
     let reconciler = Arc::new(Reconciler::new(
         client.clone(),
@@ -165,11 +186,25 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         crate::serve::wait_for_signal().await;
         tracing::info!("shutting down: releasing the Lease");
     };
-    run::run(client, reconciler, leadership, args.resync_interval, status, reloads, shutdown).await;
+    let loop_settings = run::LoopSettings { resync: args.resync_interval, workers: args.workers };
+    run::run(client, reconciler, leadership, loop_settings, status, reloads, shutdown).await;
     let _ = stop_tx.send(true);
-    // Every receiver is gone once `run` returns: the elector releases the Lease and ends.
-    let _ = tokio::time::timeout(Duration::from_secs(5), election).await;
+    // The elector releases the Lease (bounded by the renew deadline) and ends.
+    let _ = stop_election.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(12), election).await;
     Ok(())
+}
+
+/// The Kubernetes client (in a pod: its ServiceAccount; elsewhere: KUBECONFIG), with every
+/// request bounded by `timeout` until its answer starts.
+async fn kube_client(timeout: Duration) -> anyhow::Result<kube::Client> {
+    let hint = "in a pod, its ServiceAccount token must be mounted; elsewhere, set KUBECONFIG";
+    let config = kube::Config::infer()
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot configure the Kubernetes client ({e}); {hint}"))?;
+    let builder = kube::client::ClientBuilder::try_from(config)
+        .map_err(|e| anyhow::anyhow!("cannot build the Kubernetes client ({e}); {hint}"))?;
+    Ok(builder.with_layer(&keyward_controller::client::Deadline { limit: timeout }).build())
 }
 
 /// The profiles that issue client certificates (they need the client CA).

@@ -222,7 +222,12 @@ fn the_controller_is_leader_elected_least_privileged_and_mounts_the_client_ca() 
     let rule_for = |resource: &str| {
         role["rules"].as_array().unwrap().iter().find(|r| r["resources"] == json!([resource])).unwrap()["verbs"].clone()
     };
-    assert_eq!(rule_for("pods"), json!(["get", "list", "watch"]), "pods are only read");
+    assert_eq!(rule_for("pods"), json!(["list", "watch"]), "pods are only watched");
+    // Secrets are never enumerated: renewal is driven from verified owners.
+    let secrets = rule_for("secrets");
+    for verb in ["list", "watch"] {
+        assert!(!secrets.as_array().unwrap().contains(&json!(verb)), "{verb} on secrets: {secrets}");
+    }
     assert_eq!(rule_for("namespaces"), json!(["get", "list", "watch"]));
     assert_eq!(rule_for("lmevaljobs"), json!(["get"]), "owners are only checked");
     let lease = find(&docs, "Role", "keyward-controller-lease");
@@ -238,4 +243,25 @@ fn the_controller_is_leader_elected_least_privileged_and_mounts_the_client_ca() 
         assert!(doc["subjects"].as_array().unwrap().iter().all(|s| s["name"] != "keyward"), "{doc}");
     }
     find(&docs, "NetworkPolicy", "keyward-controller");
+}
+
+#[test]
+fn the_webhook_mounts_the_attestation_key_the_controller_makes() {
+    let docs = render("cert-manager");
+    let pod = &find(&docs, "Deployment", "keyward")["spec"]["template"]["spec"];
+    let c = &pod["containers"][0];
+    assert!(c["args"].as_array().unwrap().contains(&json!("--attestation-key-dir=/var/run/keyward/attestation")));
+    let mount = c["volumeMounts"].as_array().unwrap().iter().find(|m| m["name"] == "attestation").unwrap();
+    assert_eq!(mount["mountPath"], "/var/run/keyward/attestation");
+    assert!(mount["subPath"].is_null(), "a directory, so rotations reach it");
+    let volume = pod["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "attestation").unwrap();
+    // The controller's default --attestation-secret, in the same namespace; optional, so the
+    // webhook starts before it exists.
+    assert_eq!(volume["secret"], json!({"secretName": "keyward-attestation", "optional": true, "defaultMode": 288}));
+    let controller = &find(&docs, "Deployment", "keyward-controller")["spec"]["template"]["spec"]["containers"][0];
+    assert!(controller["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|a| !a.as_str().unwrap().starts_with("--attestation-secret")));
 }

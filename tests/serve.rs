@@ -39,8 +39,9 @@ async fn a_matching_pod_gets_the_patch_and_others_pass_untouched() {
     let patch = decode_patch(&response);
     let request: Value = serde_json::from_slice(&review).unwrap();
     let parsed = review::parse_request(&review).unwrap();
+    let attestor = DirAttestor::load(server.attestation_dir.as_ref().unwrap().path());
     let expected = keyward_engine::decide(
-        &parsed.facts(),
+        &parsed.facts().attested_by(&attestor),
         parsed.object.raw().unwrap(),
         &keyward_engine::ProfileSet::builtin().unwrap(),
     );
@@ -49,6 +50,21 @@ async fn a_matching_pod_gets_the_patch_and_others_pass_untouched() {
     let mut pod = request["request"]["object"].clone();
     json_patch::patch(&mut pod, &serde_json::from_value::<json_patch::Patch>(patch).unwrap()).unwrap();
     assert_eq!(pod["spec"]["automountServiceAccountToken"], false);
+    // The admission attestation, signed with the mounted key over the owner and the record.
+    let annotations = &pod["metadata"]["annotations"];
+    let owner = &pod["metadata"]["ownerReferences"][0];
+    let payload = keyward_engine::attest::payload(
+        "team-a",
+        &keyward_engine::attest::OwnerRef {
+            group: "foundation-model-stack.github.com.github.com",
+            kind: "LMEvalJob",
+            name: owner["name"].as_str().unwrap(),
+            uid: owner["uid"].as_str().unwrap(),
+        },
+        "lmeval",
+        annotations["keyward.io/injected"].as_str().unwrap(),
+    );
+    assert!(attestor.0.verify(&payload, annotations["keyward.io/attestation"].as_str().unwrap()), "{annotations}");
 
     // Selected, but not created by the operator: refused with 403 and the reason.
     let response = client

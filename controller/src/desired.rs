@@ -7,13 +7,16 @@
 
 use std::collections::BTreeMap;
 
+use keyward_engine::attest;
 use keyward_engine::engine::decide_object;
 use keyward_engine::inject::{CaSource, Provision, RoleBinding, RoleKind};
-use keyward_engine::names::{Labels, TemplateContext};
+use keyward_engine::names::{is_dns1123_label, is_dns1123_subdomain, Labels, TemplateContext};
 use keyward_engine::pod;
 use keyward_engine::review::Object;
-use keyward_engine::text::prefix;
-use keyward_engine::{Profile, ProfileSet, Reason, RequestFacts, Requester};
+use keyward_engine::text::{clip, prefix};
+use keyward_engine::{
+    Profile, ProfileSet, Reason, RequestFacts, Requester, Requirement, ANNOTATION_ATTESTATION, ANNOTATION_INJECTED,
+};
 use serde_json::value::RawValue;
 
 /// `app.kubernetes.io/managed-by: keyward` on everything the controller writes; it never
@@ -202,31 +205,62 @@ pub fn role_binding_name(account: &str, role: &RoleBinding) -> String {
     prefix(&format!("keyward-{account}-{kind}-{}", role.name), 253).to_string()
 }
 
-/// Whether `profile` provides, per owner, an object whose provision `wanted` accepts (its kinds
-/// planned for a stand-in pod that has an owner).
+/// Whether `profile` provides, per owner, an object whose provision `wanted` accepts.
 pub fn provides_per_owner(profile: &Profile, wanted: impl Fn(&Provision) -> bool) -> bool {
-    let labels = Labels::new();
-    let ctx = TemplateContext { namespace: "stand-in", owner_name: Some("stand-in"), labels: &labels };
-    profile
-        .spec
-        .inject
-        .kinds()
-        .any(|(_, kind)| kind.plan(&ctx).is_ok_and(|i| i.requires.iter().any(|r| wanted(&r.provision))))
+    profile.provides_per_owner(wanted)
 }
 
 /// What the controller does for one live pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PodVerdict {
-    /// Issue these for the pod's owner.
-    Issue { profile: String, owner: Owner, wants: Vec<Desired> },
+    /// The pod is one keyward injected, for this owner: issue, once the attestation and the
+    /// owner check out.
+    Claim(PodClaim),
+    /// The pod is selected and injected, but names an owner no identity may be made from:
+    /// refused, and why.
+    Unverifiable(String),
     /// Nothing, and why (for the debug log).
     Nothing(String),
+}
+
+/// What an injected pod claims: issue these for this owner. Nothing here is trusted until the
+/// attestation verifies (or the objects exist already, issued by keyward) and the owner exists.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodClaim {
+    pub profile: String,
+    /// Checked by Kubernetes' name rules: every segment of its identity is one.
+    pub owner: Owner,
+    pub wants: Vec<Desired>,
+    /// The pod's `keyward.io/attestation`, and what it must attest.
+    pub attestation: Option<String>,
+    pub payload: Vec<u8>,
+}
+
+/// Whether an attestation holds, under the keys given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attested {
+    Valid,
+    /// The pod has none (created before keyward attested, or never admitted by it).
+    Missing,
+    /// It has one that does not verify: written by someone other than keyward's webhook, or
+    /// for another owner, profile or injection.
+    Forged,
+}
+
+impl PodClaim {
+    pub fn attested(&self, keys: &keyward_certs::attestation::Keys) -> Attested {
+        match &self.attestation {
+            None => Attested::Missing,
+            Some(value) if keys.verify(&self.payload, value) => Attested::Valid,
+            Some(_) => Attested::Forged,
+        }
+    }
 }
 
 /// Re-evaluates the profiles on a live pod (as stored, in `namespace`): it must be one a
 /// profile selects, and carry exactly what that profile injects (else keyward did not admit it
 /// as such, and issues nothing). Returns the per-owner objects of that profile provided by
-/// keyward.
+/// keyward, with the attestation to check.
 pub fn for_pod(profiles: &ProfileSet, pod: &RawValue, namespace: &str, trust_domain: &str) -> PodVerdict {
     if namespace.is_empty() {
         return PodVerdict::Nothing("the pod has no namespace".into());
@@ -236,12 +270,14 @@ pub fn for_pod(profiles: &ProfileSet, pod: &RawValue, namespace: &str, trust_dom
         Ok(read) => read,
         Err(e) => return PodVerdict::Nothing(format!("not a valid pod: {e}")),
     };
-    let owner = read.metadata.controller_owner.as_ref().filter(|o| !o.uid.is_empty()).map(|o| Owner {
+    let owner = read.metadata.controller_owner.as_ref().map(|o| Owner {
         api_version: o.api_version.to_string(),
         kind: o.kind.to_string(),
         name: o.name.to_string(),
         uid: o.uid.to_string(),
     });
+    let annotation = |key: &str| read.metadata.annotations.kept.get(key).map(|v| v.to_string());
+    let (attestation, injected) = (annotation(ANNOTATION_ATTESTATION), annotation(ANNOTATION_INJECTED));
     let facts = RequestFacts::pod_create(namespace, Requester::Assumed);
     let decision = decide_object(&facts, &Object::Read(read), profiles);
     let Some(profile) = decision.profile.clone() else {
@@ -253,32 +289,85 @@ pub fn for_pod(profiles: &ProfileSet, pod: &RawValue, namespace: &str, trust_dom
             decision.reason.as_str()
         ));
     }
-    let Some(owner) = owner else {
-        return PodVerdict::Nothing("it has no controller owner".into());
-    };
     let Ok(mutation) = &decision.outcome else {
         return PodVerdict::Nothing("refused".into());
     };
-    let mut wants = Vec::new();
-    for (_, injection) in &mutation.injections {
-        for requirement in &injection.requires {
-            let want = match &requirement.provision {
-                Provision::ClientCertificate => Want::ClientCertificate {
-                    owner: owner.clone(),
-                    identity: spiffe_id(trust_domain, namespace, &owner.kind, &owner.name),
-                },
-                Provision::GeneratedToken { key } => Want::Token { owner: owner.clone(), key: key.clone() },
-                _ => continue,
-            };
-            wants.push(Desired {
-                namespace: namespace.to_string(),
-                name: requirement.name.clone(),
-                profile: profile.clone(),
-                want,
-            });
-        }
+    let wanted: Vec<&Requirement> = mutation
+        .injections
+        .iter()
+        .flat_map(|(_, i)| &i.requires)
+        .filter(|r| matches!(r.provision, Provision::ClientCertificate | Provision::GeneratedToken { .. }))
+        .collect();
+    if wanted.is_empty() {
+        return PodVerdict::Nothing(format!("profile {profile:?} issues nothing per owner"));
     }
-    PodVerdict::Issue { profile, owner, wants }
+    let Some(owner) = owner else {
+        return PodVerdict::Nothing("it has no controller owner".into());
+    };
+    if let Some(problem) = identity_problem(namespace, &owner) {
+        return PodVerdict::Unverifiable(problem);
+    }
+    let mut wants = Vec::new();
+    for requirement in wanted {
+        let want = match &requirement.provision {
+            Provision::ClientCertificate => Want::ClientCertificate {
+                owner: owner.clone(),
+                identity: spiffe_id(trust_domain, namespace, &owner.kind, &owner.name),
+            },
+            Provision::GeneratedToken { key } => Want::Token { owner: owner.clone(), key: key.clone() },
+            _ => continue,
+        };
+        wants.push(Desired {
+            namespace: namespace.to_string(),
+            name: requirement.name.clone(),
+            profile: profile.clone(),
+            want,
+        });
+    }
+    let payload = attest::payload(
+        namespace,
+        &attest::OwnerRef { group: owner.group(), kind: &owner.kind, name: &owner.name, uid: &owner.uid },
+        &profile,
+        injected.as_deref().unwrap_or_default(),
+    );
+    PodVerdict::Claim(PodClaim { profile, owner, wants, attestation, payload })
+}
+
+/// Why an identity cannot be made from this owner, if it cannot: each value that becomes part
+/// of one must be what Kubernetes allows there (a `/` or a `..` in a name would make a SPIFFE
+/// path that a verifier normalising it reads as someone else's).
+pub fn identity_problem(namespace: &str, owner: &Owner) -> Option<String> {
+    let group = owner.group();
+    let version = owner.version();
+    if !is_dns1123_label(namespace) {
+        return Some(format!("namespace {:?} is not a DNS-1123 label", clip(namespace, 64)));
+    }
+    if !is_dns1123_subdomain(&owner.name) {
+        return Some(format!(
+            "the controller owner's name {:?} is not a Kubernetes object name (a DNS-1123 subdomain)",
+            clip(&owner.name, 64)
+        ));
+    }
+    if owner.kind.is_empty()
+        || owner.kind.len() > 63
+        || !owner.kind.starts_with(|c: char| c.is_ascii_alphabetic())
+        || !owner.kind.chars().all(|c| c.is_ascii_alphanumeric())
+    {
+        return Some(format!("the controller owner's kind {:?} is not a Kubernetes kind", clip(&owner.kind, 64)));
+    }
+    if !(group.is_empty() || is_dns1123_subdomain(group)) || !is_dns1123_label(version) {
+        return Some(format!(
+            "the controller owner's apiVersion {:?} is not GROUP/VERSION",
+            clip(&owner.api_version, 64)
+        ));
+    }
+    let uid_ok = !owner.uid.is_empty()
+        && owner.uid.len() <= 128
+        && owner.uid.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
+    if !uid_ok {
+        return Some(format!("the controller owner's uid {:?} is not a Kubernetes UID", clip(&owner.uid, 64)));
+    }
+    None
 }
 
 /// `spiffe://<trust domain>/ns/<namespace>/<kind, lower case>/<name>`: every part is a

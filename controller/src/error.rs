@@ -16,8 +16,14 @@ pub enum Error {
     Randomness,
     #[error("not the leader: nothing is written")]
     NotLeader,
+    #[error("{0} did not finish in time")]
+    Timeout(String),
+    #[error("the attestation keys are not loaded yet (the Secret keyward-attestation is read when this replica starts leading)")]
+    NoAttestationKeys,
     #[error("{what}: {reason}")]
     Source { what: String, reason: String },
+    #[error("{0}: the watched copy was behind the API server; retrying when it catches up")]
+    Stale(String),
     #[error("object {0} has no resourceVersion or name")]
     Malformed(String),
 }

@@ -98,6 +98,35 @@ pub fn renewal(
     Renewal::Fresh { not_after: info.not_after }
 }
 
+/// Whether the first certificate of `cert_pem` chains to `ca` for client authentication, as an
+/// mTLS server checks it: keyward signed it (a Secret's own `ca.crt` proves nothing).
+pub fn issued_by(cert_pem: &[u8], ca: &Ca) -> bool {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, UnixTime};
+    let (Ok(leaf), Ok(root)) =
+        (CertificateDer::from_pem_slice(cert_pem), CertificateDer::from_pem_slice(ca.cert_pem().as_bytes()))
+    else {
+        return false;
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    if roots.add(root).is_err() {
+        return false;
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let Ok(verifier) = rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), provider).build()
+    else {
+        return false;
+    };
+    verifier.verify_client_cert(&leaf, &[], UnixTime::now()).is_ok()
+}
+
+/// When a certificate is due for renewal: two thirds into its life.
+pub fn renew_at(cert_pem: Option<&[u8]>) -> Option<SystemTime> {
+    let info = keyward_certs::pem::cert_info(cert_pem?, TLS_CRT.as_ref()).ok()?;
+    let life = info.not_after.duration_since(info.not_before).unwrap_or_default();
+    Some(info.not_before + life * 2 / 3)
+}
+
 /// 32 random bytes, base64url without padding (43 characters).
 pub fn generate_token() -> Result<String, Error> {
     let mut bytes = [0u8; 32];

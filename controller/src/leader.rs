@@ -1,9 +1,17 @@
-//! Leader election on a `coordination.k8s.io` Lease, with client-go's semantics: only the
-//! leader writes; a Lease held by another is respected until it has not changed for its whole
-//! duration *as observed on this replica's clock* (remote timestamps are never compared with
-//! the local clock, so clock skew cannot elect two leaders); a leader that cannot renew within
-//! the renew deadline, or finds the Lease taken, stops writing at once.
+//! Leader election on a `coordination.k8s.io` Lease, with client-go's semantics.
+//!
+//! - A Lease held by another is respected until it has not changed for its whole duration *as
+//!   observed on this replica's clock*: remote timestamps are never compared with the local
+//!   clock, so clock skew cannot elect two leaders.
+//! - Leadership is a deadline on the local clock, not a flag: each successful renewal extends
+//!   it to the moment the renewal was *sent* plus the renew deadline. [`Leadership::check`],
+//!   before every write, compares the clock with that deadline, so a leader whose Lease
+//!   requests hang (a half-open connection to one apiserver) stops writing at the deadline
+//!   whatever the elector's task is doing. The renew deadline is shorter than the Lease's
+//!   duration, so the old leader's writes end before another replica may take the Lease.
+//! - Every Lease request is bounded by the time left before the renew deadline.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -38,32 +46,64 @@ impl LeaseConfig {
             retry_period: Duration::from_secs(2),
         }
     }
+
+    /// Whether the durations keep client-go's order, without which two replicas could write at
+    /// once: lease duration > renew deadline > retry period × 1.2 (the jitter).
+    pub fn problem(&self) -> Option<String> {
+        if self.lease_duration <= self.renew_deadline {
+            return Some(format!(
+                "the lease duration ({:?}) must be longer than the renew deadline ({:?})",
+                self.lease_duration, self.renew_deadline
+            ));
+        }
+        if self.renew_deadline <= self.retry_period.mul_f64(1.2) {
+            return Some(format!(
+                "the renew deadline ({:?}) must be longer than 1.2 × the retry period ({:?})",
+                self.renew_deadline, self.retry_period
+            ));
+        }
+        None
+    }
+}
+
+#[derive(Debug)]
+struct Shared {
+    /// Until when this replica may write, on the local clock; `None` when not leading.
+    until: Mutex<Option<Instant>>,
+    /// Told whenever leadership is gained or given up (a lapse is seen by the clock).
+    changes: watch::Sender<bool>,
 }
 
 /// Whether this replica may write now. Cheap to clone; checked before every write.
 #[derive(Debug, Clone)]
 pub struct Leadership {
-    rx: watch::Receiver<bool>,
-    /// For [`Leadership::always`]: the sender, kept so the value never closes.
-    _fixed: Option<std::sync::Arc<watch::Sender<bool>>>,
+    shared: Arc<Shared>,
+    changes: watch::Receiver<bool>,
+    always: bool,
 }
 
 impl Leadership {
+    fn new(always: bool) -> Self {
+        let (tx, rx) = watch::channel(always);
+        Self { shared: Arc::new(Shared { until: Mutex::new(None), changes: tx }), changes: rx, always }
+    }
+
     /// Always the leader (a single replica without election, and tests).
     pub fn always() -> Self {
-        let (tx, rx) = watch::channel(true);
-        Self { rx, _fixed: Some(std::sync::Arc::new(tx)) }
+        Self::new(true)
     }
 
-    pub fn from_receiver(rx: watch::Receiver<bool>) -> Self {
-        Self { rx, _fixed: None }
-    }
-
+    /// Leads until the local clock reaches the deadline the elector last set.
     pub fn is_leader(&self) -> bool {
-        *self.rx.borrow()
+        self.always || self.until().is_some_and(|until| Instant::now() < until)
     }
 
-    /// `Err(NotLeader)` unless this replica leads: the check before every write.
+    /// When leadership lapses unless renewed (`None`: not leading, or leading for ever).
+    pub fn until(&self) -> Option<Instant> {
+        *self.shared.until.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// `Err(NotLeader)` unless this replica leads now: the check before every write.
     pub fn check(&self) -> Result<(), Error> {
         if self.is_leader() {
             Ok(())
@@ -72,9 +112,30 @@ impl Leadership {
         }
     }
 
-    /// Waits until leadership changes.
+    /// Waits until leadership is gained or given up, or lapses on the clock. `false` when the
+    /// elector is gone.
     pub async fn changed(&mut self) -> bool {
-        self.rx.changed().await.is_ok()
+        let until = self.until().filter(|_| !self.always);
+        let lapse = async move {
+            match until {
+                Some(until) => tokio::time::sleep_until(until).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            changed = self.changes.changed() => changed.is_ok(),
+            () = lapse => true,
+        }
+    }
+
+    fn extend(&self, until: Instant) {
+        *self.shared.until.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(until);
+        self.shared.changes.send_if_modified(|leading| !std::mem::replace(leading, true));
+    }
+
+    fn give_up(&self) {
+        *self.shared.until.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
+        self.shared.changes.send_replace(false);
     }
 }
 
@@ -90,6 +151,7 @@ pub enum Attempt {
 pub struct LeaderElector {
     api: Api<Lease>,
     config: LeaseConfig,
+    leadership: Leadership,
     /// The last (holder, renewTime, duration) seen, and when it was seen to change, locally.
     observed: Option<(Option<String>, Option<MicroTime>, i32)>,
     observed_at: Instant,
@@ -97,7 +159,18 @@ pub struct LeaderElector {
 
 impl LeaderElector {
     pub fn new(client: Client, config: LeaseConfig) -> Self {
-        Self { api: Api::namespaced(client, &config.namespace), config, observed: None, observed_at: Instant::now() }
+        Self {
+            api: Api::namespaced(client, &config.namespace),
+            config,
+            leadership: Leadership::new(false),
+            observed: None,
+            observed_at: Instant::now(),
+        }
+    }
+
+    /// The handle the reconciler checks before every write.
+    pub fn leadership(&self) -> Leadership {
+        self.leadership.clone()
     }
 
     fn spec(&self, now: Timestamp, acquired: Option<MicroTime>, transitions: i32) -> LeaseSpec {
@@ -155,6 +228,14 @@ impl LeaderElector {
         }
     }
 
+    /// One attempt, given up at `deadline` whatever the API server is doing.
+    async fn attempt_until(&mut self, deadline: Instant) -> Result<Attempt, Error> {
+        match tokio::time::timeout_at(deadline, self.try_acquire_or_renew()).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::Timeout("a Lease request".into())),
+        }
+    }
+
     /// Gives the Lease up (client-go's ReleaseOnCancel), so another replica takes over at
     /// once rather than after the Lease expires.
     pub async fn release(&mut self) -> Result<(), Error> {
@@ -173,49 +254,68 @@ impl LeaderElector {
         Ok(())
     }
 
-    /// Acquires, leads, renews; `leading` says which, until every receiver is gone (then the
-    /// Lease is released).
-    pub async fn run(mut self, leading: watch::Sender<bool>) {
+    /// Acquires, leads, renews, until `stop` resolves; then releases the Lease if held.
+    pub async fn run(mut self, stop: impl std::future::Future<Output = ()>) {
+        futures::pin_mut!(stop);
+        let renew_deadline = self.config.renew_deadline;
         loop {
-            loop {
-                match self.try_acquire_or_renew().await {
-                    Ok(Attempt::Held) => break,
+            // Acquire: one bounded attempt every retry period (jittered).
+            let acquired = loop {
+                let sent = Instant::now();
+                match self.attempt_until(sent + renew_deadline).await {
+                    Ok(Attempt::Held) => break sent,
                     Ok(Attempt::Taken) => {}
                     Err(e) => {
                         tracing::warn!(error = %e, lease = %self.config.name, "leader election: cannot read or write the Lease; retrying")
                     }
                 }
-                if leading.is_closed() {
-                    return;
+                tokio::select! {
+                    () = &mut stop => return,
+                    () = tokio::time::sleep(jitter(self.config.retry_period)) => {}
                 }
-                tokio::time::sleep(jitter(self.config.retry_period)).await;
-            }
+            };
+            self.leadership.extend(acquired + renew_deadline);
             tracing::info!(identity = %self.config.identity, lease = %self.config.name, "leader election: leading");
-            leading.send_replace(true);
-            let mut renewed = Instant::now();
-            loop {
-                tokio::time::sleep(self.config.retry_period).await;
-                if leading.is_closed() {
-                    if let Err(e) = self.release().await {
-                        tracing::warn!(error = %e, "leader election: could not release the Lease");
+            let mut renewed = acquired;
+            // Renew every retry period; each attempt ends by the renew deadline of the last
+            // success, and so does leadership (its clock ran from the same instant).
+            let lost = loop {
+                tokio::select! {
+                    () = &mut stop => {
+                        self.leadership.give_up();
+                        let deadline = Instant::now() + renew_deadline;
+                        match tokio::time::timeout_at(deadline, self.release()).await {
+                            Ok(Ok(())) => tracing::info!("leader election: released the Lease"),
+                            Ok(Err(e)) => tracing::warn!(error = %e, "leader election: could not release the Lease"),
+                            Err(_) => tracing::warn!("leader election: releasing the Lease timed out"),
+                        }
+                        return;
                     }
-                    return;
+                    () = tokio::time::sleep(self.config.retry_period) => {}
                 }
-                match self.try_acquire_or_renew().await {
-                    Ok(Attempt::Held) => renewed = Instant::now(),
+                let sent = Instant::now();
+                let deadline = renewed + renew_deadline;
+                if sent >= deadline {
+                    break "no renewal within the renew deadline";
+                }
+                match self.attempt_until(deadline).await {
+                    Ok(Attempt::Held) => {
+                        renewed = sent;
+                        self.leadership.extend(sent + renew_deadline);
+                    }
                     // Someone else holds it: stop writing now, not at the deadline.
-                    Ok(Attempt::Taken) => break,
-                    Err(e) if renewed.elapsed() < self.config.renew_deadline => {
+                    Ok(Attempt::Taken) => break "another replica holds the Lease",
+                    Err(e) if Instant::now() < deadline => {
                         tracing::warn!(error = %e, "leader election: renewal failed; retrying within the renew deadline");
                     }
                     Err(e) => {
                         tracing::error!(error = %e, "leader election: no renewal within the renew deadline");
-                        break;
+                        break "no renewal within the renew deadline";
                     }
                 }
-            }
-            leading.send_replace(false);
-            tracing::warn!(identity = %self.config.identity, "leader election: lost the Lease; writes stopped");
+            };
+            self.leadership.give_up();
+            tracing::warn!(identity = %self.config.identity, reason = lost, "leader election: lost the Lease; writes stopped");
         }
     }
 }

@@ -11,13 +11,16 @@
 
 #![warn(unreachable_pub)]
 
+pub mod client;
 pub mod conditions;
 pub mod desired;
 mod error;
 pub mod identity;
+pub mod index;
 pub mod leader;
 pub mod metrics;
 pub mod objects;
+pub mod queue;
 pub mod reconcile;
 pub mod run;
 

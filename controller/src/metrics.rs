@@ -25,6 +25,52 @@ struct ConditionLabels {
     condition: &'static str,
 }
 
+/// Why keyward issued nothing for a pod or an owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Refusal {
+    /// The pod has no admission attestation.
+    NoAttestation,
+    /// The pod's attestation does not verify.
+    ForgedAttestation,
+    /// The owner the pod names does not exist with that UID.
+    OwnerMissing,
+    /// The owner's name, kind, group or UID is not what Kubernetes allows.
+    UnverifiableOwner,
+    /// A Secret with keyward's labels that keyward cannot vouch for.
+    UnverifiedSecret,
+}
+
+impl Refusal {
+    pub const ALL: [Refusal; 5] = [
+        Self::NoAttestation,
+        Self::ForgedAttestation,
+        Self::OwnerMissing,
+        Self::UnverifiableOwner,
+        Self::UnverifiedSecret,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NoAttestation => "no-attestation",
+            Self::ForgedAttestation => "forged-attestation",
+            Self::OwnerMissing => "owner-missing",
+            Self::UnverifiableOwner => "unverifiable-owner",
+            Self::UnverifiedSecret => "unverified-secret",
+        }
+    }
+
+    /// The Event's reason.
+    pub fn event_reason(self) -> &'static str {
+        match self {
+            Self::NoAttestation => "NoAdmissionAttestation",
+            Self::ForgedAttestation => "ForgedAdmissionAttestation",
+            Self::OwnerMissing => "OwnerMissing",
+            Self::UnverifiableOwner => "UnverifiableOwner",
+            Self::UnverifiedSecret => "UnverifiedSecret",
+        }
+    }
+}
+
 /// What happened to an object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
@@ -63,6 +109,7 @@ pub struct Metrics {
     client_ca_reloads: Family<ResultLabels, Counter>,
     reconcile_errors: Family<ResultLabels, Counter>,
     conditions: Family<ConditionLabels, Gauge>,
+    refused: Family<ResultLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -109,6 +156,15 @@ impl Default for Metrics {
         for condition in crate::conditions::Condition::ALL {
             conditions.get_or_create(&ConditionLabels { condition: condition.as_str() }).set(0);
         }
+        let refused = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "refused",
+            "Pods, owners and Secrets keyward issued nothing for, each counted once, by result (no-attestation|forged-attestation|owner-missing|unverifiable-owner|unverified-secret)",
+            refused.clone(),
+        );
+        for r in Refusal::ALL {
+            let _ = refused.get_or_create(&ResultLabels { result: r.as_str() });
+        }
         Self {
             registry: Mutex::new(registry),
             objects,
@@ -117,6 +173,7 @@ impl Default for Metrics {
             client_ca_reloads,
             reconcile_errors,
             conditions,
+            refused,
         }
     }
 }
@@ -157,6 +214,15 @@ impl Metrics {
     /// How many of `condition` are in force (tests).
     pub fn conditions(&self, condition: crate::conditions::Condition) -> i64 {
         self.conditions.get_or_create(&ConditionLabels { condition: condition.as_str() }).get()
+    }
+
+    pub fn refused(&self, refusal: Refusal) {
+        self.refused.get_or_create(&ResultLabels { result: refusal.as_str() }).inc();
+    }
+
+    /// How many were refused for `refusal` (tests).
+    pub fn refused_count(&self, refusal: Refusal) -> u64 {
+        self.refused.get_or_create(&ResultLabels { result: refusal.as_str() }).get()
     }
 
     /// Everything, in the text exposition format.

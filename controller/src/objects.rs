@@ -16,6 +16,7 @@ pub enum Scope {
     Namespace,
     Owner,
     ClientCa,
+    Attestation,
 }
 
 impl Scope {
@@ -24,6 +25,7 @@ impl Scope {
             Self::Namespace => "namespace",
             Self::Owner => "owner",
             Self::ClientCa => "client-ca",
+            Self::Attestation => "attestation",
         }
     }
 }
@@ -140,3 +142,43 @@ pub fn client_ca_config_map(namespace: &str, name: &str, ca_pem: &str) -> Config
         ..ConfigMap::default()
     }
 }
+
+/// A JSON merge patch that puts `desired`'s data, keyward's labels and annotation, and its
+/// owner on the existing object at `resource_version` (409 if it changed since): labels and
+/// annotations that others put on it stay.
+pub fn merge_patch<K: serde::Serialize>(desired: &K, resource_version: &str) -> serde_json::Value {
+    let value = serde_json::to_value(desired).unwrap_or_default();
+    let meta = &value["metadata"];
+    let mut patch = serde_json::json!({"metadata": {"resourceVersion": resource_version}});
+    for field in ["labels", "annotations", "ownerReferences"] {
+        if !meta[field].is_null() {
+            patch["metadata"][field] = meta[field].clone();
+        }
+    }
+    if !value["data"].is_null() {
+        patch["data"] = value["data"].clone();
+    }
+    patch
+}
+
+/// The Secret holding the admission attestation's keys (raw 32-byte keys, as the webhook reads
+/// them from the mounted files `current` and `previous`).
+pub fn attestation_secret(
+    namespace: &str,
+    name: &str,
+    current: &[u8],
+    previous: Option<&[u8]>,
+    rotated_at: &str,
+) -> Secret {
+    let mut data =
+        BTreeMap::from([(keyward_certs::attestation::CURRENT_FILE.to_string(), ByteString(current.to_vec()))]);
+    if let Some(previous) = previous {
+        data.insert(keyward_certs::attestation::PREVIOUS_FILE.to_string(), ByteString(previous.to_vec()));
+    }
+    let mut metadata = meta(namespace, name, None, Scope::Attestation, None);
+    metadata.annotations = Some(BTreeMap::from([(ROTATED_AT.to_string(), rotated_at.to_string())]));
+    Secret { metadata, type_: Some("Opaque".into()), data: Some(data), ..Secret::default() }
+}
+
+/// When the attestation key was last rotated (RFC 3339).
+pub const ROTATED_AT: &str = "keyward.io/rotated-at";

@@ -1,32 +1,45 @@
-//! Reconciling: the thin layer between what is desired and the API. Every write is preceded by
-//! the leadership check, and no object without keyward's `managed-by` label is ever changed
-//! or deleted: a name taken by someone else is reported (an Event, a log line, a metric) and
-//! left alone.
+//! Reconciling: the thin layer between what is desired and the API.
+//!
+//! - Every write is preceded by the leadership check (a deadline on the local clock).
+//! - No object without keyward's `managed-by` label is ever changed or deleted: a name taken by
+//!   someone else's object is reported (an Event, a log line, a metric) and left alone.
+//! - An identity is issued only on verified facts: the pod's admission attestation (or, for an
+//!   owner issued before attestations existed, a certificate keyward itself signed), and the
+//!   owner existing *now* with the UID the pod names. Renewal is driven from those owners,
+//!   never from what a Secret's own labels and ownerReferences claim.
+//! - What keyward wrote is remembered, so an owner whose certificate is fresh costs no request.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt::Debug;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ObjectReference, Pod, Secret, ServiceAccount};
+use arc_swap::ArcSwap;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ObjectReference, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use k8s_openapi::NamespaceResourceScope;
+use keyward_certs::attestation::{self, Keys};
 use keyward_certs::pki::Ca;
 use keyward_certs::CertStore;
 use keyward_engine::ProfileSet;
-use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PostParams};
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
+};
 use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::conditions::{Change, Condition, Conditions};
-use crate::desired::{self, Desired, Owner, PodVerdict, Want};
+use crate::desired::{self, Attested, Desired, Owner, PodClaim, SourceKey, Want};
 use crate::error::Error;
 use crate::identity::{self, Renewal, CA_CRT, TLS_CRT, TLS_KEY};
+use crate::index::{OwnerKey, PodKey};
 use crate::leader::Leadership;
-use crate::metrics::{Action, Metrics};
+use crate::metrics::{Action, Metrics, Refusal};
 use crate::objects::{self, is_managed, Scope};
+use crate::queue::Outcome;
 
 /// The controller's settings (from `keyward controller`'s flags).
 #[derive(Debug, Clone)]
@@ -41,6 +54,12 @@ pub struct Settings {
     pub client_ca_config_map: String,
     /// The namespaces it is published to.
     pub publish_client_ca_to: Vec<String>,
+    /// keyward's own namespace: the attestation key Secret lives there.
+    pub namespace: String,
+    /// The Secret holding the attestation keys.
+    pub attestation_secret: String,
+    /// How often the attestation key is replaced (the previous one stays valid a period more).
+    pub attestation_rotation: Duration,
 }
 
 impl Default for Settings {
@@ -51,9 +70,36 @@ impl Default for Settings {
             operator_namespaces: BTreeMap::new(),
             client_ca_config_map: "keyward-client-ca".into(),
             publish_client_ca_to: Vec::new(),
+            namespace: "keyward-system".into(),
+            attestation_secret: "keyward-attestation".into(),
+            attestation_rotation: Duration::from_secs(7 * 24 * 3600),
         }
     }
 }
+
+/// The watched objects keyward manages per namespace (label `managed-by=keyward`), so that
+/// reconciling a namespace reads memory, not the API.
+#[derive(Clone)]
+pub struct Stores {
+    pub config_maps: Store<ConfigMap>,
+    pub service_accounts: Store<ServiceAccount>,
+    pub role_bindings: Store<RoleBinding>,
+}
+
+/// What keyward last wrote (or read) of a per-owner Secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Memo {
+    resource_version: String,
+    owner_uid: String,
+    /// For a certificate: when to renew, and the client CA it was issued with.
+    renew_at: Option<SystemTime>,
+    ca_sha: String,
+    /// A new pod of the owner arrived: read the Secret before trusting this again.
+    stale: bool,
+}
+
+/// How one owner's reconcile ended, for the queue.
+type OwnerResult = Result<Outcome, Error>;
 
 pub struct Reconciler {
     client: Client,
@@ -64,6 +110,13 @@ pub struct Reconciler {
     metrics: Arc<Metrics>,
     recorder: Recorder,
     conditions: Conditions,
+    stores: Mutex<Option<Stores>>,
+    memo: Mutex<HashMap<(String, String), Memo>>,
+    keys: ArcSwap<Option<Keys>>,
+    /// The server CA sources, as last read and checked (only CA certificates).
+    sources: Mutex<HashMap<SourceKey, Result<String, String>>>,
+    /// Pods (by UID) and owners already reported as refused, so each is reported once.
+    reported: Mutex<HashSet<(String, Refusal)>>,
 }
 
 impl Debug for Reconciler {
@@ -87,7 +140,21 @@ impl Reconciler {
     ) -> Self {
         let reporter = kube::runtime::events::Reporter { controller: "keyward".into(), instance: Some(instance) };
         let recorder = Recorder::new(client.clone(), reporter);
-        Self { client, profiles, settings, client_ca, leader, metrics, recorder, conditions: Conditions::default() }
+        Self {
+            client,
+            profiles,
+            settings,
+            client_ca,
+            leader,
+            metrics,
+            recorder,
+            conditions: Conditions::default(),
+            stores: Mutex::new(None),
+            memo: Mutex::new(HashMap::new()),
+            keys: ArcSwap::from_pointee(None),
+            sources: Mutex::new(HashMap::new()),
+            reported: Mutex::new(HashSet::new()),
+        }
     }
 
     pub fn profiles(&self) -> &ProfileSet {
@@ -111,6 +178,34 @@ impl Reconciler {
         &self.conditions
     }
 
+    /// From now on, per-namespace objects are read from these watched stores.
+    pub fn use_stores(&self, stores: Stores) {
+        *lock(&self.stores) = Some(stores);
+    }
+
+    /// Forgets what it remembers of the Secrets it wrote (it stopped leading: another replica
+    /// may write them meanwhile).
+    pub fn forget(&self) {
+        lock(&self.memo).clear();
+        lock(&self.sources).clear();
+    }
+
+    /// A new pod of an owner arrived: what is remembered of its Secrets is read again before
+    /// it is trusted (a deleted Secret is made again for the new pod; one request).
+    pub fn recheck(&self, claim: &PodClaim) {
+        let mut memo = lock(&self.memo);
+        for d in &claim.wants {
+            if let Some(m) = memo.get_mut(&(d.namespace.clone(), d.name.clone())) {
+                m.stale = true;
+            }
+        }
+    }
+
+    /// The attestation keys, when loaded (the leader reads and rotates them).
+    pub fn attestation_keys(&self) -> Option<Keys> {
+        (**self.keys.load()).clone()
+    }
+
     /// The client CA, as loaded from `--client-ca-dir`.
     fn ca(&self) -> Result<Ca, Error> {
         let dir = self.client_ca.dir().display().to_string();
@@ -122,6 +217,10 @@ impl Reconciler {
             return Err(Error::NotACa { dir });
         }
         Ok(Ca::from_pair(&current, self.client_ca.dir())?)
+    }
+
+    fn ca_sha(&self) -> String {
+        self.client_ca.current().map(|c| c.info.sha256.clone()).unwrap_or_default()
     }
 
     // === per namespace ===
@@ -136,9 +235,9 @@ impl Reconciler {
         for d in &wanted {
             let subject = format!("{} {}/{}", d.want.object_kind(), d.namespace, d.name);
             let result = match self.ensure_namespace_object(d).await {
-                // A source that is missing or holds no certificate is not this namespace's
+                // A source that is missing or holds no CA certificate is not this namespace's
                 // failure: the copy already there (if any) stays, the condition is reported,
-                // and the source's watch brings this back when it changes.
+                // and the source is read again at the next resync.
                 Err(Error::Source { what, reason }) => {
                     let note = format!(
                         "{subject} for profile {:?} is not provisioned: {what}: {reason}; pods that need it wait until the source holds a CA certificate",
@@ -160,302 +259,478 @@ impl Reconciler {
 
     async fn ensure_namespace_object(&self, d: &Desired) -> Result<Action, Error> {
         let ns = d.namespace.as_str();
+        let stores = lock(&self.stores).clone();
         match &d.want {
             Want::ServerCa { config_map, key, source } => {
-                let pem = self.read_source(source).await?;
+                let pem = self.source(source).await?;
                 if *config_map {
                     let object = objects::server_ca_config_map(d, key, &pem);
-                    self.ensure(Api::<ConfigMap>::namespaced(self.client.clone(), ns), object, |a, b| a.data == b.data)
-                        .await
+                    let store = stores.as_ref().map(|s| &s.config_maps);
+                    self.ensure(ns, store, object, |a, b| a.data == b.data).await
                 } else {
                     let object = objects::server_ca_secret(d, key, &pem);
-                    self.ensure(Api::<Secret>::namespaced(self.client.clone(), ns), object, |a, b| a.data == b.data)
-                        .await
+                    self.ensure::<Secret>(ns, None, object, |a, b| a.data == b.data).await
                 }
             }
             Want::ServiceAccount => {
                 let object = objects::service_account(d);
-                self.ensure(Api::<ServiceAccount>::namespaced(self.client.clone(), ns), object, |_, _| true).await
+                self.ensure(ns, stores.as_ref().map(|s| &s.service_accounts), object, |_, _| true).await
             }
             Want::RoleBinding { account, role } => {
                 let object = objects::role_binding(d, account, role);
                 let same: Same<RoleBinding> = |a, b| a.role_ref == b.role_ref && a.subjects == b.subjects;
-                self.ensure(Api::<RoleBinding>::namespaced(self.client.clone(), ns), object, same).await
+                self.ensure(ns, stores.as_ref().map(|s| &s.role_bindings), object, same).await
             }
             Want::ClientCertificate { .. } | Want::Token { .. } => Ok(Action::Unchanged),
         }
     }
 
-    /// The CA text from a source key, checked to be PEM certificates.
-    async fn read_source(&self, source: &desired::SourceKey) -> Result<String, Error> {
-        let what = format!(
-            "serverCA source {} {}/{} key {}",
-            if source.config_map { "ConfigMap" } else { "Secret" },
-            source.namespace,
-            source.name,
-            source.key
-        );
+    /// The CA bundle of a source, as last read (each source is read once per
+    /// [`Self::refresh_sources`], not once per namespace).
+    async fn source(&self, source: &SourceKey) -> Result<String, Error> {
+        let known = lock(&self.sources).get(source).cloned();
+        let result = match known {
+            Some(result) => result,
+            None => {
+                let result = self.read_source(source).await?;
+                lock(&self.sources).insert(source.clone(), result.clone());
+                result
+            }
+        };
+        result.map_err(|reason| Error::Source { what: source_name(source), reason })
+    }
+
+    /// Reads every server CA source again; returns whether any changed since last read.
+    pub async fn refresh_sources(&self, sources: &BTreeSet<SourceKey>) -> Result<bool, Error> {
+        let mut changed = false;
+        for source in sources {
+            let now = self.read_source(source).await?;
+            let before = lock(&self.sources).insert(source.clone(), now.clone());
+            changed |= before.as_ref() != Some(&now);
+        }
+        Ok(changed)
+    }
+
+    /// A source's text, checked to be a bundle of CA certificates and nothing else: `Err` with
+    /// the reason when it is missing or not that (an API failure is the outer error).
+    async fn read_source(&self, source: &SourceKey) -> Result<Result<String, String>, Error> {
         let text = if source.config_map {
             let api = Api::<ConfigMap>::namespaced(self.client.clone(), &source.namespace);
-            let object = api.get_opt(&source.name).await?;
-            object.and_then(|o| o.data).and_then(|mut d| d.remove(&source.key))
-        } else {
-            let api = Api::<Secret>::namespaced(self.client.clone(), &source.namespace);
-            let object = api.get_opt(&source.name).await?;
-            object
+            api.get_opt(&source.name)
+                .await?
                 .and_then(|o| o.data)
                 .and_then(|mut d| d.remove(&source.key))
-                .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+                .map(String::into_bytes)
+        } else {
+            let api = Api::<Secret>::namespaced(self.client.clone(), &source.namespace);
+            api.get_opt(&source.name).await?.and_then(|o| o.data).and_then(|mut d| d.remove(&source.key)).map(|b| b.0)
         };
-        let text = text.ok_or_else(|| Error::Source { what: what.clone(), reason: "missing".into() })?;
-        keyward_certs::pem::cert_info(text.as_bytes(), source.key.as_ref())
-            .map_err(|e| Error::Source { what, reason: format!("not a PEM certificate: {e}") })?;
-        Ok(text)
+        let Some(text) = text else {
+            return Ok(Err("missing".into()));
+        };
+        Ok(keyward_certs::pem::ca_bundle(&text, &source_name(source)).map_err(|e| {
+            // The message names the source already; keep only the reason.
+            let text = e.to_string();
+            text.split_once(": ").map_or(text.clone(), |(_, reason)| reason.to_string())
+        }))
+    }
+
+    /// Removes what keyward provisioned in `namespace`, which opted out.
+    pub async fn opt_out(&self, namespace: &str) -> Result<(), Error> {
+        let opted_in = BTreeSet::new();
+        self.sweep_in(Some(namespace), &opted_in).await
     }
 
     /// Removes what keyward provisioned per namespace where no longer wanted: namespaces that
     /// opted out, and objects no profile wants any more.
     pub async fn sweep_namespaces(&self, opted_in: &BTreeSet<String>) -> Result<(), Error> {
+        self.sweep_in(None, opted_in).await
+    }
+
+    async fn sweep_in(&self, only: Option<&str>, opted_in: &BTreeSet<String>) -> Result<(), Error> {
         let mut wanted: BTreeMap<String, BTreeSet<(&'static str, String)>> = BTreeMap::new();
         for ns in opted_in {
             let (desired, _) = desired::for_namespace(&self.profiles, ns, &self.settings.operator_namespaces);
             wanted.insert(ns.clone(), desired.into_iter().map(|d| (d.want.object_kind(), d.name)).collect());
         }
         let keep = |kind: &'static str, ns: &str, name: &str| {
-            wanted.get(ns).is_some_and(|set| set.contains(&(kind, name.to_string())))
+            only.is_some_and(|o| o != ns) || wanted.get(ns).is_some_and(|set| set.contains(&(kind, name.to_string())))
         };
+        let stores = lock(&self.stores).clone();
         let selector = objects::managed_selector(Scope::Namespace);
-        self.sweep::<ConfigMap>("ConfigMap", &selector, &keep).await?;
-        self.sweep::<Secret>("Secret", &selector, &keep).await?;
-        self.sweep::<ServiceAccount>("ServiceAccount", &selector, &keep).await?;
-        self.sweep::<RoleBinding>("RoleBinding", &selector, &keep).await?;
+        self.sweep("ConfigMap", stores.as_ref().map(|s| &s.config_maps), &selector, only, &keep).await?;
+        self.sweep("ServiceAccount", stores.as_ref().map(|s| &s.service_accounts), &selector, only, &keep).await?;
+        self.sweep("RoleBinding", stores.as_ref().map(|s| &s.role_bindings), &selector, only, &keep).await?;
+        // Secrets are not watched (keyward may not list them): a namespace's server CA Secrets
+        // are found by the names the profiles give them.
+        if let Some(ns) = only {
+            let (desired, _) = desired::for_namespace(&self.profiles, ns, &self.settings.operator_namespaces);
+            for d in desired.iter().filter(|d| matches!(d.want, Want::ServerCa { config_map: false, .. })) {
+                let api = Api::<Secret>::namespaced(self.client.clone(), ns);
+                if let Some(secret) = api.get_opt(&d.name).await? {
+                    if is_managed(&secret.metadata)
+                        && label(&secret.metadata, desired::PROVISIONED_FOR) == Some("namespace")
+                    {
+                        self.delete(&api, "Secret", ns, &d.name, secret.metadata.uid.clone()).await?;
+                    }
+                }
+            }
+        }
         Ok(())
     }
 
     async fn sweep<K>(
         &self,
         kind: &'static str,
+        store: Option<&Store<K>>,
         selector: &str,
+        only: Option<&str>,
         keep: &(dyn Fn(&'static str, &str, &str) -> bool + Sync),
     ) -> Result<(), Error>
     where
-        K: Resource<Scope = NamespaceResourceScope> + Clone + DeserializeOwned + Debug,
-        K::DynamicType: Default,
+        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()> + Clone + DeserializeOwned + Debug,
     {
-        let list = Api::<K>::all(self.client.clone()).list(&ListParams::default().labels(selector)).await?;
-        for object in list.items {
+        let objects: Vec<Arc<K>> = match (store, only) {
+            (Some(store), _) => store.state(),
+            (None, Some(ns)) => list_all(Api::<K>::namespaced(self.client.clone(), ns), selector).await?,
+            (None, None) => list_all(Api::<K>::all(self.client.clone()), selector).await?,
+        };
+        for object in objects {
             let (ns, name) = (object.namespace().unwrap_or_default(), object.name_any());
-            if keep(kind, &ns, &name) || !is_managed(object.meta()) {
+            let ours = is_managed(object.meta()) && label(object.meta(), desired::PROVISIONED_FOR) == Some("namespace");
+            if !ours || only.is_some_and(|o| o != ns) || keep(kind, &ns, &name) {
                 continue;
             }
-            self.leader.check()?;
             let api = Api::<K>::namespaced(self.client.clone(), &ns);
-            match api.delete(&name, &DeleteParams::default()).await {
-                Ok(_) => {
-                    tracing::info!(namespace = %ns, name = %name, kind, "removed: the namespace opted out, or no profile provides it any more");
-                    self.metrics.object(kind_label(kind), Action::Deleted, true);
-                }
-                Err(kube::Error::Api(s)) if s.is_not_found() => {}
-                Err(e) => {
-                    self.metrics.object(kind_label(kind), Action::Deleted, false);
-                    return Err(e.into());
-                }
-            }
+            self.delete(&api, kind, &ns, &name, object.meta().uid.clone()).await?;
         }
         Ok(())
     }
 
+    /// Deletes an object keyward manages, only the one it saw (a UID precondition).
+    async fn delete<K>(
+        &self,
+        api: &Api<K>,
+        kind: &'static str,
+        ns: &str,
+        name: &str,
+        uid: Option<String>,
+    ) -> Result<(), Error>
+    where
+        K: Resource + Clone + DeserializeOwned + Debug,
+    {
+        self.leader.check()?;
+        let params = DeleteParams {
+            preconditions: uid.map(|uid| kube::api::Preconditions { uid: Some(uid), resource_version: None }),
+            ..DeleteParams::default()
+        };
+        match api.delete(name, &params).await {
+            Ok(_) => {
+                tracing::info!(namespace = %ns, name = %name, kind, "removed: the namespace opted out, or no profile provides it any more");
+                self.metrics.object(kind_label(kind), Action::Deleted, true);
+                Ok(())
+            }
+            Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => Ok(()),
+            Err(e) => {
+                self.metrics.object(kind_label(kind), Action::Deleted, false);
+                Err(e.into())
+            }
+        }
+    }
+
     // === per owner ===
 
-    /// Issues what a live pod's owner needs, after re-evaluating the profile on the pod and
-    /// checking that the owner exists with the UID the pod names.
-    pub async fn pod(&self, pod: &Pod) -> Result<(), Error> {
-        let raw = serde_json::value::to_raw_value(pod).map_err(|e| Error::Malformed(e.to_string()))?;
-        let ns = pod.namespace().unwrap_or_default();
-        let (profile, owner, wants) = match desired::for_pod(&self.profiles, &raw, &ns, &self.settings.trust_domain) {
-            PodVerdict::Issue { profile, owner, wants } => (profile, owner, wants),
-            PodVerdict::Nothing(why) => {
-                tracing::debug!(namespace = %pod.namespace().unwrap_or_default(), pod = %pod.name_any(), %why, "nothing to issue");
-                return Ok(());
-            }
+    /// Issues what an owner's pods need: `pods` are its live pods in opted-in namespaces, with
+    /// their claims. Returns when to come back (the next renewal).
+    pub async fn owner(&self, owner: &OwnerKey, pods: &[(PodKey, String, PodClaim)]) -> OwnerResult {
+        let Some((_, _, first)) = pods.first() else {
+            return Ok(Outcome::Done);
         };
-        if wants.is_empty() {
-            return Ok(());
+        let keys = self.attestation_keys().ok_or(Error::NoAttestationKeys)?;
+        // Prefer a pod whose attestation verifies; report the others once each.
+        let mut attested = Attested::Missing;
+        let mut claim = first;
+        for (key, uid, c) in pods {
+            match c.attested(&keys) {
+                Attested::Valid => {
+                    if attested != Attested::Valid {
+                        claim = c;
+                    }
+                    attested = Attested::Valid;
+                }
+                other => {
+                    if attested != Attested::Valid {
+                        attested = other;
+                    }
+                    let refusal =
+                        if other == Attested::Forged { Refusal::ForgedAttestation } else { Refusal::NoAttestation };
+                    self.report_pod(key, uid, refusal).await;
+                }
+            }
         }
-        if !self.owner_exists(&ns, &owner).await? {
-            tracing::warn!(namespace = %ns, pod = %pod.name_any(), profile, owner_kind = %owner.kind, owner = %owner.name, uid = %owner.uid,
-                "the pod's controller owner does not exist with the UID the pod names; nothing issued");
-            return Ok(());
-        }
+        let mut check = OwnerCheck::default();
+        let mut next: Option<SystemTime> = None;
         let mut first_error = None;
-        for d in &wants {
+        for d in &claim.wants {
             let result = match &d.want {
-                Want::ClientCertificate { owner, identity } => self.ensure_client_certificate(d, owner, identity).await,
-                Want::Token { owner, key } => self.ensure_token(d, owner, key).await,
-                _ => Ok(Action::Unchanged),
+                Want::ClientCertificate { owner: o, identity } => {
+                    self.client_certificate(d, o, identity, attested == Attested::Valid, &mut check).await
+                }
+                Want::Token { owner: o, key } => self.token(d, o, key, attested == Attested::Valid, &mut check).await,
+                _ => Ok((Action::Unchanged, None)),
             };
-            self.record(d, Some(&owner), result, Action::Issued, &mut first_error).await;
+            let result = match result {
+                Ok((action, renew_at)) => {
+                    if let Some(at) = renew_at {
+                        next = Some(next.map_or(at, |n| n.min(at)));
+                    }
+                    Ok(action)
+                }
+                Err(e) => Err(e),
+            };
+            self.record(d, Some(&claim.owner), result, Action::Issued, &mut first_error).await;
         }
-        first_error.map_or(Ok(()), Err)
+        if check.missing {
+            self.report_owner(owner, &claim.owner).await;
+        }
+        if let Some(e) = first_error {
+            return Err(e);
+        }
+        Ok(match next {
+            Some(at) => {
+                Outcome::At(tokio::time::Instant::now() + at.duration_since(SystemTime::now()).unwrap_or_default())
+            }
+            None => Outcome::Done,
+        })
     }
 
-    async fn owner_exists(&self, namespace: &str, owner: &Owner) -> Result<bool, Error> {
+    /// Whether the owner exists now, in the pod's namespace, with the UID, kind and API group
+    /// the pod names (asked once per reconcile of the owner, and only before a write).
+    async fn owner_verified(&self, namespace: &str, owner: &Owner, check: &mut OwnerCheck) -> Result<bool, Error> {
+        if let Some(known) = check.exists {
+            return Ok(known);
+        }
         let gvk = GroupVersionKind::gvk(owner.group(), owner.version(), &owner.kind);
         let api = Api::<DynamicObject>::namespaced_with(self.client.clone(), namespace, &ApiResource::from_gvk(&gvk));
-        let found = api.get_opt(&owner.name).await?;
-        Ok(found.is_some_and(|o| o.metadata.uid.as_deref() == Some(owner.uid.as_str())))
+        let exists =
+            api.get_opt(&owner.name).await?.is_some_and(|o| o.metadata.uid.as_deref() == Some(owner.uid.as_str()));
+        check.exists = Some(exists);
+        check.missing |= !exists;
+        Ok(exists)
     }
 
-    async fn ensure_client_certificate(&self, d: &Desired, owner: &Owner, identity: &str) -> Result<Action, Error> {
-        let existing = Api::<Secret>::namespaced(self.client.clone(), &d.namespace).get_opt(&d.name).await?;
-        let (action, _) = self.certificate(d, owner, identity, existing, &self.ca()?).await?;
-        Ok(action)
-    }
-
-    /// The client certificate for `owner`, given its Secret as read (if any): issued, renewed,
-    /// or left as it is. Returns what was done, and when the certificate now there expires.
-    async fn certificate(
+    /// The client certificate for `owner`: issued, renewed, or left as it is. Returns what was
+    /// done and when to renew.
+    async fn client_certificate(
         &self,
         d: &Desired,
         owner: &Owner,
         identity: &str,
-        existing: Option<Secret>,
-        ca: &Ca,
+        attested: bool,
+        check: &mut OwnerCheck,
     ) -> Result<(Action, Option<SystemTime>), Error> {
-        let why = match &existing {
-            None => None,
-            Some(s) if !is_managed(&s.metadata) => return Ok((Action::Foreign, None)),
-            Some(s) if !owned_by(&s.metadata, owner) => Some("it belongs to an earlier owner of that name".to_string()),
-            Some(s) => {
-                let data = s.data.as_ref();
-                let get = |k: &str| data.and_then(|d| d.get(k)).map(|b| b.0.as_slice());
-                match identity::renewal(
-                    get(TLS_CRT),
-                    get(TLS_KEY),
-                    get(CA_CRT),
-                    ca.cert_pem(),
-                    identity,
-                    SystemTime::now(),
-                ) {
-                    Renewal::Fresh { not_after } => return Ok((Action::Unchanged, Some(not_after))),
-                    Renewal::Due(reason) => Some(reason),
+        let now = SystemTime::now();
+        let ca_sha = self.ca_sha();
+        let memo = lock(&self.memo).get(&(d.namespace.clone(), d.name.clone())).cloned();
+        // The common cases, from memory: fresh (no request), or due (renew in place).
+        if let Some(m) = memo.as_ref().filter(|m| m.owner_uid == owner.uid && !m.stale) {
+            match m.renew_at {
+                Some(at) if now < at && m.ca_sha == ca_sha => return Ok((Action::Unchanged, Some(at))),
+                _ if attested || m.renew_at.is_some() => {
+                    if !self.owner_verified(&d.namespace, owner, check).await? {
+                        return Ok((Action::Unchanged, None));
+                    }
+                    match self.write_certificate(d, owner, identity, Some(&m.resource_version)).await {
+                        Ok(done) => return Ok(done),
+                        // Changed or gone since: look again.
+                        Err(Error::Kube(kube::Error::Api(s))) if s.is_conflict() || s.is_not_found() => {
+                            lock(&self.memo).remove(&(d.namespace.clone(), d.name.clone()));
+                        }
+                        Err(e) => return Err(e),
+                    }
                 }
+                _ => {}
             }
+        }
+        let api = Api::<Secret>::namespaced(self.client.clone(), &d.namespace);
+        let existing = if attested && memo.is_none() {
+            // A new owner, the common case: verify it and create; read only on a conflict.
+            if !self.owner_verified(&d.namespace, owner, check).await? {
+                return Ok((Action::Unchanged, None));
+            }
+            match self.write_certificate(d, owner, identity, None).await {
+                Ok(done) => return Ok(done),
+                Err(Error::Kube(kube::Error::Api(s))) if s.is_already_exists() => api.get_opt(&d.name).await?,
+                Err(e) => return Err(e),
+            }
+        } else {
+            api.get_opt(&d.name).await?
         };
+        let Some(existing) = existing else {
+            if !attested || !self.owner_verified(&d.namespace, owner, check).await? {
+                return Ok((Action::Unchanged, None));
+            }
+            // Gone (deleted by someone, or between a create's conflict and this read).
+            return self.write_certificate(d, owner, identity, None).await;
+        };
+        if !is_managed(&existing.metadata) {
+            return Ok((Action::Foreign, None));
+        }
+        let rv = existing.metadata.resource_version.clone().unwrap_or_default();
+        let owned = owned_by(&existing.metadata, owner);
+        let data = existing.data.as_ref();
+        let get = |k: &str| data.and_then(|d| d.get(k)).map(|b| b.0.as_slice());
+        let ca = self.ca()?;
+        if !attested {
+            // No attestation: renew only a certificate keyward itself issued for this very
+            // owner (an owner issued before attestations existed). Anything else is left
+            // alone and reported: a Secret's labels and ownerReferences are anyone's to write.
+            let ours = owned && get(TLS_CRT).is_some_and(|c| identity::issued_by(c, &ca));
+            if !ours {
+                self.report_secret(d, owner).await;
+                return Ok((Action::Unchanged, None));
+            }
+        }
+        let why = if owned {
+            match identity::renewal(get(TLS_CRT), get(TLS_KEY), get(CA_CRT), ca.cert_pem(), identity, now) {
+                Renewal::Fresh { not_after } => {
+                    let renew_at = identity::renew_at(get(TLS_CRT)).unwrap_or(not_after);
+                    self.remember(d, owner, &rv, Some(renew_at), &ca_sha);
+                    return Ok((Action::Unchanged, Some(renew_at)));
+                }
+                Renewal::Due(reason) => reason,
+            }
+        } else {
+            "it belongs to an earlier owner of that name".to_string()
+        };
+        if !self.owner_verified(&d.namespace, owner, check).await? {
+            return Ok((Action::Unchanged, None));
+        }
+        tracing::debug!(namespace = %d.namespace, name = %d.name, reason = %why, "renewing the client certificate");
+        self.write_certificate(d, owner, identity, Some(&rv)).await
+    }
+
+    /// Issues a certificate and writes it: a create, or an in-place update of the Secret at
+    /// `resource_version` (only data, keyward's labels and annotation, and the owner change).
+    async fn write_certificate(
+        &self,
+        d: &Desired,
+        owner: &Owner,
+        identity: &str,
+        resource_version: Option<&str>,
+    ) -> Result<(Action, Option<SystemTime>), Error> {
+        let ca = self.ca()?;
+        let ca_sha = self.ca_sha();
         let issued =
-            identity::issue(ca, &d.namespace, owner, identity, SystemTime::now(), self.settings.client_cert_validity)?;
-        let mut secret =
-            objects::client_certificate_secret(d, owner, &issued.cert_pem, &issued.key_pem, &issued.ca_pem);
+            identity::issue(&ca, &d.namespace, owner, identity, SystemTime::now(), self.settings.client_cert_validity)?;
+        let secret = objects::client_certificate_secret(d, owner, &issued.cert_pem, &issued.key_pem, &issued.ca_pem);
         let api = Api::<Secret>::namespaced(self.client.clone(), &d.namespace);
         self.leader.check()?;
-        let action = match existing {
-            None => {
-                api.create(&PostParams::default(), &secret).await?;
-                tracing::info!(namespace = %d.namespace, name = %d.name, %identity, profile = %d.profile, "client certificate issued");
-                Action::Issued
-            }
-            Some(old) => {
-                // One update replaces tls.crt and tls.key together.
-                secret.metadata.resource_version = old.metadata.resource_version;
-                api.replace(&d.name, &PostParams::default(), &secret).await?;
-                tracing::info!(namespace = %d.namespace, name = %d.name, %identity, reason = why.unwrap_or_default(), "client certificate renewed");
-                Action::Renewed
+        let (written, action) = match resource_version {
+            None => (api.create(&PostParams::default(), &secret).await?, Action::Issued),
+            Some(rv) => {
+                let patch = objects::merge_patch(&secret, rv);
+                (api.patch(&d.name, &PatchParams::default(), &Patch::Merge(&patch)).await?, Action::Renewed)
             }
         };
-        Ok((action, Some(issued.not_after)))
+        let renew_at = identity::renew_at(Some(issued.cert_pem.as_bytes())).unwrap_or(issued.not_after);
+        self.remember(
+            d,
+            owner,
+            written.metadata.resource_version.as_deref().unwrap_or_default(),
+            Some(renew_at),
+            &ca_sha,
+        );
+        tracing::info!(namespace = %d.namespace, name = %d.name, %identity, profile = %d.profile, action = action.as_str(), "client certificate written");
+        Ok((action, Some(renew_at)))
     }
 
-    async fn ensure_token(&self, d: &Desired, owner: &Owner, key: &str) -> Result<Action, Error> {
+    fn remember(&self, d: &Desired, owner: &Owner, rv: &str, renew_at: Option<SystemTime>, ca_sha: &str) {
+        let memo = Memo {
+            resource_version: rv.to_string(),
+            owner_uid: owner.uid.clone(),
+            renew_at,
+            ca_sha: ca_sha.to_string(),
+            stale: false,
+        };
+        lock(&self.memo).insert((d.namespace.clone(), d.name.clone()), memo);
+    }
+
+    /// A generated token for `owner`: created once, never replaced (a new one would lock out
+    /// whoever holds the old).
+    async fn token(
+        &self,
+        d: &Desired,
+        owner: &Owner,
+        key: &str,
+        attested: bool,
+        check: &mut OwnerCheck,
+    ) -> Result<(Action, Option<SystemTime>), Error> {
+        let memo = lock(&self.memo).get(&(d.namespace.clone(), d.name.clone())).cloned();
+        if memo.as_ref().is_some_and(|m| m.owner_uid == owner.uid && !m.stale) {
+            return Ok((Action::Unchanged, None));
+        }
         let api = Api::<Secret>::namespaced(self.client.clone(), &d.namespace);
-        match api.get_opt(&d.name).await? {
+        let existing = if attested && memo.is_none() { None } else { api.get_opt(&d.name).await? };
+        let existing = match existing {
+            Some(existing) => existing,
+            None if !attested => return Ok((Action::Unchanged, None)),
             None => {
+                if !self.owner_verified(&d.namespace, owner, check).await? {
+                    return Ok((Action::Unchanged, None));
+                }
                 let secret = objects::token_secret(d, owner, key, &identity::generate_token()?);
                 self.leader.check()?;
-                api.create(&PostParams::default(), &secret).await?;
-                tracing::info!(namespace = %d.namespace, name = %d.name, profile = %d.profile, "token generated");
-                Ok(Action::Issued)
-            }
-            Some(s) if !is_managed(&s.metadata) => Ok(Action::Foreign),
-            Some(mut s) => {
-                // A token is never replaced: a new one would lock out whoever holds the old.
-                let has_key = s.data.as_ref().is_some_and(|d| d.contains_key(key));
-                let owned = owned_by(&s.metadata, owner);
-                if has_key && owned {
-                    return Ok(Action::Unchanged);
+                match api.create(&PostParams::default(), &secret).await {
+                    Ok(created) => {
+                        tracing::info!(namespace = %d.namespace, name = %d.name, profile = %d.profile, "token generated");
+                        self.remember(
+                            d,
+                            owner,
+                            created.metadata.resource_version.as_deref().unwrap_or_default(),
+                            None,
+                            "",
+                        );
+                        return Ok((Action::Issued, None));
+                    }
+                    Err(kube::Error::Api(s)) if s.is_already_exists() => match api.get_opt(&d.name).await? {
+                        Some(existing) => existing,
+                        None => return Err(Error::Stale(format!("{}/{}", d.namespace, d.name))),
+                    },
+                    Err(e) => return Err(e.into()),
                 }
-                if !has_key {
-                    tracing::warn!(namespace = %d.namespace, name = %d.name, key, "the token Secret lacks its key; adding a new token under it (the Secret's other keys are kept)");
-                    s.data
-                        .get_or_insert_with(BTreeMap::new)
-                        .insert(key.to_string(), k8s_openapi::ByteString(identity::generate_token()?.into_bytes()));
-                }
-                s.metadata.owner_references =
-                    objects::meta(&d.namespace, &d.name, None, Scope::Owner, Some(owner)).owner_references;
-                self.leader.check()?;
-                api.replace(&d.name, &PostParams::default(), &s).await?;
-                Ok(Action::Issued)
             }
+        };
+        if !is_managed(&existing.metadata) {
+            return Ok((Action::Foreign, None));
         }
+        let rv = existing.metadata.resource_version.clone().unwrap_or_default();
+        let has_key = existing.data.as_ref().is_some_and(|data| data.contains_key(key));
+        if has_key && owned_by(&existing.metadata, owner) {
+            self.remember(d, owner, &rv, None, "");
+            return Ok((Action::Unchanged, None));
+        }
+        if !attested {
+            self.report_secret(d, owner).await;
+            return Ok((Action::Unchanged, None));
+        }
+        // Keyward's Secret, for an earlier owner or without its key: take it over for this
+        // owner, keeping its token (and any other keys) when it has one.
+        let mut data = BTreeMap::new();
+        if !has_key {
+            tracing::warn!(namespace = %d.namespace, name = %d.name, key, "the token Secret lacks its key; adding a new token under it (the Secret's other keys are kept)");
+            data.insert(key.to_string(), k8s_openapi::ByteString(identity::generate_token()?.into_bytes()));
+        }
+        let mut secret = objects::token_secret(d, owner, key, "");
+        secret.data = Some(data);
+        let patch = objects::merge_patch(&secret, &rv);
+        self.leader.check()?;
+        let written = api.patch(&d.name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        self.remember(d, owner, written.metadata.resource_version.as_deref().unwrap_or_default(), None, "");
+        Ok((Action::Issued, None))
     }
 
-    /// Renews every client certificate keyward issued that is due, and sets the time to the
-    /// next expiry.
-    pub async fn renew_all(&self) -> Result<(), Error> {
-        let api = Api::<Secret>::all(self.client.clone());
-        let list = api.list(&ListParams::default().labels(&objects::managed_selector(Scope::Owner))).await?;
-        let now = SystemTime::now();
-        let mut soonest: Option<SystemTime> = None;
-        let mut first_error = None;
-        // Loaded once, and only if there is a certificate to look at.
-        let mut ca: Option<Ca> = None;
-        for secret in list.items {
-            if secret.type_.as_deref() != Some("kubernetes.io/tls") || !is_managed(&secret.metadata) {
-                continue;
-            }
-            let Some(reference) =
-                secret.metadata.owner_references.as_ref().and_then(|r| r.iter().find(|o| o.controller == Some(true)))
-            else {
-                continue;
-            };
-            let ns = secret.namespace().unwrap_or_default();
-            let owner = Owner {
-                api_version: reference.api_version.clone(),
-                kind: reference.kind.clone(),
-                name: reference.name.clone(),
-                uid: reference.uid.clone(),
-            };
-            let identity = desired::spiffe_id(&self.settings.trust_domain, &ns, &owner.kind, &owner.name);
-            let d = Desired {
-                namespace: ns,
-                name: secret.name_any(),
-                profile: secret.annotations().get(desired::PROFILE_ANNOTATION).cloned().unwrap_or_default(),
-                want: Want::ClientCertificate { owner: owner.clone(), identity: identity.clone() },
-            };
-            let ca = match &mut ca {
-                Some(ca) => ca,
-                None => ca.insert(self.ca()?),
-            };
-            match self.certificate(&d, &owner, &identity, Some(secret), ca).await {
-                Ok((action, not_after)) => {
-                    if action == Action::Renewed {
-                        self.metrics.object("client-certificate", Action::Renewed, true);
-                    }
-                    if let Some(not_after) = not_after {
-                        soonest = Some(soonest.map_or(not_after, |s| s.min(not_after)));
-                    }
-                }
-                Err(e) => {
-                    self.metrics.object("client-certificate", Action::Renewed, false);
-                    first_error.get_or_insert(e);
-                }
-            }
-        }
-        if let Some(at) = soonest {
-            let seconds = at.duration_since(now).map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
-            self.metrics.set_next_expiry(seconds);
-        }
-        first_error.map_or(Ok(()), Err)
-    }
+    // === the client CA and the attestation keys ===
 
     /// Publishes the client CA's certificate to the namespaces named, and removes it from
     /// those no longer named.
@@ -465,6 +740,7 @@ impl Reconciler {
         }
         let ca = self.ca()?;
         let mut first_error = None;
+        let stores = lock(&self.stores).clone();
         for ns in &self.settings.publish_client_ca_to {
             // Nothing is published into a namespace that does not exist (creating the ConfigMap
             // would fail, every time): reported, and published when the namespace appears.
@@ -483,8 +759,7 @@ impl Reconciler {
                 }
             }
             let object = objects::client_ca_config_map(ns, &self.settings.client_ca_config_map, ca.cert_pem());
-            let api = Api::<ConfigMap>::namespaced(self.client.clone(), ns);
-            match self.ensure(api, object, |a, b| a.data == b.data).await {
+            match self.ensure(ns, stores.as_ref().map(|s| &s.config_maps), object, |a, b| a.data == b.data).await {
                 Ok(Action::Foreign) => {
                     self.metrics.object("client-ca", Action::Foreign, true);
                     tracing::warn!(namespace = %ns, name = %self.settings.client_ca_config_map, "a ConfigMap keyward does not manage has the client CA's name; left alone");
@@ -496,14 +771,241 @@ impl Reconciler {
                 }
             }
         }
-        let named: BTreeSet<String> = self.settings.publish_client_ca_to.iter().cloned().collect();
-        let name = self.settings.client_ca_config_map.clone();
-        let keep = move |_: &'static str, ns: &str, n: &str| named.contains(ns) && n == name;
-        self.sweep::<ConfigMap>("ConfigMap", &objects::managed_selector(Scope::ClientCa), &keep).await?;
+        // Published where no longer named: removed (found in the watched ConfigMaps).
+        let named: BTreeSet<&String> = self.settings.publish_client_ca_to.iter().collect();
+        let published: Vec<Arc<ConfigMap>> = match &stores {
+            Some(s) => s.config_maps.state(),
+            None => {
+                list_all(Api::<ConfigMap>::all(self.client.clone()), &objects::managed_selector(Scope::ClientCa))
+                    .await?
+            }
+        };
+        for cm in published {
+            let ns = cm.namespace().unwrap_or_default();
+            let ours = is_managed(&cm.metadata) && label(&cm.metadata, desired::PROVISIONED_FOR) == Some("client-ca");
+            if ours && cm.name_any() == self.settings.client_ca_config_map && !named.contains(&ns) {
+                let api = Api::<ConfigMap>::namespaced(self.client.clone(), &ns);
+                self.delete(&api, "ConfigMap", &ns, &cm.name_any(), cm.metadata.uid.clone()).await?;
+            }
+        }
         first_error.map_or(Ok(()), Err)
     }
 
-    // === conditions ===
+    /// Makes the attestation key Secret exist, rotates it when due, and loads its keys. Returns
+    /// when the next rotation is due.
+    pub async fn attestation_key(&self) -> Result<Outcome, Error> {
+        let (ns, name) = (&self.settings.namespace, &self.settings.attestation_secret);
+        let api = Api::<Secret>::namespaced(self.client.clone(), ns);
+        let now = time::OffsetDateTime::now_utc();
+        let rfc3339 =
+            |t: time::OffsetDateTime| t.format(&time::format_description::well_known::Rfc3339).unwrap_or_default();
+        let rotation = time::Duration::try_from(self.settings.attestation_rotation).unwrap_or(time::Duration::WEEK);
+        let existing = api.get_opt(name).await?;
+        let read = |secret: &Secret, file: &str| {
+            secret
+                .data
+                .as_ref()
+                .and_then(|d| d.get(file))
+                .and_then(|b| attestation::Key::from_bytes(&b.0, file).ok().map(|k| (k, b.0.clone())))
+        };
+        let (keys, rotated_at) = match existing {
+            None => {
+                let current = attestation::generate()?;
+                let secret = objects::attestation_secret(ns, name, &current, None, &rfc3339(now));
+                self.leader.check()?;
+                match api.create(&PostParams::default(), &secret).await {
+                    Ok(_) => tracing::info!(namespace = %ns, name = %name, "attestation key created"),
+                    // Another replica made it a moment ago: read it next time.
+                    Err(kube::Error::Api(s)) if s.is_already_exists() => {
+                        return Ok(Outcome::At(tokio::time::Instant::now()))
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+                (Keys { current: Some(attestation::Key::from_bytes(&current, "current")?), previous: None }, now)
+            }
+            Some(secret) if !is_managed(&secret.metadata) => {
+                return Err(Error::Source {
+                    what: format!("Secret {ns}/{name}"),
+                    reason: "exists and is not managed by keyward (no label app.kubernetes.io/managed-by=keyward); remove it, or name another with --attestation-secret".into(),
+                });
+            }
+            Some(secret) => {
+                let rotated_at = secret
+                    .annotations()
+                    .get(objects::ROTATED_AT)
+                    .and_then(|t| time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok());
+                let current = read(&secret, attestation::CURRENT_FILE);
+                let due = rotated_at.is_none_or(|t| now >= t + rotation) || current.is_none();
+                if due {
+                    // Rotate: the current key becomes the previous one, which still verifies.
+                    let fresh = attestation::generate()?;
+                    let previous = current.as_ref().map(|(_, bytes)| bytes.clone());
+                    let desired = objects::attestation_secret(ns, name, &fresh, previous.as_deref(), &rfc3339(now));
+                    let mut patch =
+                        objects::merge_patch(&desired, secret.metadata.resource_version.as_deref().unwrap_or_default());
+                    if previous.is_none() {
+                        patch["data"][attestation::PREVIOUS_FILE] = serde_json::Value::Null;
+                    }
+                    self.leader.check()?;
+                    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+                    tracing::info!(namespace = %ns, name = %name, "attestation key rotated; the previous key stays valid for one more period");
+                    let previous = current.map(|(k, _)| k);
+                    (Keys { current: Some(attestation::Key::from_bytes(&fresh, "current")?), previous }, now)
+                } else {
+                    let keys = Keys {
+                        current: current.map(|(k, _)| k),
+                        previous: read(&secret, attestation::PREVIOUS_FILE).map(|(k, _)| k),
+                    };
+                    (keys, rotated_at.unwrap_or(now))
+                }
+            }
+        };
+        self.keys.store(Arc::new(Some(keys)));
+        let next = rotated_at + rotation - now;
+        let wait = Duration::try_from(next).unwrap_or_default().max(Duration::from_secs(1));
+        Ok(Outcome::At(tokio::time::Instant::now() + wait))
+    }
+
+    // === shared ===
+
+    /// Creates `desired`, or replaces a managed object whose content differs; never touches
+    /// an object keyward does not manage. Reads the current object from `store` when given;
+    /// when the store is behind the API server (a write refused as AlreadyExists or Conflict),
+    /// reads it from the API once and decides again.
+    async fn ensure<K>(&self, ns: &str, store: Option<&Store<K>>, desired: K, same: Same<K>) -> Result<Action, Error>
+    where
+        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()> + Clone + Serialize + DeserializeOwned + Debug,
+    {
+        let name = desired.meta().name.clone().ok_or_else(|| Error::Malformed("a desired object".into()))?;
+        let api = Api::<K>::namespaced(self.client.clone(), ns);
+        let current = match store {
+            Some(store) => store.get(&ObjectRef::new(&name).within(ns)).map(|o| (*o).clone()),
+            None => api.get_opt(&name).await?,
+        };
+        match self.write_if_needed(&api, &name, current, desired.clone(), same).await {
+            Err(Error::Kube(kube::Error::Api(s))) if store.is_some() && (s.is_already_exists() || s.is_conflict()) => {
+                let current = api.get_opt(&name).await?;
+                self.write_if_needed(&api, &name, current, desired, same).await
+            }
+            other => other,
+        }
+    }
+
+    async fn write_if_needed<K>(
+        &self,
+        api: &Api<K>,
+        name: &str,
+        current: Option<K>,
+        mut desired: K,
+        same: Same<K>,
+    ) -> Result<Action, Error>
+    where
+        K: Resource + Clone + Serialize + DeserializeOwned + Debug,
+    {
+        match current {
+            None => {
+                self.leader.check()?;
+                Ok(api.create(&PostParams::default(), &desired).await.map(|_| Action::Provisioned)?)
+            }
+            Some(existing) if !is_managed(existing.meta()) => Ok(Action::Foreign),
+            Some(existing) if same(&existing, &desired) && metadata_holds(existing.meta(), desired.meta()) => {
+                Ok(Action::Unchanged)
+            }
+            Some(existing) => {
+                desired.meta_mut().resource_version = existing.meta().resource_version.clone();
+                self.leader.check()?;
+                Ok(api.replace(name, &PostParams::default(), &desired).await.map(|_| Action::Provisioned)?)
+            }
+        }
+    }
+
+    /// Counts what was done to `d` (as `failed` when it failed), reports a name taken by
+    /// someone else's object, and keeps the first error for the caller's retry.
+    async fn record(
+        &self,
+        d: &Desired,
+        owner: Option<&Owner>,
+        result: Result<Action, Error>,
+        failed: Action,
+        first_error: &mut Option<Error>,
+    ) {
+        let kind = d.want.label();
+        match result {
+            Ok(Action::Foreign) => {
+                self.metrics.object(kind, Action::Foreign, true);
+                self.report_foreign(d, owner).await;
+            }
+            Ok(action) => self.metrics.object(kind, action, true),
+            Err(e) => {
+                self.metrics.object(kind, failed, false);
+                tracing::warn!(error = %e, namespace = %d.namespace, name = %d.name, kind = d.want.object_kind(), "reconciling failed; will retry");
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+
+    // === reports ===
+
+    /// Reports a pod keyward issues nothing for, once per pod and reason: a log line, the
+    /// metric, and a Warning Event on the pod.
+    pub async fn report_pod(&self, pod: &PodKey, uid: &str, refusal: Refusal) {
+        if !lock(&self.reported).insert((uid.to_string(), refusal)) {
+            return;
+        }
+        self.metrics.refused(refusal);
+        let note = match refusal {
+            Refusal::NoAttestation => "keyward issues nothing for this pod's owner: the pod carries no admission attestation (keyward.io/attestation), so keyward's webhook did not admit it as such (created before the namespace opted in, while the webhook was down, or with its labels added later). Have the operator create it again".to_string(),
+            Refusal::ForgedAttestation => "keyward issues nothing for this pod's owner: its admission attestation (keyward.io/attestation) does not verify; it was not written by keyward's webhook for this owner, profile and injection, or its key has been rotated out. Have the operator create the pod again".to_string(),
+            other => format!("keyward issues nothing for this pod: {}", other.as_str()),
+        };
+        tracing::warn!(namespace = %pod.namespace, pod = %pod.name, reason = refusal.as_str(), "pod refused: nothing issued");
+        let regarding = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: Some(pod.name.clone()),
+            namespace: Some(pod.namespace.clone()),
+            uid: Some(uid.to_string()),
+            ..ObjectReference::default()
+        };
+        self.event(refusal.event_reason(), &note, "Issue", &regarding).await;
+    }
+
+    /// Reports a pod whose owner no identity may be made from (a name Kubernetes does not allow).
+    pub async fn report_unverifiable(&self, pod: &PodKey, why: &str) {
+        if !lock(&self.reported).insert((format!("{}/{}", pod.namespace, pod.name), Refusal::UnverifiableOwner)) {
+            return;
+        }
+        self.metrics.refused(Refusal::UnverifiableOwner);
+        tracing::warn!(namespace = %pod.namespace, pod = %pod.name, reason = %why, "pod refused: its owner cannot be an identity; nothing issued");
+    }
+
+    /// Forgets the reports about a pod (deleted), so a new pod of that name is reported anew.
+    pub fn forget_reports(&self, uid: &str) {
+        lock(&self.reported).retain(|(who, _)| who != uid);
+    }
+
+    async fn report_owner(&self, key: &OwnerKey, owner: &Owner) {
+        if !lock(&self.reported).insert((key.uid.clone(), Refusal::OwnerMissing)) {
+            return;
+        }
+        self.metrics.refused(Refusal::OwnerMissing);
+        tracing::warn!(namespace = %key.namespace, owner_kind = %owner.kind, owner = %owner.name, uid = %owner.uid,
+            "the pod's controller owner does not exist with the UID the pod names; nothing issued");
+    }
+
+    /// A Secret with keyward's labels that keyward cannot vouch for: left alone, reported.
+    async fn report_secret(&self, d: &Desired, owner: &Owner) {
+        if !lock(&self.reported).insert((format!("{}/{}", d.namespace, d.name), Refusal::UnverifiedSecret)) {
+            return;
+        }
+        self.metrics.refused(Refusal::UnverifiedSecret);
+        let note = format!(
+            "Secret {}/{} carries keyward's labels but holds nothing keyward issued for {} {} (uid {}), and the pod has no admission attestation; keyward leaves it alone. Delete it, and have the operator create the pod again",
+            d.namespace, d.name, owner.kind, owner.name, owner.uid
+        );
+        tracing::warn!(namespace = %d.namespace, name = %d.name, "a Secret with keyward's labels that keyward did not issue; left alone");
+        self.event("UnverifiedSecret", &note, "Issue", &namespace_ref(&d.namespace)).await;
+    }
 
     /// Reports `condition` on `subject` when it starts or its message changes: a log line, the
     /// metric, and an Event on `regarding` when there is an object to attach it to.
@@ -532,59 +1034,6 @@ impl Reconciler {
         if self.conditions.clear(condition, subject) == Change::Cleared {
             self.metrics.set_conditions(condition, self.conditions.count(condition));
             tracing::info!(condition = condition.as_str(), subject, "condition resolved");
-        }
-    }
-
-    // === shared ===
-
-    /// Creates `desired`, or replaces a managed object whose content differs; never touches
-    /// an object keyward does not manage.
-    async fn ensure<K>(&self, api: Api<K>, mut desired: K, same: Same<K>) -> Result<Action, Error>
-    where
-        K: Resource + Clone + Serialize + DeserializeOwned + Debug,
-    {
-        let name = desired.meta().name.clone().ok_or_else(|| Error::Malformed("a desired object".into()))?;
-        match api.get_opt(&name).await? {
-            None => {
-                self.leader.check()?;
-                api.create(&PostParams::default(), &desired).await?;
-                Ok(Action::Provisioned)
-            }
-            Some(existing) if !is_managed(existing.meta()) => Ok(Action::Foreign),
-            Some(existing) if same(&existing, &desired) && metadata_holds(existing.meta(), desired.meta()) => {
-                Ok(Action::Unchanged)
-            }
-            Some(existing) => {
-                desired.meta_mut().resource_version = existing.meta().resource_version.clone();
-                self.leader.check()?;
-                api.replace(&name, &PostParams::default(), &desired).await?;
-                Ok(Action::Provisioned)
-            }
-        }
-    }
-
-    /// Counts what was done to `d` (as `failed` when it failed), reports a name taken by
-    /// someone else's object, and keeps the first error for the caller's retry.
-    async fn record(
-        &self,
-        d: &Desired,
-        owner: Option<&Owner>,
-        result: Result<Action, Error>,
-        failed: Action,
-        first_error: &mut Option<Error>,
-    ) {
-        let kind = d.want.label();
-        match result {
-            Ok(Action::Foreign) => {
-                self.metrics.object(kind, Action::Foreign, true);
-                self.report_foreign(d, owner).await;
-            }
-            Ok(action) => self.metrics.object(kind, action, true),
-            Err(e) => {
-                self.metrics.object(kind, failed, false);
-                tracing::warn!(error = %e, namespace = %d.namespace, name = %d.name, kind = d.want.object_kind(), "reconciling failed; will retry");
-                first_error.get_or_insert(e);
-            }
         }
     }
 
@@ -626,6 +1075,50 @@ impl Reconciler {
             tracing::debug!(error = %e, "could not record the event");
         }
     }
+}
+
+/// What is known of an owner during one reconcile.
+#[derive(Debug, Default)]
+struct OwnerCheck {
+    /// Whether it exists with the pod's UID, once asked.
+    exists: Option<bool>,
+    /// It was asked, and does not.
+    missing: bool,
+}
+
+/// Every object matching `selector`, a page of 500 at a time.
+async fn list_all<K>(api: Api<K>, selector: &str) -> Result<Vec<Arc<K>>, Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    let mut out = Vec::new();
+    let mut params = ListParams::default().labels(selector).limit(500);
+    loop {
+        let page = api.list(&params).await?;
+        out.extend(page.items.into_iter().map(Arc::new));
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(out),
+        }
+    }
+}
+
+fn source_name(source: &SourceKey) -> String {
+    format!(
+        "serverCA source {} {}/{} key {}",
+        if source.config_map { "ConfigMap" } else { "Secret" },
+        source.namespace,
+        source.name,
+        source.key
+    )
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn label<'a>(meta: &'a kube::api::ObjectMeta, key: &str) -> Option<&'a str> {
+    meta.labels.as_ref().and_then(|l| l.get(key)).map(String::as_str)
 }
 
 fn namespace_ref(namespace: &str) -> ObjectReference {

@@ -1,53 +1,71 @@
-//! The controller's loop: watches that say what changed, one work queue that coalesces and
-//! retries with backoff, and a periodic resync that repairs whatever a missed event or a
-//! failed write left behind. Only the leader works the queue; a replica that becomes leader
-//! reconciles everything once.
+//! The controller's loop: watches that say what changed, kept in small stores; a work queue
+//! that coalesces keys, runs a bounded number at once (one worker per key, namespaces taking
+//! turns) and retries with backoff; and a slow resync that repairs what a missed event left.
+//!
+//! Steady state is watches plus Lease renewals: an owner's certificate costs a request only
+//! when it is issued or renewed, a namespace's objects are compared with their watched copies,
+//! and pods in namespaces that did not opt in are dropped as they arrive. Only the leader works
+//! the queue; a replica that becomes leader reconciles everything once.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret};
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::ListParams;
 use kube::runtime::reflector::{self, Store};
-use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Api, Client, ResourceExt};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::mpsc;
+use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::desired::{self, SourceKey, OPT_IN};
+use crate::desired::{self, PodVerdict, SourceKey, OPT_IN};
+use crate::index::{OwnerKey, PodIndex, PodKey};
 use crate::leader::Leadership;
-use crate::reconcile::Reconciler;
+use crate::queue::{Outcome, Queue, QueueKey};
+use crate::reconcile::{Reconciler, Stores};
 
 /// One unit of work; equal keys queued twice are done once.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Key {
+    /// The per-namespace objects of an opted-in namespace.
     Namespace(String),
+    /// A namespace opted out: remove what keyward provisioned there.
+    OptOut(String),
+    /// A namespace opted in: find the pods already there.
+    ListPods(String),
+    /// An owner's per-owner objects.
+    Owner(OwnerKey),
     AllNamespaces,
-    Pod {
-        namespace: String,
-        name: String,
-    },
-    AllPods,
-    /// Removing what keyward provisioned in namespaces that opted out.
+    /// Removing what no profile wants any more, and what a missed opt-out left.
     Sweep,
-    /// Renewing the client certificates that are due.
-    Renew,
     /// Publishing the client CA to `--publish-client-ca-to`.
     PublishClientCa,
+    /// Reading the server CA sources again.
+    Sources,
+    /// The attestation key Secret: created, rotated, read.
+    AttestationKey,
 }
 
 impl Key {
     /// What the periodic resync, and a replica that becomes leader, queue.
-    pub const EVERYTHING: [Key; 5] = [Key::AllNamespaces, Key::AllPods, Key::Sweep, Key::Renew, Key::PublishClientCa];
+    pub const EVERYTHING: [Key; 5] =
+        [Key::AttestationKey, Key::Sources, Key::AllNamespaces, Key::Sweep, Key::PublishClientCa];
 }
 
-/// Backoff for a key that failed: 500 ms, doubling, at most 5 minutes.
-pub fn backoff(attempt: u32) -> Duration {
-    let ms = 500u64.saturating_mul(1u64 << attempt.min(20));
-    Duration::from_millis(ms.min(300_000))
+impl QueueKey for Key {
+    fn namespace(&self) -> &str {
+        match self {
+            Key::Namespace(ns) | Key::OptOut(ns) | Key::ListPods(ns) => ns,
+            Key::Owner(o) => &o.namespace,
+            _ => "",
+        }
+    }
 }
 
 /// Readiness: the namespace watch has listed once.
@@ -76,81 +94,105 @@ pub fn readiness(status: &Status, client_ca: Option<&keyward_certs::CertStore>) 
     }
 }
 
+/// How the loop runs.
+#[derive(Debug, Clone)]
+pub struct LoopSettings {
+    /// How often everything but owners is reconciled even without a change (owners come back
+    /// at their renewal).
+    pub resync: Duration,
+    /// Keys worked on at once.
+    pub workers: usize,
+}
+
+impl Default for LoopSettings {
+    fn default() -> Self {
+        Self { resync: Duration::from_secs(300), workers: 8 }
+    }
+}
+
+type Index = Arc<Mutex<PodIndex>>;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// Runs until `shutdown` resolves.
 pub async fn run(
     client: Client,
     reconciler: Arc<Reconciler>,
     mut leadership: Leadership,
-    resync: Duration,
+    settings: LoopSettings,
     status: Arc<Status>,
     mut ca_reloaded: tokio::sync::broadcast::Receiver<keyward_certs::ReloadEvent>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let (tx, mut rx) = mpsc::unbounded_channel::<Key>();
+    let index: Index = Arc::default();
+    let mut tasks = JoinSet::new();
 
-    // Opted-in namespaces: a reflector, so the queue can ask which are opted in.
+    // Opted-in namespaces: a store the pod events are filtered with.
     let (namespaces, writer) = reflector::store::<Namespace>();
-    let selector = format!("{}={}", OPT_IN.0, OPT_IN.1);
-    let ns_stream = watcher(Api::<Namespace>::all(client.clone()), watcher::Config::default().labels(&selector))
+    let opt_in = format!("{}={}", OPT_IN.0, OPT_IN.1);
+    let stream = watcher(Api::<Namespace>::all(client.clone()), watcher::Config::default().labels(&opt_in))
         .default_backoff()
-        .reflect(writer)
-        .touched_objects();
-    let ns_tx = tx.clone();
+        .reflect(writer);
+    tasks.spawn(namespace_events(stream, tx.clone(), index.clone(), reconciler.clone()));
+    let ready = namespaces.clone();
     let ns_status = status.clone();
-    let ns_store = namespaces.clone();
-    tokio::spawn(async move {
-        let ready = ns_store.clone();
-        tokio::spawn(async move {
-            if ready.wait_until_ready().await.is_ok() {
-                ns_status.namespaces_synced.store(true, Ordering::Relaxed);
-            }
-        });
-        futures::pin_mut!(ns_stream);
-        while let Some(event) = ns_stream.next().await {
-            match event {
-                Ok(ns) => {
-                    let _ = ns_tx.send(Key::Namespace(ns.name_any()));
-                    // A namespace that left the selection is gone from the store: sweep.
-                    let _ = ns_tx.send(Key::Sweep);
-                }
-                Err(e) => tracing::warn!(error = %e, "namespace watch failed; retrying with backoff"),
-            }
+    tasks.spawn(async move {
+        if ready.wait_until_ready().await.is_ok() {
+            ns_status.namespaces_synced.store(true, Ordering::Relaxed);
         }
     });
 
-    // Pods, only those a profile with per-owner objects could select.
-    for selector in pod_selectors(&reconciler) {
-        let pod_tx = tx.clone();
-        let stream = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default().labels(&selector))
-            .default_backoff()
-            .applied_objects();
-        tokio::spawn(async move {
-            futures::pin_mut!(stream);
-            while let Some(event) = stream.next().await {
-                match event {
-                    Ok(pod) => {
-                        let key = Key::Pod { namespace: pod.namespace().unwrap_or_default(), name: pod.name_any() };
-                        let _ = pod_tx.send(key);
-                    }
-                    Err(e) => tracing::warn!(error = %e, %selector, "pod watch failed; retrying with backoff"),
-                }
+    // Pods, only those a profile with per-owner objects could select; each watch waits for
+    // the namespace store, since its events are filtered with it.
+    let selectors: Vec<String> = pod_selectors(&reconciler).into_iter().collect();
+    for (stream_id, selector) in selectors.iter().enumerate() {
+        let stream =
+            watcher(Api::<Pod>::all(client.clone()), watcher::Config::default().labels(selector)).default_backoff();
+        let (tx, index, namespaces, reconciler) = (tx.clone(), index.clone(), namespaces.clone(), reconciler.clone());
+        tasks.spawn(async move {
+            if namespaces.wait_until_ready().await.is_ok() {
+                pod_events(stream_id, stream, tx, index, namespaces, reconciler).await;
             }
         });
     }
 
+    // What keyward manages per namespace: watched, so a namespace is reconciled from memory
+    // and a change by someone else is seen and repaired.
+    let managed = format!("{}={}", desired::MANAGED_BY.0, desired::MANAGED_BY.1);
+    let stores = Stores {
+        config_maps: watch_managed::<ConfigMap>(&client, &managed, &tx, &namespaces, &mut tasks),
+        service_accounts: watch_managed::<ServiceAccount>(&client, &managed, &tx, &namespaces, &mut tasks),
+        role_bindings: watch_managed::<RoleBinding>(&client, &managed, &tx, &namespaces, &mut tasks),
+    };
+    let ready_stores = stores.clone();
+    let store_reconciler = reconciler.clone();
+    let store_tx = tx.clone();
+    tasks.spawn(async move {
+        let ok = ready_stores.config_maps.wait_until_ready().await.is_ok()
+            && ready_stores.service_accounts.wait_until_ready().await.is_ok()
+            && ready_stores.role_bindings.wait_until_ready().await.is_ok();
+        if ok {
+            store_reconciler.use_stores(ready_stores);
+            let _ = store_tx.send(Key::AllNamespaces);
+        }
+    });
+
     // The namespaces the client CA is published to: one that is created gets it at once.
     for ns in reconciler.settings().publish_client_ca_to.clone() {
-        let ns_tx = tx.clone();
         let fields = format!("metadata.name={ns}");
         let stream = watcher(Api::<Namespace>::all(client.clone()), watcher::Config::default().fields(&fields))
             .default_backoff()
             .touched_objects();
-        tokio::spawn(async move {
+        let tx = tx.clone();
+        tasks.spawn(async move {
             futures::pin_mut!(stream);
             while let Some(event) = stream.next().await {
                 match event {
                     Ok(_) => {
-                        let _ = ns_tx.send(Key::PublishClientCa);
+                        let _ = tx.send(Key::PublishClientCa);
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, namespace = %ns, "namespace watch failed; retrying with backoff")
@@ -160,25 +202,12 @@ pub async fn run(
         });
     }
 
-    // The server CAs' sources: a change is copied to every opted-in namespace.
-    for source in ca_sources(&reconciler) {
-        let src_tx = tx.clone();
-        let src_client = client.clone();
-        let fields = format!("metadata.name={}", source.name);
-        let config = watcher::Config::default().fields(&fields);
-        tokio::spawn(async move {
-            if source.config_map {
-                watch_one::<ConfigMap>(Api::namespaced(src_client, &source.namespace), config, src_tx).await;
-            } else {
-                watch_one::<Secret>(Api::namespaced(src_client, &source.namespace), config, src_tx).await;
-            }
-        });
-    }
-
-    // The periodic resync, and leadership changes.
+    // The periodic resync.
     let tick_tx = tx.clone();
-    tokio::spawn(async move {
+    let resync = settings.resync;
+    tasks.spawn(async move {
         let mut ticker = tokio::time::interval(resync);
+        ticker.tick().await;
         loop {
             ticker.tick().await;
             for key in Key::EVERYTHING {
@@ -186,90 +215,274 @@ pub async fn run(
             }
         }
     });
+    // A new client CA: every owner's certificate is renewed, and the CA republished.
     let ca_tx = tx.clone();
-    tokio::spawn(async move {
+    let ca_index = index.clone();
+    tasks.spawn(async move {
         while let Ok(event) = ca_reloaded.recv().await {
             if matches!(event.outcome, keyward_certs::ReloadOutcome::Loaded(_)) {
-                let _ = ca_tx.send(Key::Renew);
+                let owners = lock(&ca_index).owners();
+                for owner in owners {
+                    let _ = ca_tx.send(Key::Owner(owner));
+                }
                 let _ = ca_tx.send(Key::PublishClientCa);
             }
         }
     });
 
-    let mut pending: BTreeMap<Key, Instant> = BTreeMap::new();
-    let mut attempts: HashMap<Key, u32> = HashMap::new();
+    let mut queue: Queue<Key> = Queue::default();
+    let mut workers: JoinSet<(Key, Outcome)> = JoinSet::new();
+    let workers_max = settings.workers.max(1);
     reconciler.metrics().set_leader(leadership.is_leader());
+    let mut leading = leadership.is_leader();
+    if leading {
+        queue_everything(&mut queue, &index);
+    }
     futures::pin_mut!(shutdown);
     loop {
-        let next = pending.values().min().copied();
+        // Start what is due, up to the worker limit, namespaces taking turns.
+        let now = Instant::now();
+        while leading && workers.len() < workers_max {
+            let Some(key) = queue.pop(now) else { break };
+            let (client, reconciler, namespaces, index) =
+                (client.clone(), reconciler.clone(), namespaces.clone(), index.clone());
+            let tx = tx.clone();
+            workers.spawn(async move {
+                let outcome = work(&client, &reconciler, &namespaces, &index, &key, &tx).await;
+                (key, outcome)
+            });
+        }
+        let next = if workers.len() < workers_max { queue.next_due() } else { None };
         tokio::select! {
             () = &mut shutdown => break,
             changed = leadership.changed() => {
                 if !changed {
                     break;
                 }
-                let leading = leadership.is_leader();
-                reconciler.metrics().set_leader(leading);
-                if leading {
-                    for key in Key::EVERYTHING {
-                        pending.insert(key, Instant::now());
+                let now_leading = leadership.is_leader();
+                if now_leading != leading {
+                    leading = now_leading;
+                    reconciler.metrics().set_leader(leading);
+                    if leading {
+                        queue_everything(&mut queue, &index);
+                    } else {
+                        // Whatever runs still checks leadership before each write.
+                        queue.clear();
+                        reconciler.forget();
                     }
-                } else {
-                    pending.clear();
-                    attempts.clear();
                 }
             }
             Some(key) = rx.recv() => {
-                if leadership.is_leader() {
-                    // A key backing off after a failure keeps its time: events do not turn a
-                    // failing API into a hot loop.
-                    let now = Instant::now();
-                    let backing_off = attempts.contains_key(&key);
-                    pending.entry(key).and_modify(|due| if !backing_off { *due = (*due).min(now) }).or_insert(now);
+                if leading {
+                    queue.add(key, Instant::now());
                 }
             }
-            () = sleep_until(next) => {
-                let now = Instant::now();
-                let due: Vec<Key> = pending.iter().filter(|(_, at)| **at <= now).map(|(k, _)| k.clone()).collect();
-                for key in due {
-                    pending.remove(&key);
-                    if !leadership.is_leader() {
-                        continue;
-                    }
-                    match work(&client, &reconciler, &namespaces, &key, &tx).await {
-                        Ok(()) => {
-                            attempts.remove(&key);
-                        }
-                        Err(e) => {
-                            let n = attempts.entry(key.clone()).or_insert(0);
-                            let delay = backoff(*n);
-                            *n = n.saturating_add(1);
+            Some(done) = workers.join_next(), if !workers.is_empty() => {
+                match done {
+                    Ok((key, outcome)) => {
+                        if outcome == Outcome::Failed {
                             reconciler.metrics().reconcile_error(key_label(&key));
-                            tracing::warn!(error = %e, ?key, retry_in = ?delay, "reconcile failed; retrying with backoff");
-                            pending.insert(key, Instant::now() + delay);
                         }
+                        queue.finish(&key, outcome, Instant::now());
                     }
+                    Err(e) => tracing::error!(error = %e, "a reconcile task panicked"),
                 }
             }
+            () = sleep_until(next) => {}
+        }
+    }
+    workers.abort_all();
+    tasks.abort_all();
+}
+
+fn queue_everything(queue: &mut Queue<Key>, index: &Index) {
+    let now = Instant::now();
+    for key in Key::EVERYTHING {
+        queue.add(key, now);
+    }
+    for owner in lock(index).owners() {
+        queue.add(Key::Owner(owner), now);
+    }
+}
+
+fn watcher<K>(api: Api<K>, config: watcher::Config) -> impl Stream<Item = watcher::Result<Event<K>>> + Send
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    K::DynamicType: Default,
+{
+    // LISTs in pages of 500 (the watcher's default), and a watch after.
+    watcher::watcher(api, config.page_size(500))
+}
+
+/// Namespaces opting in and out.
+async fn namespace_events(
+    stream: impl Stream<Item = watcher::Result<Event<Namespace>>>,
+    tx: mpsc::UnboundedSender<Key>,
+    index: Index,
+    reconciler: Arc<Reconciler>,
+) {
+    futures::pin_mut!(stream);
+    let mut known: HashSet<String> = HashSet::new();
+    let mut listing: Option<HashSet<String>> = None;
+    let mut synced = false;
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(Event::Init) => listing = Some(HashSet::new()),
+            Ok(Event::InitApply(ns)) => {
+                let name = ns.name_any();
+                if let Some(seen) = listing.as_mut() {
+                    seen.insert(name.clone());
+                }
+                // After the first list, a namespace new to this list opted in meanwhile.
+                if synced && !known.contains(&name) {
+                    let _ = tx.send(Key::ListPods(name.clone()));
+                }
+                known.insert(name.clone());
+                let _ = tx.send(Key::Namespace(name));
+            }
+            Ok(Event::InitDone) => {
+                if let Some(seen) = listing.take() {
+                    // Gone from a re-list (410 Gone, a restart): opted out meanwhile.
+                    for gone in known.difference(&seen).cloned().collect::<Vec<_>>() {
+                        opted_out(&gone, &tx, &index, &reconciler);
+                    }
+                    known = seen;
+                }
+                synced = true;
+            }
+            Ok(Event::Apply(ns)) => {
+                let name = ns.name_any();
+                if known.insert(name.clone()) {
+                    let _ = tx.send(Key::ListPods(name.clone()));
+                }
+                let _ = tx.send(Key::Namespace(name));
+            }
+            // Deleted, or its label removed (it left the selection): opted out.
+            Ok(Event::Delete(ns)) => {
+                let name = ns.name_any();
+                known.remove(&name);
+                opted_out(&name, &tx, &index, &reconciler);
+            }
+            Err(e) => tracing::warn!(error = %e, "namespace watch failed; retrying with backoff"),
         }
     }
 }
 
-async fn watch_one<K>(api: Api<K>, config: watcher::Config, tx: mpsc::UnboundedSender<Key>)
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
-    K::DynamicType: Default,
-{
-    let stream = watcher(api, config).default_backoff().touched_objects();
+fn opted_out(ns: &str, tx: &mpsc::UnboundedSender<Key>, index: &Index, _reconciler: &Reconciler) {
+    // Its pods are no longer kept; their owners' Secrets stay until the owners are deleted
+    // (ownerReferences), as a pod still running may use them.
+    let _ = lock(index).remove_namespace(ns);
+    let _ = tx.send(Key::OptOut(ns.to_string()));
+}
+
+/// The pods of one profile's selector: each, first thing, dropped unless its namespace opted in.
+async fn pod_events(
+    stream_id: usize,
+    stream: impl Stream<Item = watcher::Result<Event<Pod>>>,
+    tx: mpsc::UnboundedSender<Key>,
+    index: Index,
+    namespaces: Store<Namespace>,
+    reconciler: Arc<Reconciler>,
+) {
     futures::pin_mut!(stream);
     while let Some(event) = stream.next().await {
         match event {
-            Ok(_) => {
-                let _ = tx.send(Key::AllNamespaces);
+            Ok(Event::Init) => lock(&index).begin_relist(stream_id),
+            Ok(Event::InitApply(pod) | Event::Apply(pod)) => {
+                observe_pod(stream_id, &pod, &tx, &index, &namespaces, &reconciler).await;
             }
-            Err(e) => tracing::warn!(error = %e, "server CA source watch failed; retrying with backoff"),
+            Ok(Event::InitDone) => {
+                let owners = lock(&index).end_relist(stream_id);
+                for owner in owners {
+                    let _ = tx.send(Key::Owner(owner));
+                }
+            }
+            Ok(Event::Delete(pod)) => {
+                let key =
+                    PodKey { stream: stream_id, namespace: pod.namespace().unwrap_or_default(), name: pod.name_any() };
+                if let Some(owner) = lock(&index).remove(&key) {
+                    let _ = tx.send(Key::Owner(owner));
+                }
+                reconciler.forget_reports(pod.uid().as_deref().unwrap_or_default());
+            }
+            Err(e) => tracing::warn!(error = %e, stream = stream_id, "pod watch failed; retrying with backoff"),
         }
     }
+}
+
+/// Works out what a pod claims, if its namespace opted in, and queues its owner.
+async fn observe_pod(
+    stream_id: usize,
+    pod: &Pod,
+    tx: &mpsc::UnboundedSender<Key>,
+    index: &Index,
+    namespaces: &Store<Namespace>,
+    reconciler: &Reconciler,
+) {
+    let ns = pod.namespace().unwrap_or_default();
+    let key = PodKey { stream: stream_id, namespace: ns.clone(), name: pod.name_any() };
+    if namespaces.get(&reflector::ObjectRef::new(&ns)).is_none() {
+        // Not opted in: nothing to do, nothing kept.
+        lock(index).remove(&key);
+        return;
+    }
+    let verdict = match serde_json::value::to_raw_value(pod) {
+        Ok(raw) => desired::for_pod(reconciler.profiles(), &raw, &ns, &reconciler.settings().trust_domain),
+        Err(e) => PodVerdict::Nothing(format!("cannot re-encode the pod: {e}")),
+    };
+    let uid = pod.uid().unwrap_or_default();
+    let changed = lock(index).apply(key, uid, verdict);
+    if let Some(claim) = &changed.arrived {
+        reconciler.recheck(claim);
+    }
+    for (pod, why) in &changed.unverifiable {
+        reconciler.report_unverifiable(pod, why).await;
+    }
+    for owner in changed.owners {
+        let _ = tx.send(Key::Owner(owner));
+    }
+}
+
+/// Watches the objects keyward manages of one kind into a store; a change in an opted-in
+/// namespace queues it (to repair it), anywhere else a sweep.
+fn watch_managed<K>(
+    client: &Client,
+    selector: &str,
+    tx: &mpsc::UnboundedSender<Key>,
+    namespaces: &Store<Namespace>,
+    tasks: &mut JoinSet<()>,
+) -> Store<K>
+where
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
+    let (store, writer) = reflector::store::<K>();
+    let stream = watcher(Api::<K>::all(client.clone()), watcher::Config::default().labels(selector))
+        .default_backoff()
+        .reflect(writer)
+        .touched_objects();
+    let (tx, namespaces) = (tx.clone(), namespaces.clone());
+    tasks.spawn(async move {
+        futures::pin_mut!(stream);
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(object) => {
+                    let ns = object.namespace().unwrap_or_default();
+                    let for_client_ca =
+                        object.labels().get(desired::PROVISIONED_FOR).map(String::as_str) == Some("client-ca");
+                    let key = if for_client_ca {
+                        Key::PublishClientCa
+                    } else if namespaces.get(&reflector::ObjectRef::new(&ns)).is_some() {
+                        Key::Namespace(ns)
+                    } else {
+                        Key::Sweep
+                    };
+                    let _ = tx.send(key);
+                }
+                Err(e) => tracing::warn!(error = %e, kind = %K::kind(&()), "watch failed; retrying with backoff"),
+            }
+        }
+    });
+    store
 }
 
 async fn sleep_until(at: Option<Instant>) {
@@ -282,49 +495,102 @@ async fn sleep_until(at: Option<Instant>) {
 fn key_label(key: &Key) -> &'static str {
     match key {
         Key::Namespace(_) | Key::AllNamespaces => "namespace",
-        Key::Pod { .. } | Key::AllPods => "pod",
-        Key::Sweep => "sweep",
-        Key::Renew => "renew",
+        Key::OptOut(_) | Key::Sweep => "sweep",
+        Key::ListPods(_) | Key::Owner(_) => "owner",
         Key::PublishClientCa => "client-ca",
+        Key::Sources => "sources",
+        Key::AttestationKey => "attestation-key",
     }
+}
+
+fn opted_in(namespaces: &Store<Namespace>) -> BTreeSet<String> {
+    namespaces.state().iter().map(|n| n.name_any()).collect()
 }
 
 async fn work(
     client: &Client,
     reconciler: &Reconciler,
     namespaces: &Store<Namespace>,
+    index: &Index,
     key: &Key,
     tx: &mpsc::UnboundedSender<Key>,
-) -> Result<(), crate::Error> {
-    let opted_in = || -> BTreeSet<String> { namespaces.state().iter().map(|n| n.name_any()).collect() };
-    match key {
+) -> Outcome {
+    let result = match key {
         Key::Namespace(ns) => {
-            if opted_in().contains(ns) {
-                reconciler.namespace(ns).await?;
+            if opted_in(namespaces).contains(ns) {
+                reconciler.namespace(ns).await.map(|()| Outcome::Done)
+            } else {
+                Ok(Outcome::Done)
             }
+        }
+        Key::OptOut(ns) => {
+            if opted_in(namespaces).contains(ns) {
+                Ok(Outcome::Done)
+            } else {
+                reconciler.opt_out(ns).await.map(|()| Outcome::Done)
+            }
+        }
+        Key::ListPods(ns) => list_pods(client, reconciler, namespaces, index, ns, tx).await.map(|()| Outcome::Done),
+        Key::Owner(owner) => {
+            let claims: Vec<_> = lock(index)
+                .claims(owner)
+                .into_iter()
+                .map(|(k, uid, c)| (k.clone(), uid.to_string(), c.clone()))
+                .collect();
+            reconciler.owner(owner, &claims).await
         }
         Key::AllNamespaces => {
-            for ns in opted_in() {
+            for ns in opted_in(namespaces) {
                 let _ = tx.send(Key::Namespace(ns));
             }
+            Ok(Outcome::Done)
         }
-        Key::Pod { namespace, name } => {
-            if let Some(pod) = Api::<Pod>::namespaced(client.clone(), namespace).get_opt(name).await? {
-                reconciler.pod(&pod).await?;
-            }
-        }
-        Key::AllPods => {
-            for selector in pod_selectors(reconciler) {
-                let pods = Api::<Pod>::all(client.clone()).list(&ListParams::default().labels(&selector)).await?;
-                for pod in pods {
-                    let _ = tx.send(Key::Pod { namespace: pod.namespace().unwrap_or_default(), name: pod.name_any() });
+        Key::Sweep => reconciler.sweep_namespaces(&opted_in(namespaces)).await.map(|()| Outcome::Done),
+        Key::PublishClientCa => reconciler.publish_client_ca().await.map(|()| Outcome::Done),
+        Key::Sources => match reconciler.refresh_sources(&ca_sources(reconciler)).await {
+            Ok(changed) => {
+                if changed {
+                    let _ = tx.send(Key::AllNamespaces);
                 }
+                Ok(Outcome::Done)
+            }
+            Err(e) => Err(e),
+        },
+        Key::AttestationKey => reconciler.attestation_key().await,
+    };
+    match result {
+        Ok(outcome) => outcome,
+        Err(crate::Error::NotLeader) => Outcome::Done,
+        Err(e) => {
+            tracing::warn!(error = %e, ?key, "reconcile failed; retrying with backoff");
+            Outcome::Failed
+        }
+    }
+}
+
+/// The pods already in a namespace that just opted in (the watch dropped them while it had
+/// not), a page at a time.
+async fn list_pods(
+    client: &Client,
+    reconciler: &Reconciler,
+    namespaces: &Store<Namespace>,
+    index: &Index,
+    ns: &str,
+    tx: &mpsc::UnboundedSender<Key>,
+) -> Result<(), crate::Error> {
+    let api = Api::<Pod>::namespaced(client.clone(), ns);
+    for (stream_id, selector) in pod_selectors(reconciler).iter().enumerate() {
+        let mut params = ListParams::default().labels(selector).limit(500);
+        loop {
+            let page = api.list(&params).await?;
+            for pod in &page.items {
+                observe_pod(stream_id, pod, tx, index, namespaces, reconciler).await;
+            }
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(token) => params = params.continue_token(&token),
+                None => break,
             }
         }
-        // Three keys, not one: a failure in one (and its backoff) never delays the others.
-        Key::Sweep => reconciler.sweep_namespaces(&opted_in()).await?,
-        Key::Renew => reconciler.renew_all().await?,
-        Key::PublishClientCa => reconciler.publish_client_ca().await?,
     }
     Ok(())
 }
@@ -332,15 +598,10 @@ async fn work(
 /// The label selectors of the profiles that provide per-owner objects (their pods are the
 /// only ones watched).
 pub fn pod_selectors(reconciler: &Reconciler) -> BTreeSet<String> {
-    use keyward_engine::inject::Provision;
     reconciler
         .profiles()
         .iter()
-        .filter(|p| {
-            desired::provides_per_owner(p, |provision| {
-                matches!(provision, Provision::ClientCertificate | Provision::GeneratedToken { .. })
-            })
-        })
+        .filter(|p| p.issues_per_owner)
         .map(|p| desired::label_selector(&p.spec.selector))
         .collect()
 }

@@ -1,6 +1,7 @@
-//! The controller against an in-process fake of the Kubernetes API (`support/mod.rs`): what it
-//! writes, and does not write, for pods, owners, namespaces and CA sources; retries; leader
-//! election; and the time from a pod's creation to its Secret.
+//! The controller's reconciler against an in-process fake of the Kubernetes API
+//! (`support/mod.rs`): what it writes, and does not write, for owners, namespaces, the client
+//! CA and CA sources. The loop (watches, faults, leadership) is in `faults.rs`; what it refuses
+//! to vouch for, in `trust.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a panic is the test failure report
 
 mod support;
@@ -9,52 +10,17 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use k8s_openapi::api::core::v1::Pod;
 use keyward_certs::pki::Ca;
-use keyward_certs::{CertStore, Trigger};
+use keyward_certs::Trigger;
 use keyward_controller::conditions::Condition;
+use keyward_controller::desired::Owner;
 use keyward_controller::identity::{self, Renewal};
 use keyward_controller::metrics::Action;
-use keyward_controller::{run, LeaderElector, Leadership, LeaseConfig, Metrics, Reconciler, Settings};
+use keyward_controller::queue::Outcome;
+use keyward_controller::{run, Leadership, Metrics, Reconciler, Settings};
 use keyward_engine::{ProfileSet, RequestFacts, Requester};
 use serde_json::{json, Value};
-use support::FakeApi;
-
-const OWNER_API: &str = "foundation-model-stack.github.com.github.com/v1beta1";
-const OWNER_UID: &str = "bd735d6e-a9ec-4cdc-84eb-135ae77796f6";
-const IDENTITY: &str = "spiffe://cluster.local/ns/team-a/lmevaljob/evaljob-sample";
-const LIMIT: Duration = Duration::from_secs(20);
-
-fn fixture(name: &str) -> Value {
-    let path = format!("{}/../tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
-
-/// A client CA as cert-manager writes its Secret by default (an ECDSA key in SEC1, `EC PRIVATE
-/// KEY`: the shipped Certificate asks for PKCS#8, but a user's may not), mounted as the kubelet
-/// does, and loaded as `keyward controller` loads it.
-struct ClientCa {
-    _dir: tempfile::TempDir,
-    store: Arc<CertStore>,
-    ca: Ca,
-}
-
-fn certs_fixture(name: &str) -> String {
-    std::fs::read_to_string(format!("{}/../certs/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap()
-}
-
-fn client_ca() -> ClientCa {
-    let (cert, key) = (certs_fixture("ca-ec256.crt"), certs_fixture("ca-ec256-sec1.key"));
-    assert!(key.starts_with("-----BEGIN EC PRIVATE KEY-----"));
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("tls.crt"), &cert).unwrap();
-    std::fs::write(dir.path().join("tls.key"), &key).unwrap();
-    std::fs::write(dir.path().join("ca.crt"), &cert).unwrap();
-    let store = Arc::new(identity::client_ca_store(dir.path()));
-    assert_eq!(store.reload(Trigger::Startup).as_str(), "loaded");
-    let ca = Ca::from_pem(&cert, &key, "tls.crt".as_ref(), "tls.key".as_ref()).unwrap();
-    ClientCa { _dir: dir, store, ca }
-}
+use support::*;
 
 #[test]
 fn readiness_needs_a_client_ca_that_can_sign() {
@@ -84,75 +50,36 @@ fn readiness_needs_a_client_ca_that_can_sign() {
     assert_eq!(run::readiness(&fresh, Some(&good.store)).unwrap_err(), "the namespace watch has not listed yet");
 }
 
-fn reconciler(
-    fake: &FakeApi,
-    client_id: &str,
-    profiles: ProfileSet,
-    ca: &ClientCa,
-    leader: Leadership,
-) -> Arc<Reconciler> {
-    Arc::new(Reconciler::new(
-        fake.client(client_id),
-        Arc::new(profiles),
-        Settings { publish_client_ca_to: vec!["lm-eval".into()], ..Settings::default() },
-        ca.store.clone(),
-        leader,
-        Arc::new(Metrics::default()),
-        client_id.to_string(),
-    ))
+fn owner_ref() -> Owner {
+    Owner {
+        api_version: OWNER_API.into(),
+        kind: "LMEvalJob".into(),
+        name: "evaljob-sample".into(),
+        uid: OWNER_UID.into(),
+    }
 }
 
-/// The fms driver pod as the apiserver stores it after keyward's webhook admitted it.
-fn injected_fms_pod() -> Value {
-    let mut pod = fixture("lmeval-fms-driver-pod.json");
-    let facts =
-        RequestFacts::pod_create("team-a", Requester::User("system:serviceaccount:lm-eval:lm-eval-controller-manager"));
-    let decision = keyward_engine::decide(
-        &facts,
-        &serde_json::value::to_raw_value(&pod).unwrap(),
-        &ProfileSet::builtin().unwrap(),
-    );
-    assert!(decision.allowed(), "{:?}", decision.message());
-    let patch: json_patch::Patch = serde_json::from_value(serde_json::to_value(decision.patch()).unwrap()).unwrap();
-    json_patch::patch(&mut pod, &patch).unwrap();
-    pod["metadata"]["uid"] = json!("pod-uid-1");
-    pod["status"] = json!({"phase": "Pending"});
-    pod
-}
-
-fn owner() -> Value {
-    json!({"apiVersion": OWNER_API, "kind": "LMEvalJob", "metadata": {"name": "evaljob-sample", "namespace": "team-a", "uid": OWNER_UID}, "spec": {}})
-}
-
-fn as_pod(v: &Value) -> Pod {
-    serde_json::from_value(v.clone()).unwrap()
-}
-
-fn secret_data(secret: &Value, key: &str) -> String {
-    use base64::Engine as _;
-    let b64 = secret["data"][key].as_str().unwrap_or_else(|| panic!("no {key} in {secret}"));
-    String::from_utf8(base64::engine::general_purpose::STANDARD.decode(b64).unwrap()).unwrap()
-}
-
-fn cert_uris(pem: &str) -> Vec<String> {
-    keyward_certs::pem::cert_info(pem.as_bytes(), "tls.crt".as_ref()).unwrap().uris
+fn owner_reference() -> Value {
+    json!({"apiVersion": OWNER_API, "kind": "LMEvalJob", "name": "evaljob-sample", "uid": OWNER_UID, "controller": true})
 }
 
 // === per owner ===
 
 #[tokio::test]
-async fn first_sight_of_a_pod_issues_its_client_certificate_owned_by_the_job() {
+async fn a_new_owner_costs_two_requests_and_gets_its_certificate_owned_by_the_job() {
     let fake = FakeApi::default();
     fake.seed(owner());
     let ca = client_ca();
     let r = reconciler(&fake, "keyward", ProfileSet::builtin().unwrap(), &ca, Leadership::always());
-    r.pod(&as_pod(&injected_fms_pod())).await.unwrap();
+    let keys = attestation_keys(&r).await;
+    fake.clear_calls();
+    let outcome = r.owner(&owner_key(), &claims(&r, &attested_fms_pod(&keys))).await.unwrap();
 
-    let writes = fake.writes();
-    assert_eq!(writes.len(), 1, "{writes:#?}");
+    // Verify the owner, create the Secret: nothing else.
+    let calls: Vec<(String, String)> = fake.calls().iter().map(|c| (c.method.clone(), c.resource.clone())).collect();
     assert_eq!(
-        (writes[0].method.as_str(), writes[0].resource.as_str(), writes[0].namespace.as_str()),
-        ("POST", "/v1/secrets", "team-a")
+        calls,
+        [("GET".to_string(), format!("{OWNER_API}/lmevaljobs")), ("POST".to_string(), "/v1/secrets".to_string())]
     );
     let secret = fake.get("v1", "Secret", "team-a", "evaljob-sample-lmeval-client").unwrap();
     assert_eq!(secret["type"], "kubernetes.io/tls");
@@ -161,49 +88,41 @@ async fn first_sight_of_a_pod_issues_its_client_certificate_owned_by_the_job() {
         json!({"app.kubernetes.io/managed-by": "keyward", "keyward.io/provisioned-for": "owner"})
     );
     assert_eq!(secret["metadata"]["annotations"], json!({"keyward.io/profile": "lmeval"}));
-    assert_eq!(
-        secret["metadata"]["ownerReferences"],
-        json!([{"apiVersion": OWNER_API, "kind": "LMEvalJob", "name": "evaljob-sample", "uid": OWNER_UID, "controller": true}])
-    );
+    assert_eq!(secret["metadata"]["ownerReferences"], json!([owner_reference()]));
     let cert = secret_data(&secret, "tls.crt");
     assert_eq!(cert_uris(&cert), [IDENTITY]);
+    assert!(identity::issued_by(cert.as_bytes(), &ca.ca), "signed by the client CA");
     assert_eq!(secret_data(&secret, "ca.crt"), ca.ca.cert_pem());
     assert!(secret_data(&secret, "tls.key").starts_with("-----BEGIN PRIVATE KEY-----"));
     assert_eq!(r.metrics().object_count("client-certificate", Action::Issued, true), 1);
+    // It comes back at the certificate's renewal, two thirds into its 24 hours.
+    let Outcome::At(at) = outcome else { panic!("{outcome:?}") };
+    let wait = at.duration_since(tokio::time::Instant::now());
+    assert!(wait > Duration::from_secs(15 * 3600) && wait < Duration::from_secs(16 * 3600), "{wait:?}");
+    // Asked again (another pod event): nothing, not even a read.
+    fake.clear_calls();
+    r.owner(&owner_key(), &claims(&r, &attested_fms_pod(&keys))).await.unwrap();
+    assert_eq!(fake.calls().len(), 0, "{:#?}", fake.calls());
 }
 
 #[tokio::test]
-async fn a_missing_or_foreign_owner_gets_nothing() {
+async fn a_missing_owner_or_one_with_another_uid_gets_nothing() {
     let fake = FakeApi::default();
     let ca = client_ca();
     let r = reconciler(&fake, "keyward", ProfileSet::builtin().unwrap(), &ca, Leadership::always());
+    let keys = attestation_keys(&r).await;
+    fake.clear_calls();
     // No owner at all.
-    r.pod(&as_pod(&injected_fms_pod())).await.unwrap();
+    r.owner(&owner_key(), &claims(&r, &attested_fms_pod(&keys))).await.unwrap();
     // An owner of that name with another UID: a new job of the same name, not this pod's.
-    let mut other = owner();
-    other["metadata"]["uid"] = json!("another-uid");
-    fake.seed(other);
-    r.pod(&as_pod(&injected_fms_pod())).await.unwrap();
+    fake.seed(lmevaljob("team-a", "evaljob-sample", "another-uid"));
+    r.owner(&owner_key(), &claims(&r, &attested_fms_pod(&keys))).await.unwrap();
     assert_eq!(fake.writes().len(), 0, "{:#?}", fake.writes());
-    // The owner was looked up where the pod names it.
     assert!(fake
         .calls()
         .iter()
         .any(|c| c.method == "GET" && c.resource == format!("{OWNER_API}/lmevaljobs") && c.name == "evaljob-sample"));
-}
-
-#[tokio::test]
-async fn a_pod_that_only_looks_selected_gets_nothing() {
-    // The labels and owner of an fms driver, but not the injection: keyward did not admit it
-    // as such (a label proves nothing).
-    let fake = FakeApi::default();
-    fake.seed(owner());
-    let ca = client_ca();
-    let r = reconciler(&fake, "keyward", ProfileSet::builtin().unwrap(), &ca, Leadership::always());
-    let mut pod = fixture("lmeval-fms-driver-pod.json");
-    pod["metadata"]["annotations"] = json!({"keyward.io/injected": "{\"profile\":\"lmeval\"}"});
-    r.pod(&as_pod(&pod)).await.unwrap();
-    assert_eq!(fake.writes().len(), 0);
+    assert_eq!(r.metrics().refused_count(keyward_controller::metrics::Refusal::OwnerMissing), 1, "reported once");
 }
 
 #[tokio::test]
@@ -211,61 +130,60 @@ async fn an_existing_valid_secret_is_not_touched_and_a_restart_changes_nothing()
     let fake = FakeApi::default();
     fake.seed(owner());
     let ca = client_ca();
-    let pod = as_pod(&injected_fms_pod());
-    reconciler(&fake, "keyward", ProfileSet::builtin().unwrap(), &ca, Leadership::always()).pod(&pod).await.unwrap();
+    let r = reconciler(&fake, "keyward", ProfileSet::builtin().unwrap(), &ca, Leadership::always());
+    let keys = attestation_keys(&r).await;
+    let pod = attested_fms_pod(&keys);
+    r.owner(&owner_key(), &claims(&r, &pod)).await.unwrap();
     fake.clear_calls();
     // Another replica, or this one after a restart: the same state, nothing to write.
     let again = reconciler(&fake, "keyward-2", ProfileSet::builtin().unwrap(), &ca, Leadership::always());
-    again.pod(&pod).await.unwrap();
-    again.renew_all().await.unwrap();
+    again.attestation_key().await.unwrap();
+    again.owner(&owner_key(), &claims(&again, &pod)).await.unwrap();
     assert_eq!(fake.writes().len(), 0, "{:#?}", fake.writes());
     assert_eq!(again.metrics().object_count("client-certificate", Action::Unchanged, true), 1);
 }
 
 #[tokio::test]
-async fn a_certificate_near_expiry_is_renewed_in_one_update_of_both_files() {
+async fn a_certificate_near_expiry_is_renewed_in_place_and_others_labels_stay() {
     let fake = FakeApi::default();
     fake.seed(owner());
     let ca = client_ca();
-    let owner_ref = keyward_controller::desired::Owner {
-        api_version: OWNER_API.into(),
-        kind: "LMEvalJob".into(),
-        name: "evaljob-sample".into(),
-        uid: OWNER_UID.into(),
-    };
     // Issued 17 hours ago for 24: past two thirds.
     let old = identity::issue(
         &ca.ca,
         "team-a",
-        &owner_ref,
+        &owner_ref(),
         IDENTITY,
         SystemTime::now() - Duration::from_secs(17 * 3600),
         Duration::from_secs(24 * 3600),
     )
     .unwrap();
-    use base64::Engine as _;
-    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
-    fake.seed(json!({
-        "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
-        "metadata": {"name": "evaljob-sample-lmeval-client", "namespace": "team-a",
-            "labels": {"app.kubernetes.io/managed-by": "keyward", "keyward.io/provisioned-for": "owner"},
-            "annotations": {"keyward.io/profile": "lmeval"},
-            "ownerReferences": [{"apiVersion": OWNER_API, "kind": "LMEvalJob", "name": "evaljob-sample", "uid": OWNER_UID, "controller": true}]},
-        "data": {"tls.crt": b64(&old.cert_pem), "tls.key": b64(&old.key_pem), "ca.crt": b64(&old.ca_pem)}
-    }));
-    let before = fake.get("v1", "Secret", "team-a", "evaljob-sample-lmeval-client").unwrap();
+    let mut seeded = managed_secret(
+        "team-a",
+        "evaljob-sample-lmeval-client",
+        owner_reference(),
+        json!({"tls.crt": b64(&old.cert_pem), "tls.key": b64(&old.key_pem), "ca.crt": b64(&old.ca_pem)}),
+    );
+    // Someone else's label and annotation on keyward's Secret (a backup tool's, say).
+    seeded["metadata"]["labels"]["backup.example/include"] = json!("true");
+    seeded["metadata"]["annotations"]["backup.example/policy"] = json!("daily");
+    let before = fake.seed(seeded);
     let r = reconciler(&fake, "keyward", ProfileSet::builtin().unwrap(), &ca, Leadership::always());
-    r.renew_all().await.unwrap();
+    let keys = attestation_keys(&r).await;
+    fake.clear_calls();
+    r.owner(&owner_key(), &claims(&r, &attested_fms_pod(&keys))).await.unwrap();
 
     let writes = fake.writes();
     assert_eq!(writes.len(), 1, "{writes:#?}");
-    assert_eq!(writes[0].method, "PUT");
+    assert_eq!(writes[0].method, "PATCH", "updated in place");
     let body = writes[0].body.as_ref().unwrap();
     assert_eq!(
         body["metadata"]["resourceVersion"], before["metadata"]["resourceVersion"],
         "a precondition on what was read"
     );
     let after = fake.get("v1", "Secret", "team-a", "evaljob-sample-lmeval-client").unwrap();
+    assert_eq!(after["metadata"]["labels"]["backup.example/include"], "true");
+    assert_eq!(after["metadata"]["annotations"]["backup.example/policy"], "daily");
     let (cert, key) = (secret_data(&after, "tls.crt"), secret_data(&after, "tls.key"));
     assert_ne!(cert, old.cert_pem);
     assert_ne!(key, old.key_pem);
@@ -282,11 +200,33 @@ async fn a_certificate_near_expiry_is_renewed_in_one_update_of_both_files() {
         Renewal::Fresh { .. }
     ));
     assert_eq!(r.metrics().object_count("client-certificate", Action::Renewed, true), 1);
-    assert!(
-        r.metrics().render().contains("keyward_controller_next_certificate_expiry_seconds 86"),
-        "{}",
-        r.metrics().render()
-    );
+}
+
+#[tokio::test]
+async fn a_secret_that_names_an_earlier_owner_of_that_name_is_reissued_for_the_new_one() {
+    let fake = FakeApi::default();
+    fake.seed(owner());
+    let ca = client_ca();
+    // The job was deleted and made again with the same name; its old Secret lingers.
+    let earlier = Owner { uid: "earlier-uid".into(), ..owner_ref() };
+    let old = identity::issue(&ca.ca, "team-a", &earlier, IDENTITY, SystemTime::now(), Duration::from_secs(24 * 3600))
+        .unwrap();
+    let mut reference = owner_reference();
+    reference["uid"] = json!("earlier-uid");
+    fake.seed(managed_secret(
+        "team-a",
+        "evaljob-sample-lmeval-client",
+        reference,
+        json!({"tls.crt": b64(&old.cert_pem), "tls.key": b64(&old.key_pem), "ca.crt": b64(&old.ca_pem)}),
+    ));
+    let r = reconciler(&fake, "keyward", ProfileSet::builtin().unwrap(), &ca, Leadership::always());
+    let keys = attestation_keys(&r).await;
+    fake.clear_calls();
+    r.owner(&owner_key(), &claims(&r, &attested_fms_pod(&keys))).await.unwrap();
+    let after = fake.get("v1", "Secret", "team-a", "evaljob-sample-lmeval-client").unwrap();
+    assert_eq!(after["metadata"]["ownerReferences"], json!([owner_reference()]));
+    assert_ne!(secret_data(&after, "tls.crt"), old.cert_pem, "a new certificate, for the new owner");
+    assert_eq!(fake.writes().iter().map(|c| c.method.as_str()).collect::<Vec<_>>(), ["PATCH"]);
 }
 
 const TOKEN_PROFILE: &str = r#"
@@ -301,16 +241,21 @@ spec:
     token: {secretName: "{owner.name}-token", provider: keyward, mountPath: /var/run/secrets/example/token}
 "#;
 
-fn token_pod() -> Value {
+fn token_profiles() -> ProfileSet {
+    ProfileSet::from_sources([("t.yaml".to_string(), TOKEN_PROFILE.to_string())]).unwrap()
+}
+
+fn token_pod(keys: &keyward_certs::attestation::Keys, name: &str) -> Value {
     let mut pod = json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "train-x7k2p", "namespace": "team-a", "uid": "pod-uid-2", "labels": {"app": "token-job"},
+        "metadata": {"name": name, "namespace": "team-a", "uid": format!("uid-{name}"), "labels": {"app": "token-job"},
             "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": "job-uid-1", "controller": true, "blockOwnerDeletion": true}]},
         "spec": {"containers": [{"name": "main", "image": "busybox"}]}
     });
-    let profiles = ProfileSet::from_sources([("t.yaml".to_string(), TOKEN_PROFILE.to_string())]).unwrap();
-    let facts = RequestFacts::pod_create("team-a", Requester::User("system:serviceaccount:kube-system:job-controller"));
-    let d = keyward_engine::decide(&facts, &serde_json::value::to_raw_value(&pod).unwrap(), &profiles);
+    let attestor = KeysAttestor(keys.clone());
+    let facts = RequestFacts::pod_create("team-a", Requester::User("system:serviceaccount:kube-system:job-controller"))
+        .attested_by(&attestor);
+    let d = keyward_engine::decide(&facts, &serde_json::value::to_raw_value(&pod).unwrap(), &token_profiles());
     let patch: json_patch::Patch = serde_json::from_value(serde_json::to_value(d.patch()).unwrap()).unwrap();
     json_patch::patch(&mut pod, &patch).unwrap();
     pod
@@ -321,21 +266,41 @@ async fn a_generated_token_is_created_once_and_never_regenerated() {
     let fake = FakeApi::default();
     fake.seed(json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "train", "namespace": "team-a", "uid": "job-uid-1"}}));
     let ca = client_ca();
-    let profiles = ProfileSet::from_sources([("t.yaml".to_string(), TOKEN_PROFILE.to_string())]).unwrap();
-    let r = reconciler(&fake, "keyward", profiles, &ca, Leadership::always());
-    let pod = as_pod(&token_pod());
-    r.pod(&pod).await.unwrap();
+    let r = reconciler(&fake, "keyward", token_profiles(), &ca, Leadership::always());
+    let keys = attestation_keys(&r).await;
+    let job = keyward_controller::index::OwnerKey { namespace: "team-a".into(), uid: "job-uid-1".into() };
+    r.owner(&job, &claims(&r, &token_pod(&keys, "train-x7k2p"))).await.unwrap();
     let secret = fake.get("v1", "Secret", "team-a", "train-token").unwrap();
     let token = secret_data(&secret, "token");
     assert_eq!(token.len(), 43);
     assert_eq!(secret["type"], "Opaque");
     assert_eq!(secret["metadata"]["ownerReferences"][0]["uid"], "job-uid-1");
     fake.clear_calls();
-    // Another pod of the job, a resync: the token stays.
-    r.pod(&pod).await.unwrap();
-    r.renew_all().await.unwrap();
+    // Another pod of the job (its Secret is read once), and a restart: the token stays.
+    let second = claims(&r, &token_pod(&keys, "train-9q8zt"));
+    r.recheck(&second[0].2);
+    r.owner(&job, &second).await.unwrap();
+    let restarted = reconciler(&fake, "keyward", token_profiles(), &ca, Leadership::always());
+    restarted.attestation_key().await.unwrap();
+    restarted.owner(&job, &second).await.unwrap();
     assert_eq!(fake.writes().len(), 0, "{:#?}", fake.writes());
     assert_eq!(secret_data(&fake.get("v1", "Secret", "team-a", "train-token").unwrap(), "token"), token);
+}
+
+#[tokio::test]
+async fn a_deleted_secret_is_made_again_for_the_next_pod() {
+    let fake = FakeApi::default();
+    fake.seed(owner());
+    let ca = client_ca();
+    let r = reconciler(&fake, "keyward", ProfileSet::builtin().unwrap(), &ca, Leadership::always());
+    let keys = attestation_keys(&r).await;
+    r.owner(&owner_key(), &claims(&r, &attested_fms_pod(&keys))).await.unwrap();
+    fake.remove("v1", "Secret", "team-a", "evaljob-sample-lmeval-client");
+    // The operator makes a new driver pod for the job: what keyward remembers is read again.
+    let next = claims(&r, &fms_pod(Some(&keys), "team-a", "evaljob-sample-retry", "evaljob-sample", OWNER_UID));
+    r.recheck(&next[0].2);
+    r.owner(&owner_key(), &next).await.unwrap();
+    assert!(fake.get("v1", "Secret", "team-a", "evaljob-sample-lmeval-client").is_some());
 }
 
 #[tokio::test]
@@ -346,7 +311,9 @@ async fn a_foreign_object_of_the_same_name_is_left_alone_and_reported() {
         "metadata": {"name": "evaljob-sample-lmeval-client", "namespace": "team-a"}, "data": {"mine": "eA=="}}));
     let ca = client_ca();
     let r = reconciler(&fake, "keyward", ProfileSet::builtin().unwrap(), &ca, Leadership::always());
-    r.pod(&as_pod(&injected_fms_pod())).await.unwrap();
+    let keys = attestation_keys(&r).await;
+    fake.clear_calls();
+    r.owner(&owner_key(), &claims(&r, &attested_fms_pod(&keys))).await.unwrap();
     assert_eq!(fake.writes().len(), 0, "{:#?}", fake.writes());
     assert_eq!(
         fake.get("v1", "Secret", "team-a", "evaljob-sample-lmeval-client").unwrap()["data"],
@@ -365,6 +332,33 @@ async fn a_foreign_object_of_the_same_name_is_left_alone_and_reported() {
         .unwrap()
         .starts_with("Secret team-a/evaljob-sample-lmeval-client exists and is not managed by keyward"));
     assert_eq!(r.metrics().object_count("client-certificate", Action::Foreign, true), 1);
+}
+
+#[tokio::test]
+async fn the_attestation_key_is_created_kept_and_rotated_with_the_previous_one_still_valid() {
+    let fake = FakeApi::default();
+    let ca = client_ca();
+    let r = reconciler(&fake, "keyward", ProfileSet::builtin().unwrap(), &ca, Leadership::always());
+    let first = attestation_keys(&r).await;
+    let secret = fake.get("v1", "Secret", "keyward-system", "keyward-attestation").unwrap();
+    assert_eq!(secret["metadata"]["labels"]["app.kubernetes.io/managed-by"], "keyward");
+    assert_eq!(secret["data"].as_object().unwrap().keys().collect::<Vec<_>>(), ["current"]);
+    // A restart reads the same key, writing nothing.
+    fake.clear_calls();
+    let again = reconciler(&fake, "keyward-2", ProfileSet::builtin().unwrap(), &ca, Leadership::always());
+    assert_eq!(attestation_keys(&again).await.current.unwrap().id(), first.current.as_ref().unwrap().id());
+    assert_eq!(fake.writes().len(), 0);
+    // Due for rotation: the current key becomes the previous, and both verify.
+    let mut due = fake.get("v1", "Secret", "keyward-system", "keyward-attestation").unwrap();
+    due["metadata"]["annotations"]["keyward.io/rotated-at"] = json!("2020-01-01T00:00:00Z");
+    fake.seed(due);
+    let rotated = attestation_keys(&r).await;
+    assert_eq!(rotated.previous.as_ref().unwrap().id(), first.current.as_ref().unwrap().id());
+    assert_ne!(rotated.current.as_ref().unwrap().id(), first.current.as_ref().unwrap().id());
+    let signed = first.sign(b"payload").unwrap();
+    assert!(rotated.verify(b"payload", &signed), "an attestation made just before the rotation still verifies");
+    let secret = fake.get("v1", "Secret", "keyward-system", "keyward-attestation").unwrap();
+    assert_eq!(secret["data"].as_object().unwrap().keys().collect::<Vec<_>>(), ["current", "previous"]);
 }
 
 // === per namespace ===
@@ -457,6 +451,7 @@ async fn a_changed_ca_source_updates_every_copy() {
 
     let second = Ca::mint("gRPC 2", SystemTime::now(), Duration::from_secs(86400)).unwrap();
     server_ca_source(&fake, second.cert_pem());
+    assert!(r.refresh_sources(&run::ca_sources(&r)).await.unwrap(), "the change is seen");
     r.namespace("team-a").await.unwrap();
     let writes = fake.writes();
     assert_eq!(writes.len(), 1);
@@ -469,11 +464,12 @@ async fn a_changed_ca_source_updates_every_copy() {
     // A source that is not a certificate is refused, and the copy kept; it is a condition
     // reported, not a failure retried.
     server_ca_source(&fake, "not a certificate");
+    r.refresh_sources(&run::ca_sources(&r)).await.unwrap();
     r.namespace("team-a").await.unwrap();
     let note =
         r.conditions().message(Condition::ServerCaSourceUnusable, "ConfigMap team-a/keyward-lmeval-server-ca").unwrap();
     assert!(
-        note.contains("serverCA source Secret lm-eval/grpc-server-cert key ca.crt: not a PEM certificate"),
+        note.contains("serverCA source Secret lm-eval/grpc-server-cert key ca.crt: holds no PEM certificate; give the CA certificate"),
         "{note}"
     );
     assert_eq!(
@@ -507,8 +503,9 @@ async fn a_missing_ca_source_is_a_condition_reported_once_and_everything_else_is
     assert_eq!(body["reason"], "ServerCaSourceUnusable");
     assert_eq!(body["regarding"], json!({"apiVersion": "v1", "kind": "Namespace", "name": "team-a"}));
 
-    // The source appears: provisioned, and the condition ends.
+    // The source appears (read at the next resync): provisioned, and the condition ends.
     server_ca_source(&fake, Ca::mint("gRPC", SystemTime::now(), Duration::from_secs(86400)).unwrap().cert_pem());
+    r.refresh_sources(&run::ca_sources(&r)).await.unwrap();
     r.namespace("team-a").await.unwrap();
     assert!(fake.get("v1", "ConfigMap", "team-a", "keyward-lmeval-server-ca").is_some());
     assert_eq!(r.conditions().message(Condition::ServerCaSourceUnusable, subject), None);
@@ -558,159 +555,43 @@ async fn the_client_ca_certificate_is_published_and_never_its_key() {
     assert!(!serde_json::to_string(&cm).unwrap().contains("PRIVATE KEY"));
 }
 
-// === the loop: watches, retries, leadership ===
-
-fn opted_in(name: &str) -> Value {
-    json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {"keyward.io/inject": "enabled", "kubernetes.io/metadata.name": name}}})
-}
-
-fn start(
-    fake: &FakeApi,
-    r: Arc<Reconciler>,
-    leadership: Leadership,
-    ca: &ClientCa,
-    id: &str,
-) -> tokio::task::JoinHandle<()> {
-    let client = fake.client(id);
-    let status = Arc::new(run::Status::default());
-    let reloads = ca.store.subscribe();
-    tokio::spawn(async move {
-        run::run(client, r, leadership, Duration::from_secs(3600), status, reloads, std::future::pending()).await
-    })
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_new_pods_secret_exists_well_within_two_seconds() {
+/// The source's text as a namespace's copy shows it, or the condition's note.
+async fn copy_of(source: &str) -> Result<String, String> {
     let fake = FakeApi::default();
-    fake.seed(opted_in("team-a"));
-    fake.seed(owner());
-    server_ca_source(&fake, Ca::mint("gRPC", SystemTime::now(), Duration::from_secs(86400)).unwrap().cert_pem());
+    server_ca_source(&fake, source);
     let ca = client_ca();
     let r = reconciler(&fake, "keyward", ProfileSet::builtin().unwrap(), &ca, Leadership::always());
-    let task = start(&fake, r, Leadership::always(), &ca, "keyward");
-    // The namespace's CA appears from the namespace watch.
-    fake.until(LIMIT, |f| f.get("v1", "ConfigMap", "team-a", "keyward-lmeval-server-ca")).await;
-
-    let created = std::time::Instant::now();
-    fake.seed(injected_fms_pod());
-    fake.until(LIMIT, |f| f.get("v1", "Secret", "team-a", "evaljob-sample-lmeval-client")).await;
-    let elapsed = created.elapsed();
-    println!("pod created → client certificate Secret written: {elapsed:?}");
-    assert!(elapsed < Duration::from_secs(2), "{elapsed:?}");
-    task.abort();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn api_errors_are_retried_with_backoff_not_in_a_hot_loop() {
-    let fake = FakeApi::default();
-    fake.seed(opted_in("team-a"));
-    fake.seed(owner());
-    fake.fail("POST", "/v1/secrets", 500, 3);
-    let ca = client_ca();
-    let r = reconciler(&fake, "keyward", ProfileSet::builtin().unwrap(), &ca, Leadership::always());
-    let task = start(&fake, r.clone(), Leadership::always(), &ca, "keyward");
-    fake.seed(injected_fms_pod());
-    fake.until(Duration::from_secs(30), |f| f.get("v1", "Secret", "team-a", "evaljob-sample-lmeval-client")).await;
-    let posts: Vec<_> =
-        fake.calls().into_iter().filter(|c| c.method == "POST" && c.resource == "/v1/secrets").collect();
-    assert_eq!(posts.iter().map(|c| c.status).collect::<Vec<_>>(), [500, 500, 500, 201]);
-    // 500 ms, 1 s, 2 s between attempts (less a little for scheduling).
-    for (pair, min) in posts.windows(2).zip([450u64, 950, 1950]) {
-        let gap = pair[1].at.duration_since(pair[0].at);
-        assert!(gap >= Duration::from_millis(min), "retried after {gap:?}, expected at least {min} ms");
-    }
-    assert!(
-        r.metrics().render().contains("keyward_controller_reconcile_errors_total{result=\"pod\"} 3"),
-        "{}",
-        r.metrics().render()
-    );
-    task.abort();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cluster_without_the_operators_namespace_keeps_reconciling_everything_else() {
-    // The shipped manifests publish the client CA to lm-eval, and the lmeval built-in copies
-    // its server CA from there; on a cluster without fms-lm-eval-service neither exists.
-    let fake = FakeApi::default();
-    fake.require_namespaces();
-    fake.seed(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}}));
-    fake.seed(opted_in("team-a"));
-    fake.seed(owner());
-    let ca = client_ca();
-    let r = reconciler(&fake, "keyward", builtins_and_account(), &ca, Leadership::always());
-    let task = start(&fake, r.clone(), Leadership::always(), &ca, "keyward");
-    fake.until(LIMIT, |f| f.get("v1", "ServiceAccount", "team-a", "keyward-router")).await;
-    fake.seed(injected_fms_pod());
-    fake.until(LIMIT, |f| f.get("v1", "Secret", "team-a", "evaljob-sample-lmeval-client")).await;
-    // Opting out is acted on at once, not behind a backoff.
-    let mut ns = fake.get("v1", "Namespace", "", "team-a").unwrap();
-    ns["metadata"]["labels"] = json!({"kubernetes.io/metadata.name": "team-a"});
-    fake.seed(ns);
-    fake.until(LIMIT, |f| f.get("v1", "ServiceAccount", "team-a", "keyward-router").is_none().then_some(())).await;
-    // The operator's namespace appears: the client CA is published there, by the watch.
-    fake.seed(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "lm-eval"}}));
-    fake.until(LIMIT, |f| f.get("v1", "ConfigMap", "lm-eval", "keyward-client-ca")).await;
-    let metrics = r.metrics().render();
-    assert!(!metrics.contains("keyward_controller_reconcile_errors_total{"), "{metrics}");
-    assert!(fake.calls().iter().all(|c| c.status < 400 || c.method == "GET"), "{:#?}", fake.calls());
-    task.abort();
-}
-
-fn fast_lease(identity: &str) -> LeaseConfig {
-    LeaseConfig {
-        lease_duration: Duration::from_secs(3),
-        renew_deadline: Duration::from_secs(2),
-        retry_period: Duration::from_millis(200),
-        ..LeaseConfig::new("keyward-controller", "keyward-system", identity)
+    r.namespace("team-a").await.unwrap();
+    match fake.get("v1", "ConfigMap", "team-a", "keyward-lmeval-server-ca") {
+        Some(cm) => Ok(cm["data"]["ca.crt"].as_str().unwrap().to_string()),
+        None => Err(r
+            .conditions()
+            .message(Condition::ServerCaSourceUnusable, "ConfigMap team-a/keyward-lmeval-server-ca")
+            .unwrap()),
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn of_two_replicas_only_the_leader_writes_and_losing_the_lease_stops_it() {
-    let fake = FakeApi::default();
-    fake.seed(opted_in("team-a"));
-    fake.seed(owner());
-    let ca = client_ca();
-    let mut replicas = Vec::new();
-    for id in ["replica-a", "replica-b"] {
-        let (tx, rx) = tokio::sync::watch::channel(false);
-        let elector = LeaderElector::new(fake.client(id), fast_lease(id));
-        tokio::spawn(elector.run(tx));
-        let leadership = Leadership::from_receiver(rx);
-        let r = reconciler(&fake, id, ProfileSet::builtin().unwrap(), &ca, leadership.clone());
-        let task = start(&fake, r.clone(), leadership.clone(), &ca, id);
-        replicas.push((id, leadership, r, task));
-    }
-    let leader = fake
-        .until(LIMIT, |f| {
-            f.get("coordination.k8s.io/v1", "Lease", "keyward-system", "keyward-controller")
-                .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_string))
-        })
-        .await;
-    fake.seed(injected_fms_pod());
-    fake.until(LIMIT, |f| f.get("v1", "Secret", "team-a", "evaljob-sample-lmeval-client")).await;
-    let writers: BTreeSet<String> =
-        fake.writes().into_iter().filter(|c| c.resource != "coordination.k8s.io/v1/leases").map(|c| c.client).collect();
-    assert_eq!(writers, BTreeSet::from([leader.clone()]));
-
-    // Another holder takes the Lease: the leader sees it at its next renewal and stops.
-    let (_, leadership, r, _) = replicas.iter().find(|(id, ..)| *id == leader).unwrap();
-    let mut lease = fake.get("coordination.k8s.io/v1", "Lease", "keyward-system", "keyward-controller").unwrap();
-    lease["spec"]["holderIdentity"] = json!("replica-c");
-    lease["spec"]["leaseDurationSeconds"] = json!(3600);
-    fake.seed(lease);
-    let mut watch = leadership.clone();
-    while watch.is_leader() {
-        assert!(tokio::time::timeout(LIMIT, watch.changed()).await.unwrap());
-    }
-    fake.clear_calls();
-    // A pod whose Secret is missing would need a write: the former leader refuses to make it.
-    fake.remove("v1", "Secret", "team-a", "evaljob-sample-lmeval-client");
-    let refused = r.pod(&as_pod(&injected_fms_pod())).await;
-    assert_eq!(refused.unwrap_err().to_string(), "not the leader: nothing is written");
-    assert!(fake.writes().iter().all(|c| c.resource == "coordination.k8s.io/v1/leases"), "{:#?}", fake.writes());
-    assert!(r.metrics().render().contains("keyward_controller_leader 0"), "{}", r.metrics().render());
-    for (_, _, _, task) in replicas {
-        task.abort();
-    }
+#[tokio::test]
+async fn only_ca_certificates_are_ever_copied_from_a_source() {
+    let now = SystemTime::now();
+    let day = Duration::from_secs(86400);
+    let (old, new) = (Ca::mint("gRPC CA 1", now, day).unwrap(), Ca::mint("gRPC CA 2", now, day).unwrap());
+    // A bundle of two CAs, as during a rotation: copied, both.
+    let bundle = format!("{}{}", old.cert_pem(), new.cert_pem());
+    assert_eq!(copy_of(&bundle).await.unwrap(), bundle);
+    // Text around the certificates is not copied; the certificates are, re-encoded.
+    let commented = format!("# the gRPC server's CA\n{}", old.cert_pem());
+    assert_eq!(copy_of(&commented).await.unwrap(), old.cert_pem());
+    // A certificate followed by its private key: refused, nothing copied.
+    let with_key = format!("{}{}", old.cert_pem(), old.key_pem());
+    let note = copy_of(&with_key).await.unwrap_err();
+    assert!(note.ends_with("serverCA source Secret lm-eval/grpc-server-cert key ca.crt: holds a private key; keyward copies only CA certificates: point the source at a key that holds just the CA certificate (cert-manager: ca.crt, never tls.key); pods that need it wait until the source holds a CA certificate"), "{note}");
+    // A leaf (the server's own certificate): refused.
+    let leaf = old.issue_serving(&["grpc.lm-eval.svc".into()], now, day).unwrap();
+    let note = copy_of(&leaf.cert_pem).await.unwrap_err();
+    assert!(note.contains("certificate 1 (CN=grpc.lm-eval.svc) is not a CA (no basicConstraints CA:TRUE)"), "{note}");
+    // More certificates than a trust bundle may hold.
+    let many = old.cert_pem().repeat(17);
+    let note = copy_of(&many).await.unwrap_err();
+    assert!(note.contains("holds 17 certificates, more than the 16 a trust bundle may have"), "{note}");
 }

@@ -157,10 +157,10 @@ fn what_explain_requires_from_keyward_the_controller_provides() {
         assert!(problems.is_empty(), "{name}: {problems:?}");
         provided.extend(per_namespace.iter().map(|d| (d.want.object_kind().to_string(), d.name.clone())));
         match desired::for_pod(&profiles, &serde_json::value::to_raw_value(&pod).unwrap(), &ns, "cluster.local") {
-            PodVerdict::Issue { wants, .. } => {
-                provided.extend(wants.iter().map(|d| (d.want.object_kind().to_string(), d.name.clone())))
+            PodVerdict::Claim(claim) => {
+                provided.extend(claim.wants.iter().map(|d| (d.want.object_kind().to_string(), d.name.clone())))
             }
-            PodVerdict::Nothing(why) => panic!("{name}: the controller would issue nothing: {why}"),
+            other => panic!("{name}: the controller would issue nothing: {other:?}"),
         }
         for required in &from_keyward {
             assert!(

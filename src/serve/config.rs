@@ -31,6 +31,12 @@ pub struct ServeArgs {
     /// Extra DNS names (or IPs) for the development certificate; repeat or comma-separate.
     #[arg(long = "dns-name", env = "KEYWARD_DNS_NAMES", value_delimiter = ',', value_name = "NAME")]
     dns_names: Vec<String>,
+    /// The admission attestation's keys (files `current` and `previous`): the Secret
+    /// keyward-attestation, which `keyward controller` creates and rotates, mounted as a
+    /// directory; reloaded when it changes. Needed when a profile issues per-owner credentials;
+    /// without --tls-dir, a development key is kept in --dev-cert-dir instead.
+    #[arg(long, env = "KEYWARD_ATTESTATION_KEY_DIR", value_name = "DIR")]
+    attestation_key_dir: Option<PathBuf>,
     #[command(flatten)]
     profiles: ProfileArgs,
     /// Plain-HTTP address for GET /metrics (Prometheus text format); `off` disables it.
@@ -94,6 +100,9 @@ pub struct ServeConfig {
     pub listen: SocketAddr,
     pub metrics_listen: Option<SocketAddr>,
     pub tls: TlsSource,
+    /// Where the attestation keys are mounted (`None`: a development key beside the dev
+    /// certificate, or none when no profile needs one).
+    pub attestation_key_dir: Option<PathBuf>,
     pub profiles: ProfileSource,
     pub log_format: LogFormat,
     pub cert_poll_interval: Duration,
@@ -164,6 +173,7 @@ impl ServeArgs {
             listen: self.listen,
             metrics_listen,
             tls,
+            attestation_key_dir: self.attestation_key_dir,
             profiles: self.profiles.source(),
             log_format: self.log_format,
             cert_poll_interval: self.cert_poll_interval,

@@ -15,7 +15,9 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use anyhow::Context;
+use keyward_certs::attestation::KeyStore;
 use keyward_certs::{pki, CertStore, Trigger};
+use keyward_engine::ProfileSet;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
@@ -24,7 +26,7 @@ pub use config::{ServeArgs, ServeConfig, TlsSource};
 
 use crate::metrics::Metrics;
 use connections::{ConnectionLimits, Connections, Transport};
-use routes::AppState;
+use routes::{AppState, KeyAttestor};
 
 pub fn run(config: ServeConfig) -> anyhow::Result<()> {
     crate::logging::init(config.log_format);
@@ -71,6 +73,12 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         }
     };
 
+    let attestor = attestation(&config, &profiles)?;
+    let _attestation_watch = match &attestor {
+        Some(a) => Some(keyward_certs::watch(a.0.clone(), config.cert_poll_interval)?),
+        None => None,
+    };
+
     let metrics = Arc::new(Metrics::default());
     let observer = metrics.clone();
     let certs = Arc::new(CertStore::new(&tls_dir).with_observer(move |o| observer.observe_reload(o)));
@@ -105,6 +113,7 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         max_body_bytes: config.max_body_bytes,
         body_budget: Arc::new(tokio::sync::Semaphore::new(config.request_bytes_in_flight)),
         decisions: Arc::new(tokio::sync::Semaphore::new(config.max_concurrent_decisions)),
+        attestor,
     };
     let listener =
         TcpListener::bind(config.listen).await.with_context(|| format!("--listen {}: cannot bind", config.listen))?;
@@ -127,6 +136,37 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The attestation keys, when a profile issues per-owner credentials (its pods must carry the
+/// admission attestation the controller checks): from `--attestation-key-dir`, or, in
+/// development, a key kept beside the development certificate.
+fn attestation(config: &ServeConfig, profiles: &ProfileSet) -> anyhow::Result<Option<Arc<KeyAttestor>>> {
+    let issuing: Vec<&str> = profiles.iter().filter(|p| p.issues_per_owner).map(|p| p.name.as_str()).collect();
+    let dir = match (&config.attestation_key_dir, &config.tls) {
+        (Some(dir), _) => {
+            if !dir.is_dir() {
+                anyhow::bail!(
+                    "--attestation-key-dir {}: no such directory; mount the Secret keyward-attestation there (keyward controller creates it)",
+                    dir.display()
+                );
+            }
+            dir.clone()
+        }
+        (None, _) if issuing.is_empty() => return Ok(None),
+        (None, TlsSource::Dev { dir, .. }) => {
+            let dir = dir.join("attestation");
+            keyward_certs::attestation::ensure_dev_key(&dir)?;
+            dir
+        }
+        (None, TlsSource::Dir(_)) => anyhow::bail!(
+            "profiles {} issue per-owner credentials, so their pods carry keyward's admission attestation: give --attestation-key-dir, where the Secret keyward-attestation (which keyward controller creates) is mounted",
+            issuing.join(", ")
+        ),
+    };
+    let store = Arc::new(KeyStore::new(&dir));
+    keyward_certs::ReloadSource::reload(&*store, Trigger::Startup);
+    Ok(Some(Arc::new(KeyAttestor(store))))
 }
 
 /// The limits of both listeners. The connection caps are lowered, if need be, so that every

@@ -16,11 +16,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use http_body_util::BodyExt;
+use keyward_certs::attestation::KeyStore;
 use keyward_certs::CertStore;
 use keyward_engine::engine::decide_object;
 use keyward_engine::review::{self, AdmissionRequest};
 use keyward_engine::text::clip;
-use keyward_engine::{Decision, ProfileSet};
+use keyward_engine::{Attestor, Decision, ProfileSet};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::metrics::Metrics;
@@ -39,6 +40,22 @@ pub struct AppState {
     pub body_budget: Arc<Semaphore>,
     /// Decisions running at once.
     pub decisions: Arc<Semaphore>,
+    /// Signs the admission attestation, when a profile issues per-owner credentials.
+    pub attestor: Option<Arc<KeyAttestor>>,
+}
+
+/// The engine's [`Attestor`], keyed from the attestation key directory (hot-reloaded).
+#[derive(Debug)]
+pub struct KeyAttestor(pub Arc<KeyStore>);
+
+impl Attestor for KeyAttestor {
+    fn attest(&self, payload: &[u8]) -> Option<String> {
+        self.0.keys().sign(payload)
+    }
+
+    fn verifies(&self, payload: &[u8], value: &str) -> bool {
+        self.0.keys().verify(payload, value)
+    }
 }
 
 pub fn router(state: AppState) -> Router {
@@ -56,7 +73,8 @@ async fn readyz(State(state): State<AppState>) -> Response {
     if state.draining.load(Ordering::Relaxed) {
         return (StatusCode::SERVICE_UNAVAILABLE, "not ready: shutting down\n").into_response();
     }
-    match state.certs.ready(SystemTime::now()) {
+    let attestation = state.attestor.as_ref().map_or(Ok(()), |a| a.0.ready());
+    match state.certs.ready(SystemTime::now()).and(attestation) {
         Ok(()) => (StatusCode::OK, "ok\n").into_response(),
         Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {reason}\n")).into_response(),
     }
@@ -199,7 +217,11 @@ fn answer(state: &AppState, body: &[u8]) -> Response {
         Ok(r) => r,
         Err(e) => return refuse(state, StatusCode::BAD_REQUEST, e.to_string()),
     };
-    let decision = decide_object(&request.facts(), &request.object, &state.profiles);
+    let facts = match &state.attestor {
+        Some(attestor) => request.facts().attested_by(attestor.as_ref()),
+        None => request.facts(),
+    };
+    let decision = decide_object(&facts, &request.object, &state.profiles);
     let took = started.elapsed();
     state.metrics.observe_decision(decision.profile.as_deref(), decision.allowed(), decision.reason.as_str(), took);
     log_decision(&request, &decision, took);
@@ -250,6 +272,7 @@ mod tests {
             max_body_bytes: 1024 * 1024,
             body_budget: Arc::new(Semaphore::new(8 * 1024 * 1024)),
             decisions: Arc::new(Semaphore::new(2)),
+            attestor: None,
         }
     }
 

@@ -62,6 +62,38 @@ pub struct Server {
     logs: mpsc::Receiver<Value>,
     history: Vec<Value>,
     pub endpoint: Endpoint,
+    /// The attestation key directory given when the test gave none (the built-in `lmeval`
+    /// profile issues per-owner credentials, so its pods are attested).
+    pub attestation_dir: Option<tempfile::TempDir>,
+}
+
+/// The engine's attestor over the keys in a directory (what `keyward serve` signs with).
+#[derive(Debug)]
+pub struct DirAttestor(pub keyward_certs::attestation::Keys);
+
+impl DirAttestor {
+    pub fn load(dir: &std::path::Path) -> Self {
+        let store = keyward_certs::attestation::KeyStore::new(dir);
+        store.load().unwrap();
+        Self((*store.keys()).clone())
+    }
+}
+
+impl keyward_engine::Attestor for DirAttestor {
+    fn attest(&self, payload: &[u8]) -> Option<String> {
+        self.0.sign(payload)
+    }
+
+    fn verifies(&self, payload: &[u8], value: &str) -> bool {
+        self.0.verify(payload, value)
+    }
+}
+
+/// A directory holding an attestation key, laid out as the mounted Secret keyward-attestation.
+pub fn attestation_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("current"), keyward_certs::attestation::generate().unwrap()).unwrap();
+    dir
 }
 
 /// How to reach a running server; cheap to clone into client tasks.
@@ -94,8 +126,14 @@ impl Server {
     }
 
     fn spawn(mut command: Command, args: &[&str], ca_pem: Vec<u8>, quiet: bool) -> Server {
+        let given = |flag: &str| args.iter().any(|a| a.starts_with(flag));
+        let attestation_dir = (given("--tls-dir") && !given("--attestation-key-dir")).then(attestation_dir);
+        if let Some(dir) = &attestation_dir {
+            command.arg("serve").arg("--attestation-key-dir").arg(dir.path());
+        } else {
+            command.arg("serve");
+        }
         let mut child = command
-            .arg("serve")
             .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--log-format", "json"])
             .args(args)
             .current_dir(env!("CARGO_MANIFEST_DIR"))
@@ -128,8 +166,13 @@ impl Server {
             }
         });
         let unbound: SocketAddr = ([0, 0, 0, 0], 0).into();
-        let mut server =
-            Server { child, logs, history: Vec::new(), endpoint: Endpoint { addr: unbound, metrics: unbound, ca_pem } };
+        let mut server = Server {
+            child,
+            logs,
+            history: Vec::new(),
+            endpoint: Endpoint { addr: unbound, metrics: unbound, ca_pem },
+            attestation_dir,
+        };
         let webhook = server
             .wait_log(|v| v["message"].as_str().is_some_and(|m| m.starts_with("listening")) && v["role"] == "webhook");
         server.endpoint.addr = webhook["addr"].as_str().unwrap().parse().unwrap();

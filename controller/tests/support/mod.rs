@@ -45,10 +45,21 @@ impl Call {
 
 #[derive(Debug, Clone)]
 struct Failure {
+    /// Only this client's requests, when set.
+    client: Option<String>,
     method: String,
     resource: String,
     code: u16,
     times: usize,
+}
+
+/// Requests that are accepted and never answered (a half-open connection to one apiserver).
+#[derive(Debug, Clone)]
+struct Hang {
+    method: String,
+    resource: String,
+    /// Only requests for this object name, when set.
+    name: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -74,6 +85,14 @@ struct State {
     /// Refuse to create a namespaced object in a namespace that does not exist, as the
     /// apiserver does (off by default: most tests do not seed their namespaces).
     require_namespaces: bool,
+    hangs: Vec<Hang>,
+    /// Requests in these namespaces are answered this much later.
+    delays: BTreeMap<String, Duration>,
+    /// Watches from a resourceVersion older than this get 410 Gone (the history was
+    /// compacted, as after an apiserver restart).
+    compacted: u64,
+    /// Bumped to end every watch stream (an apiserver restart).
+    epoch: u64,
 }
 
 #[derive(Clone)]
@@ -81,11 +100,17 @@ pub struct FakeApi {
     state: Arc<Mutex<State>>,
     changes: broadcast::Sender<Change>,
     notify: Arc<Notify>,
+    restarts: tokio::sync::watch::Sender<u64>,
 }
 
 impl Default for FakeApi {
     fn default() -> Self {
-        Self { state: Arc::default(), changes: broadcast::channel(4096).0, notify: Arc::new(Notify::new()) }
+        Self {
+            state: Arc::default(),
+            changes: broadcast::channel(65536).0,
+            notify: Arc::new(Notify::new()),
+            restarts: tokio::sync::watch::channel(0).0,
+        }
     }
 }
 
@@ -106,8 +131,15 @@ pub fn resource_of(api_version: &str, kind: &str) -> String {
 }
 
 impl FakeApi {
-    /// A client whose calls are recorded as `id`'s.
+    /// A client whose calls are recorded as `id`'s, with keyward's request deadline (10 s,
+    /// longer than any test waits on a request that answers).
     pub fn client(&self, id: &str) -> Client {
+        self.client_with_deadline(id, Duration::from_secs(10))
+    }
+
+    /// A client whose requests are abandoned after `deadline`, as `keyward controller`'s are
+    /// after --api-timeout.
+    pub fn client_with_deadline(&self, id: &str, deadline: Duration) -> Client {
         let fake = self.clone();
         let id = id.to_string();
         let service = tower::service_fn(move |req: Request<Body>| {
@@ -115,7 +147,42 @@ impl FakeApi {
             let id = id.clone();
             async move { Ok::<_, Infallible>(fake.handle(&id, req).await) }
         });
-        Client::new(service, "default")
+        kube::client::ClientBuilder::new(service, "default")
+            .with_layer(&keyward_controller::client::Deadline { limit: deadline })
+            .build()
+    }
+
+    /// From now on, requests of `method` on `resource` (and, if given, for object `name`) are
+    /// accepted and never answered, until [`Self::unhang`].
+    pub fn hang(&self, method: &str, resource: &str, name: Option<&str>) {
+        self.state.lock().unwrap().hangs.push(Hang {
+            method: method.into(),
+            resource: resource.into(),
+            name: name.map(str::to_string),
+        });
+    }
+
+    /// Requests in `namespace` are answered `delay` later (a loaded apiserver).
+    pub fn delay(&self, namespace: &str, delay: Duration) {
+        self.state.lock().unwrap().delays.insert(namespace.into(), delay);
+    }
+
+    pub fn unhang(&self) {
+        self.state.lock().unwrap().hangs.clear();
+        self.notify.notify_waiters();
+    }
+
+    /// An apiserver restart: every watch stream ends, and the history is compacted, so a watch
+    /// resumed from where it was gets 410 Gone and must list again.
+    pub fn restart(&self) {
+        {
+            let mut state = self.state.lock().unwrap();
+            state.compacted = state.rv;
+            state.history.clear();
+            state.epoch += 1;
+        }
+        self.restarts.send_modify(|e| *e += 1);
+        self.notify.notify_waiters();
     }
 
     /// Stores an object as if created (uid and resourceVersion assigned), as the test's setup.
@@ -163,7 +230,14 @@ impl FakeApi {
         self.state.lock().unwrap().calls.clone()
     }
 
+    /// The writes that changed something (not Events; not those refused, e.g. a create that
+    /// found the object there).
     pub fn writes(&self) -> Vec<Call> {
+        self.attempted_writes().into_iter().filter(|c| (200..300).contains(&c.status)).collect()
+    }
+
+    /// Every write request made, whatever its answer (not Events).
+    pub fn attempted_writes(&self) -> Vec<Call> {
         self.calls().into_iter().filter(|c| c.is_write() && !c.resource.starts_with("events.k8s.io")).collect()
     }
 
@@ -180,6 +254,18 @@ impl FakeApi {
     /// The next `times` calls of `method` on `resource` fail with `code`.
     pub fn fail(&self, method: &str, resource: &str, code: u16, times: usize) {
         self.state.lock().unwrap().failures.push(Failure {
+            client: None,
+            method: method.into(),
+            resource: resource.into(),
+            code,
+            times,
+        });
+    }
+
+    /// The next `times` calls of `method` on `resource` by `client` fail with `code`.
+    pub fn fail_for(&self, client: &str, method: &str, resource: &str, code: u16, times: usize) {
+        self.state.lock().unwrap().failures.push(Failure {
+            client: Some(client.into()),
             method: method.into(),
             resource: resource.into(),
             code,
@@ -229,10 +315,36 @@ impl FakeApi {
             .map(|(k, v)| (k.to_string(), decode(v)))
             .collect();
         let watch = params.get("watch").is_some_and(|v| v == "true" || v == "1");
+        let delay = self.state.lock().unwrap().delays.get(&namespace).copied();
+        if let (Some(delay), false) = (delay, watch) {
+            tokio::time::sleep(delay).await;
+        }
+        let hung = {
+            let state = self.state.lock().unwrap();
+            state.hangs.iter().any(|h| {
+                h.method == method && resource.ends_with(&h.resource) && h.name.as_ref().is_none_or(|n| *n == name)
+            })
+        };
+        if hung {
+            self.state.lock().unwrap().calls.push(Call {
+                client: client.to_string(),
+                method: method.clone(),
+                resource: resource.clone(),
+                namespace: namespace.clone(),
+                name: name.clone(),
+                query: query.clone(),
+                body: body.clone(),
+                status: 0,
+                at: Instant::now(),
+            });
+            self.notify.notify_waiters();
+            // Never answered: the client's deadline is all that ends it.
+            std::future::pending::<()>().await;
+        }
         let (status, response) = if watch {
             (200, None)
         } else {
-            self.respond(&method, &resource, &namespace, &name, &params, body.clone())
+            self.respond(client, &method, &resource, &namespace, &name, &params, body.clone())
         };
         self.state.lock().unwrap().calls.push(Call {
             client: client.to_string(),
@@ -258,8 +370,10 @@ impl FakeApi {
             .unwrap()
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn respond(
         &self,
+        client: &str,
         method: &str,
         resource: &str,
         namespace: &str,
@@ -268,9 +382,12 @@ impl FakeApi {
         body: Option<Value>,
     ) -> (u16, Option<Value>) {
         let mut state = self.state.lock().unwrap();
-        if let Some(f) =
-            state.failures.iter_mut().find(|f| f.times > 0 && f.method == method && resource.ends_with(&f.resource))
-        {
+        if let Some(f) = state.failures.iter_mut().find(|f| {
+            f.times > 0
+                && f.method == method
+                && resource.ends_with(&f.resource)
+                && f.client.as_ref().is_none_or(|c| c == client)
+        }) {
             f.times -= 1;
             let code = f.code;
             return (code, Some(status(code, "InternalError", "injected failure")));
@@ -293,7 +410,17 @@ impl FakeApi {
                     })
                     .map(|(_, o)| o.clone())
                     .collect();
-                let list = json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": state.rv.to_string()}, "items": items});
+                // Pages, as the apiserver serves them with limit and continue.
+                let start: usize = params.get("continue").and_then(|c| c.parse().ok()).unwrap_or(0);
+                let limit: usize =
+                    params.get("limit").and_then(|l| l.parse().ok()).filter(|l| *l > 0).unwrap_or(usize::MAX);
+                let end = start.saturating_add(limit).min(items.len());
+                let page = items.get(start..end).map(<[Value]>::to_vec).unwrap_or_default();
+                let mut metadata = json!({"resourceVersion": state.rv.to_string()});
+                if end < items.len() {
+                    metadata["continue"] = json!(end.to_string());
+                }
+                let list = json!({"apiVersion": "v1", "kind": "List", "metadata": metadata, "items": page});
                 return (200, Some(list));
             }
             "POST" => {
@@ -337,8 +464,13 @@ impl FakeApi {
                 let Some(current) = state.objects.get(&key).cloned() else {
                     return (404, Some(status(404, "NotFound", "not found")));
                 };
+                let patch = body.unwrap_or(Value::Null);
+                let wanted_rv = &patch["metadata"]["resourceVersion"];
+                if !wanted_rv.is_null() && *wanted_rv != current["metadata"]["resourceVersion"] {
+                    return (409, Some(status(409, "Conflict", "the object has been modified; please apply your changes to the latest version and try again")));
+                }
                 let mut object = current;
-                merge(&mut object, &body.unwrap_or(Value::Null));
+                merge(&mut object, &patch);
                 state.rv += 1;
                 object["metadata"]["resourceVersion"] = json!(state.rv.to_string());
                 previous = state.objects.insert(key, object.clone());
@@ -378,7 +510,28 @@ impl FakeApi {
         let selector = params.get("labelSelector").cloned().unwrap_or_default();
         let fields = params.get("fieldSelector").cloned().unwrap_or_default();
         let rx = self.changes.subscribe();
-        let past: Vec<Change> = self.state.lock().unwrap().history.iter().filter(|c| c.rv > since).cloned().collect();
+        let (past, gone, epoch) = {
+            let state = self.state.lock().unwrap();
+            let past: Vec<Change> = state.history.iter().filter(|c| c.rv > since).cloned().collect();
+            (past, since < state.compacted, state.epoch)
+        };
+        if gone {
+            // As the apiserver answers a watch from a compacted resourceVersion.
+            let mut text = serde_json::to_vec(
+                &json!({"type": "ERROR", "object": status(410, "Expired", "too old resource version")}),
+            )
+            .unwrap();
+            text.push(b'\n');
+            return Response::builder()
+                .status(StatusCode::OK)
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from(text)).boxed_unsync())
+                .unwrap();
+        }
+        let mut restarts = self.restarts.subscribe();
+        let ended = async move {
+            let _ = restarts.wait_for(|e| *e != epoch).await;
+        };
         // What a watch with these selectors sends for a change, if anything.
         let seen = move |c: &Change| -> Option<&'static str> {
             if c.resource != resource || !(namespace.is_empty() || c.namespace == namespace) {
@@ -420,7 +573,8 @@ impl FakeApi {
         })
         .filter(move |c| futures::future::ready(wanted2(c)))
         .map(move |c| line(&c));
-        let stream = replay.chain(live);
+        // A restart ends the stream, as a closed connection does.
+        let stream = replay.chain(live).take_until(Box::pin(ended));
         Response::builder()
             .status(StatusCode::OK)
             .header("content-type", "application/json")
@@ -536,4 +690,227 @@ pub fn matches(object: &Value, selector: &str, fields: &str) -> bool {
         _ => true,
     });
     labels_ok && fields_ok
+}
+
+// === the controller's world: fixtures, the client CA, attested pods, a running loop ===
+
+use std::time::SystemTime;
+
+use keyward_certs::attestation::Keys;
+use keyward_certs::pki::Ca;
+use keyward_certs::{CertStore, Trigger};
+use keyward_controller::desired::{self, PodClaim, PodVerdict};
+use keyward_controller::index::{OwnerKey, PodKey};
+use keyward_controller::{identity, run, Leadership, Metrics, Reconciler, Settings};
+use keyward_engine::{ProfileSet, RequestFacts, Requester};
+
+pub const OWNER_API: &str = "foundation-model-stack.github.com.github.com/v1beta1";
+pub const OWNER_UID: &str = "bd735d6e-a9ec-4cdc-84eb-135ae77796f6";
+pub const IDENTITY: &str = "spiffe://cluster.local/ns/team-a/lmevaljob/evaljob-sample";
+pub const OPERATOR: &str = "system:serviceaccount:lm-eval:lm-eval-controller-manager";
+/// How long a test waits for an event before it fails (a report, not a sleep).
+pub const LIMIT: Duration = Duration::from_secs(20);
+
+pub fn fixture(name: &str) -> Value {
+    let path = format!("{}/../tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+pub fn certs_fixture(name: &str) -> String {
+    std::fs::read_to_string(format!("{}/../certs/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+}
+
+/// A client CA as cert-manager writes its Secret by default (an ECDSA key in SEC1, `EC PRIVATE
+/// KEY`: the shipped Certificate asks for PKCS#8, but a user's may not), mounted as the kubelet
+/// does, and loaded as `keyward controller` loads it.
+pub struct ClientCa {
+    _dir: tempfile::TempDir,
+    pub store: Arc<CertStore>,
+    pub ca: Ca,
+}
+
+pub fn client_ca() -> ClientCa {
+    let (cert, key) = (certs_fixture("ca-ec256.crt"), certs_fixture("ca-ec256-sec1.key"));
+    assert!(key.starts_with("-----BEGIN EC PRIVATE KEY-----"));
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("tls.crt"), &cert).unwrap();
+    std::fs::write(dir.path().join("tls.key"), &key).unwrap();
+    std::fs::write(dir.path().join("ca.crt"), &cert).unwrap();
+    let store = Arc::new(identity::client_ca_store(dir.path()));
+    assert_eq!(store.reload(Trigger::Startup).as_str(), "loaded");
+    let ca = Ca::from_pem(&cert, &key, "tls.crt".as_ref(), "tls.key".as_ref()).unwrap();
+    ClientCa { _dir: dir, store, ca }
+}
+
+pub fn settings() -> Settings {
+    Settings { publish_client_ca_to: vec!["lm-eval".into()], ..Settings::default() }
+}
+
+pub fn reconciler(
+    fake: &FakeApi,
+    id: &str,
+    profiles: ProfileSet,
+    ca: &ClientCa,
+    leader: Leadership,
+) -> Arc<Reconciler> {
+    reconciler_with(fake.client(id), profiles, ca, leader, settings())
+}
+
+pub fn reconciler_with(
+    client: Client,
+    profiles: ProfileSet,
+    ca: &ClientCa,
+    leader: Leadership,
+    settings: Settings,
+) -> Arc<Reconciler> {
+    Arc::new(Reconciler::new(
+        client,
+        Arc::new(profiles),
+        settings,
+        ca.store.clone(),
+        leader,
+        Arc::new(Metrics::default()),
+        "keyward".into(),
+    ))
+}
+
+/// The engine's attestor over a set of keys (what the webhook signs with).
+#[derive(Debug)]
+pub struct KeysAttestor(pub Keys);
+
+impl keyward_engine::Attestor for KeysAttestor {
+    fn attest(&self, payload: &[u8]) -> Option<String> {
+        self.0.sign(payload)
+    }
+
+    fn verifies(&self, payload: &[u8], value: &str) -> bool {
+        self.0.verify(payload, value)
+    }
+}
+
+/// The fms driver pod as the apiserver stores it after keyward's webhook admitted it (signed
+/// with `keys` when given), in `namespace`, for the owner `owner_name` with `owner_uid`.
+pub fn fms_pod(keys: Option<&Keys>, namespace: &str, pod_name: &str, owner_name: &str, owner_uid: &str) -> Value {
+    let mut pod = fixture("lmeval-fms-driver-pod.json");
+    pod["metadata"]["name"] = json!(pod_name);
+    pod["metadata"]["ownerReferences"][0]["name"] = json!(owner_name);
+    pod["metadata"]["ownerReferences"][0]["uid"] = json!(owner_uid);
+    let attestor = keys.map(|k| KeysAttestor(k.clone()));
+    let mut facts = RequestFacts::pod_create(namespace, Requester::User(OPERATOR));
+    if let Some(a) = &attestor {
+        facts = facts.attested_by(a);
+    }
+    let decision = keyward_engine::decide(
+        &facts,
+        &serde_json::value::to_raw_value(&pod).unwrap(),
+        &ProfileSet::builtin().unwrap(),
+    );
+    assert!(decision.allowed(), "{:?}", decision.message());
+    let patch: json_patch::Patch = serde_json::from_value(serde_json::to_value(decision.patch()).unwrap()).unwrap();
+    json_patch::patch(&mut pod, &patch).unwrap();
+    pod["metadata"]["namespace"] = json!(namespace);
+    pod["metadata"]["uid"] = json!(format!("pod-uid-{namespace}-{pod_name}"));
+    pod["status"] = json!({"phase": "Pending"});
+    pod
+}
+
+/// The fms driver pod of the job `evaljob-sample` in team-a, attested with `keys`.
+pub fn attested_fms_pod(keys: &Keys) -> Value {
+    fms_pod(Some(keys), "team-a", "evaljob-sample", "evaljob-sample", OWNER_UID)
+}
+
+/// An LMEvalJob, the owner keyward checks.
+pub fn lmevaljob(namespace: &str, name: &str, uid: &str) -> Value {
+    json!({"apiVersion": OWNER_API, "kind": "LMEvalJob", "metadata": {"name": name, "namespace": namespace, "uid": uid}, "spec": {}})
+}
+
+pub fn owner() -> Value {
+    lmevaljob("team-a", "evaljob-sample", OWNER_UID)
+}
+
+pub fn owner_key() -> OwnerKey {
+    OwnerKey { namespace: "team-a".into(), uid: OWNER_UID.into() }
+}
+
+/// What the controller works out for a stored pod, as its watch would hand it over.
+pub fn claims(r: &Reconciler, pod: &Value) -> Vec<(PodKey, String, PodClaim)> {
+    let ns = pod["metadata"]["namespace"].as_str().unwrap();
+    match desired::for_pod(r.profiles(), &serde_json::value::to_raw_value(pod).unwrap(), ns, "cluster.local") {
+        PodVerdict::Claim(claim) => vec![(
+            PodKey { stream: 0, namespace: ns.into(), name: pod["metadata"]["name"].as_str().unwrap().into() },
+            pod["metadata"]["uid"].as_str().unwrap().into(),
+            claim,
+        )],
+        other => panic!("the pod claims nothing: {other:?}"),
+    }
+}
+
+/// The attestation keys a leader creates (in the fake) and loads.
+pub async fn attestation_keys(r: &Reconciler) -> Keys {
+    r.attestation_key().await.unwrap();
+    r.attestation_keys().unwrap()
+}
+
+pub fn opted_in(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {"keyward.io/inject": "enabled", "kubernetes.io/metadata.name": name}}})
+}
+
+pub fn namespace(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {"kubernetes.io/metadata.name": name}}})
+}
+
+/// Runs the controller's loop against the fake, as `keyward controller` does.
+pub fn start(
+    fake: &FakeApi,
+    r: Arc<Reconciler>,
+    leadership: Leadership,
+    ca: &ClientCa,
+    id: &str,
+) -> tokio::task::JoinHandle<()> {
+    start_with(fake.client(id), r, leadership, ca, run::LoopSettings { resync: Duration::from_secs(3600), workers: 8 })
+}
+
+pub fn start_with(
+    client: Client,
+    r: Arc<Reconciler>,
+    leadership: Leadership,
+    ca: &ClientCa,
+    settings: run::LoopSettings,
+) -> tokio::task::JoinHandle<()> {
+    let status = Arc::new(run::Status::default());
+    let reloads = ca.store.subscribe();
+    tokio::spawn(
+        async move { run::run(client, r, leadership, settings, status, reloads, std::future::pending()).await },
+    )
+}
+
+pub fn secret_data(secret: &Value, key: &str) -> String {
+    use base64::Engine as _;
+    let b64 = secret["data"][key].as_str().unwrap_or_else(|| panic!("no {key} in {secret}"));
+    String::from_utf8(base64::engine::general_purpose::STANDARD.decode(b64).unwrap()).unwrap()
+}
+
+pub fn cert_uris(pem: &str) -> Vec<String> {
+    keyward_certs::pem::cert_info(pem.as_bytes(), "tls.crt".as_ref()).unwrap().uris
+}
+
+pub fn b64(s: impl AsRef<[u8]>) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
+
+/// A Secret with keyward's labels, as the controller writes one for an owner.
+pub fn managed_secret(ns: &str, name: &str, owner: Value, data: Value) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+        "metadata": {"name": name, "namespace": ns,
+            "labels": {"app.kubernetes.io/managed-by": "keyward", "keyward.io/provisioned-for": "owner"},
+            "annotations": {"keyward.io/profile": "lmeval"},
+            "ownerReferences": [owner]},
+        "data": data
+    })
+}
+
+pub fn now() -> SystemTime {
+    SystemTime::now()
 }

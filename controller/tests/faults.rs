@@ -1,0 +1,453 @@
+//! The controller's loop against the fake API when the API server misbehaves: a Lease request
+//! that hangs while others work, Lease renewals that fail, a holder that died, a GET that never
+//! answers, a flood of pods, 410 Gone and a restart; and what it costs when nothing changes.
+//! Each waits on events; a time appears only as the limit after which a test fails, or as a
+//! bound that a slow machine can only make easier to meet.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic is the test failure report
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use keyward_controller::metrics::Refusal;
+use keyward_controller::{run, LeaderElector, Leadership, LeaseConfig};
+use keyward_engine::ProfileSet;
+use serde_json::json;
+use support::*;
+
+fn fast_lease(identity: &str) -> LeaseConfig {
+    LeaseConfig {
+        lease_duration: Duration::from_secs(3),
+        renew_deadline: Duration::from_secs(2),
+        retry_period: Duration::from_millis(200),
+        ..LeaseConfig::new("keyward-controller", "keyward-system", identity)
+    }
+}
+
+const LEASES: &str = "coordination.k8s.io/v1/leases";
+
+fn is_lease(c: &Call) -> bool {
+    c.resource == LEASES
+}
+
+/// A replica as `keyward controller` runs one: an elector and the loop, on one client.
+struct Replica {
+    leadership: Leadership,
+    reconciler: std::sync::Arc<keyward_controller::Reconciler>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+fn replica(fake: &FakeApi, id: &str, ca: &ClientCa, deadline: Duration) -> Replica {
+    let client = fake.client_with_deadline(id, deadline);
+    let elector = LeaderElector::new(client.clone(), fast_lease(id));
+    let leadership = elector.leadership();
+    let election = tokio::spawn(elector.run(std::future::pending()));
+    let r = reconciler_with(client.clone(), ProfileSet::builtin().unwrap(), ca, leadership.clone(), settings());
+    let run = start_with(
+        client,
+        r.clone(),
+        leadership.clone(),
+        ca,
+        run::LoopSettings { resync: Duration::from_secs(3600), workers: 4 },
+    );
+    Replica { leadership, reconciler: r, tasks: vec![election, run] }
+}
+
+async fn until_leading(leadership: &Leadership) {
+    let mut watch = leadership.clone();
+    let wait = async {
+        while !watch.is_leader() {
+            assert!(watch.changed().await);
+        }
+    };
+    tokio::time::timeout(LIMIT, wait).await.expect("never became leader");
+}
+
+async fn until_not_leading(leadership: &Leadership) {
+    let mut watch = leadership.clone();
+    let wait = async {
+        while watch.is_leader() {
+            assert!(watch.changed().await);
+        }
+    };
+    tokio::time::timeout(LIMIT, wait).await.expect("never stopped leading");
+}
+
+/// A new job and its attested driver pod in team-a, named `name`.
+fn new_job(fake: &FakeApi, keys: &keyward_certs::attestation::Keys, name: &str) {
+    fake.seed(lmevaljob("team-a", name, &format!("uid-{name}")));
+    fake.seed(fms_pod(Some(keys), "team-a", name, name, &format!("uid-{name}")));
+}
+
+fn secret_of(name: &str) -> impl Fn(&FakeApi) -> Option<serde_json::Value> + '_ {
+    move |f| f.get("v1", "Secret", "team-a", &format!("{name}-lmeval-client"))
+}
+
+// === leadership ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_lease_requests_hang_writes_nothing_after_its_local_renew_deadline() {
+    let fake = FakeApi::default();
+    fake.seed(opted_in("team-a"));
+    let ca = client_ca();
+    let a = replica(&fake, "replica-a", &ca, Duration::from_secs(10));
+    until_leading(&a.leadership).await;
+    let keys = fake.until(LIMIT, |_| a.reconciler.attestation_keys()).await;
+    new_job(&fake, &keys, "before");
+    fake.until(LIMIT, secret_of("before")).await;
+
+    // A half-open connection to the apiserver that serves Leases; everything else works.
+    fake.hang("GET", LEASES, None);
+    fake.hang("PUT", LEASES, None);
+    let deadline = a.leadership.until().unwrap();
+    until_not_leading(&a.leadership).await;
+    assert!(std::time::Instant::now() >= deadline.into_std(), "leadership ended before its deadline");
+    // Work keeps arriving; the elector keeps trying (and hanging). No write goes out.
+    new_job(&fake, &keys, "after");
+    fake.until(LIMIT, |f| (f.calls().iter().filter(|c| is_lease(c) && c.status == 0).count() >= 3).then_some(())).await;
+    let late: Vec<Call> =
+        fake.attempted_writes().into_iter().filter(|c| !is_lease(c) && c.at >= deadline.into_std()).collect();
+    assert!(late.is_empty(), "written after the renew deadline: {late:#?}");
+    assert!(fake.get("v1", "Secret", "team-a", "after-lmeval-client").is_none());
+    assert!(a.reconciler.metrics().render().contains("keyward_controller_leader 0"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_cannot_renew_stops_at_the_renew_deadline_and_the_other_takes_over() {
+    let fake = FakeApi::default();
+    fake.seed(opted_in("team-a"));
+    let ca = client_ca();
+    let a = replica(&fake, "replica-a", &ca, Duration::from_secs(10));
+    until_leading(&a.leadership).await;
+    let b = replica(&fake, "replica-b", &ca, Duration::from_secs(10));
+    // Every renewal of a's fails (500); b's requests are answered.
+    fake.fail_for("replica-a", "PUT", LEASES, 500, usize::MAX);
+    let deadline = a.leadership.until().unwrap();
+    until_not_leading(&a.leadership).await;
+    assert!(std::time::Instant::now() >= deadline.into_std());
+    // b waits out the Lease (as it observed it) and leads; only b writes from then on.
+    until_leading(&b.leadership).await;
+    let keys = fake.until(LIMIT, |_| b.reconciler.attestation_keys()).await;
+    new_job(&fake, &keys, "job-1");
+    fake.until(LIMIT, secret_of("job-1")).await;
+    let writers: BTreeSet<String> =
+        fake.writes().into_iter().filter(|c| !is_lease(c) && c.at >= deadline.into_std()).map(|c| c.client).collect();
+    assert_eq!(writers, BTreeSet::from(["replica-b".to_string()]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_holders_lease_is_taken_after_its_duration_as_observed_here_and_not_before() {
+    let fake = FakeApi::default();
+    // Held by a replica that died; its renewTime, by its own clock, is far in the future.
+    fake.seed(json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "keyward-controller", "namespace": "keyward-system"},
+        "spec": {"holderIdentity": "dead-replica", "leaseDurationSeconds": 3, "renewTime": "2099-01-01T00:00:00.000000Z",
+                 "acquireTime": "2099-01-01T00:00:00.000000Z", "leaseTransitions": 4}}));
+    let client = fake.client("replica-b");
+    let elector = LeaderElector::new(client, fast_lease("replica-b"));
+    let leadership = elector.leadership();
+    let started = Instant::now();
+    let task = tokio::spawn(elector.run(std::future::pending()));
+    until_leading(&leadership).await;
+    task.abort();
+    let first_look = fake.calls().iter().find(|c| is_lease(c)).unwrap().at;
+    let taken = fake.calls().into_iter().find(|c| is_lease(c) && c.method == "PUT").unwrap();
+    assert!(
+        taken.at.duration_since(first_look) >= Duration::from_secs(3),
+        "taken {:?} after first seeing it",
+        taken.at.duration_since(first_look)
+    );
+    assert!(taken.at >= started);
+    let lease = fake.get("coordination.k8s.io/v1", "Lease", "keyward-system", "keyward-controller").unwrap();
+    assert_eq!(lease["spec"]["holderIdentity"], "replica-b");
+    assert_eq!(lease["spec"]["leaseTransitions"], 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_two_replicas_only_the_leader_writes_and_losing_the_lease_stops_it() {
+    let fake = FakeApi::default();
+    fake.seed(opted_in("team-a"));
+    let ca = client_ca();
+    let replicas = [
+        replica(&fake, "replica-a", &ca, Duration::from_secs(10)),
+        replica(&fake, "replica-b", &ca, Duration::from_secs(10)),
+    ];
+    let leader = fake
+        .until(LIMIT, |f| {
+            f.get("coordination.k8s.io/v1", "Lease", "keyward-system", "keyward-controller")
+                .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_string))
+        })
+        .await;
+    let (mine, id) = if leader == "replica-a" { (&replicas[0], "replica-a") } else { (&replicas[1], "replica-b") };
+    let keys = fake.until(LIMIT, |_| mine.reconciler.attestation_keys()).await;
+    fake.seed(owner());
+    fake.seed(attested_fms_pod(&keys));
+    fake.until(LIMIT, |f| f.get("v1", "Secret", "team-a", "evaljob-sample-lmeval-client")).await;
+    let writers: BTreeSet<String> = fake.writes().into_iter().filter(|c| !is_lease(c)).map(|c| c.client).collect();
+    assert_eq!(writers, BTreeSet::from([id.to_string()]));
+
+    // Another holder takes the Lease: the leader sees it at its next renewal and stops.
+    let mut lease = fake.get("coordination.k8s.io/v1", "Lease", "keyward-system", "keyward-controller").unwrap();
+    lease["spec"]["holderIdentity"] = json!("replica-c");
+    lease["spec"]["leaseDurationSeconds"] = json!(3600);
+    fake.seed(lease);
+    until_not_leading(&mine.leadership).await;
+    let stopped = std::time::Instant::now();
+    new_job(&fake, &keys, "after");
+    fake.until(LIMIT, |f| (f.calls().iter().filter(|c| is_lease(c) && c.at > stopped).count() >= 6).then_some(()))
+        .await;
+    assert!(fake.attempted_writes().iter().all(|c| is_lease(c) || c.at < stopped), "{:#?}", fake.attempted_writes());
+    assert!(mine.reconciler.metrics().render().contains("keyward_controller_leader 0"));
+}
+
+// === a hung request, a flood, a restart ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_request_that_never_answers_holds_up_only_its_own_owner() {
+    let fake = FakeApi::default();
+    fake.seed(opted_in("team-a"));
+    let ca = client_ca();
+    let client = fake.client_with_deadline("keyward", Duration::from_secs(1));
+    let r = reconciler_with(client.clone(), ProfileSet::builtin().unwrap(), &ca, Leadership::always(), settings());
+    let _task = start_with(
+        client,
+        r.clone(),
+        Leadership::always(),
+        &ca,
+        run::LoopSettings { resync: Duration::from_secs(3600), workers: 4 },
+    );
+    let keys = fake.until(LIMIT, |_| r.attestation_keys()).await;
+    // The GET of one job's owner is accepted and never answered.
+    fake.hang("GET", "lmevaljobs", Some("stuck"));
+    new_job(&fake, &keys, "stuck");
+    fake.until(LIMIT, |f| f.calls().iter().any(|c| c.name == "stuck" && c.status == 0).then_some(())).await;
+    for name in ["job-b", "job-c", "job-d"] {
+        new_job(&fake, &keys, name);
+    }
+    // The others are issued while it hangs.
+    for name in ["job-b", "job-c", "job-d"] {
+        fake.until(LIMIT, secret_of(name)).await;
+    }
+    // It is abandoned at the deadline and retried; once answered, it is issued too.
+    fake.unhang();
+    fake.until(LIMIT, secret_of("stuck")).await;
+    assert!(r.metrics().render().contains("keyward_controller_reconcile_errors_total{result=\"owner\"}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_pods_where_nobody_opted_in_costs_nothing_and_one_namespace_cannot_starve_another() {
+    let fake = FakeApi::default();
+    fake.seed(opted_in("team-a"));
+    fake.seed(opted_in("busy"));
+    fake.seed(namespace("flood"));
+    let ca = client_ca();
+    let client = fake.client("keyward");
+    let r = reconciler_with(client.clone(), ProfileSet::builtin().unwrap(), &ca, Leadership::always(), settings());
+    let keys = attestation_keys(&r).await;
+    // 1,500 labelled pods in a namespace that did not opt in, and 200 in one that did, whose
+    // owners keyward must check one by one (none exists: each costs a GET).
+    for i in 0..1500 {
+        fake.seed(fms_pod(Some(&keys), "flood", &format!("p{i}"), &format!("job-{i}"), &format!("uid-{i}")));
+    }
+    for i in 0..200 {
+        fake.seed(fms_pod(Some(&keys), "busy", &format!("p{i}"), &format!("job-{i}"), &format!("uid-{i}")));
+    }
+    // An apiserver that answers in 20 ms (a busy one answers slower still).
+    fake.delay("busy", Duration::from_millis(20));
+    let _task = start_with(
+        client,
+        r.clone(),
+        Leadership::always(),
+        &ca,
+        run::LoopSettings { resync: Duration::from_secs(3600), workers: 2 },
+    );
+    fake.until(LIMIT, |f| {
+        f.calls().iter().any(|c| c.namespace == "busy" && c.resource.ends_with("lmevaljobs")).then_some(())
+    })
+    .await;
+    // team-a's job arrives behind busy's two hundred.
+    fake.seed(owner());
+    fake.seed(attested_fms_pod(&keys));
+    fake.until(LIMIT, |f| f.get("v1", "Secret", "team-a", "evaljob-sample-lmeval-client")).await;
+    let calls = fake.calls();
+    let busy_before = calls
+        .iter()
+        .take_while(|c| !(c.namespace == "team-a" && c.method == "POST"))
+        .filter(|c| c.namespace == "busy" && c.resource.ends_with("lmevaljobs"))
+        .count();
+    assert!(busy_before < 200, "team-a waited for all of busy's owners ({busy_before} GETs first)");
+    // The flood namespace: not one request.
+    assert!(
+        calls.iter().all(|c| c.namespace != "flood"),
+        "{:?}",
+        calls.iter().filter(|c| c.namespace == "flood").take(3).collect::<Vec<_>>()
+    );
+    fake.until(LIMIT, |_| (r.metrics().refused_count(Refusal::OwnerMissing) == 200).then_some(())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_410_gone_and_an_api_server_restart_what_changed_meanwhile_is_done() {
+    let fake = FakeApi::default();
+    fake.seed(opted_in("team-a"));
+    fake.seed(opted_in("team-b"));
+    let ca = client_ca();
+    let r = reconciler(&fake, "keyward", builtins_and_account(), &ca, Leadership::always());
+    let _task = start(&fake, r.clone(), Leadership::always(), &ca, "keyward");
+    let keys = fake.until(LIMIT, |_| r.attestation_keys()).await;
+    new_job(&fake, &keys, "before");
+    fake.until(LIMIT, secret_of("before")).await;
+    fake.until(LIMIT, |f| f.get("v1", "ServiceAccount", "team-b", "keyward-router")).await;
+
+    // The apiserver restarts: every watch ends, and resuming from where it was gets 410 Gone.
+    fake.restart();
+    // Meanwhile: a new job's pod, and team-b opts out.
+    new_job(&fake, &keys, "meanwhile");
+    fake.seed(namespace("team-b"));
+    fake.until(LIMIT, secret_of("meanwhile")).await;
+    fake.until(LIMIT, |f| f.get("v1", "ServiceAccount", "team-b", "keyward-router").is_none().then_some(())).await;
+    // The watches listed again after the 410.
+    assert!(fake
+        .calls()
+        .iter()
+        .any(|c| c.resource == "/v1/pods" && !c.query.contains("watch=true") && c.query.contains("limit=500")));
+}
+
+// === what it costs ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steady_state_is_watches_and_the_lease_and_a_new_owner_costs_two_requests() {
+    let fake = FakeApi::default();
+    fake.seed(opted_in("team-a"));
+    let ca = client_ca();
+    let a = replica(&fake, "replica-a", &ca, Duration::from_secs(10));
+    until_leading(&a.leadership).await;
+    let keys = fake.until(LIMIT, |_| a.reconciler.attestation_keys()).await;
+    for i in 0..50 {
+        new_job(&fake, &keys, &format!("job-{i}"));
+    }
+    for i in 0..50 {
+        fake.until(LIMIT, secret_of(&format!("job-{i}"))).await;
+    }
+    // A new owner, with the loop settled: verify the owner, create the Secret.
+    fake.until(LIMIT, |f| {
+        let c = f.calls();
+        let last = c.iter().rposition(|c| !is_lease(c) && !c.query.contains("watch=true"))?;
+        (c[last..].iter().filter(|c| is_lease(c) && c.method == "PUT").count() >= 3).then_some(())
+    })
+    .await;
+    fake.clear_calls();
+    new_job(&fake, &keys, "new-owner");
+    fake.until(LIMIT, secret_of("new-owner")).await;
+    let spent: Vec<String> = fake
+        .calls()
+        .iter()
+        .filter(|c| !is_lease(c) && !c.resource.starts_with("events"))
+        .map(|c| format!("{} {}", c.method, c.resource))
+        .collect();
+    assert_eq!(spent, [format!("GET {OWNER_API}/lmevaljobs"), "POST /v1/secrets".to_string()]);
+
+    // Then nothing changes: over twenty Lease renewals, nothing but the Lease is asked for.
+    fake.clear_calls();
+    fake.until(LIMIT, |f| (f.calls().iter().filter(|c| is_lease(c) && c.method == "PUT").count() >= 20).then_some(()))
+        .await;
+    let others: Vec<String> = fake
+        .calls()
+        .iter()
+        .filter(|c| !is_lease(c))
+        .map(|c| format!("{} {} {}", c.method, c.resource, c.query))
+        .collect();
+    assert!(others.is_empty(), "{others:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_errors_are_retried_with_backoff_not_in_a_hot_loop() {
+    let fake = FakeApi::default();
+    fake.seed(opted_in("team-a"));
+    fake.seed(owner());
+    let ca = client_ca();
+    let r = reconciler(&fake, "keyward", ProfileSet::builtin().unwrap(), &ca, Leadership::always());
+    let keys = attestation_keys(&r).await;
+    fake.fail("POST", "/v1/secrets", 500, 3);
+    let _task = start(&fake, r.clone(), Leadership::always(), &ca, "keyward");
+    fake.seed(attested_fms_pod(&keys));
+    fake.until(Duration::from_secs(30), |f| f.get("v1", "Secret", "team-a", "evaljob-sample-lmeval-client")).await;
+    let posts: Vec<_> = fake
+        .calls()
+        .into_iter()
+        .filter(|c| c.method == "POST" && c.resource == "/v1/secrets" && c.namespace == "team-a")
+        .collect();
+    assert_eq!(posts.iter().map(|c| c.status).collect::<Vec<_>>(), [500, 500, 500, 201]);
+    // 500 ms, 1 s, 2 s between attempts (at least: a loaded machine only adds).
+    for (pair, min) in posts.windows(2).zip([450u64, 950, 1950]) {
+        let gap = pair[1].at.duration_since(pair[0].at);
+        assert!(gap >= Duration::from_millis(min), "retried after {gap:?}, expected at least {min} ms");
+    }
+    assert!(
+        r.metrics().render().contains("keyward_controller_reconcile_errors_total{result=\"owner\"} 3"),
+        "{}",
+        r.metrics().render()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_without_the_operators_namespace_keeps_reconciling_everything_else() {
+    // The shipped manifests publish the client CA to lm-eval, and the lmeval built-in copies
+    // its server CA from there; on a cluster without fms-lm-eval-service neither exists.
+    let fake = FakeApi::default();
+    fake.require_namespaces();
+    fake.seed(namespace("default"));
+    fake.seed(namespace("keyward-system"));
+    fake.seed(opted_in("team-a"));
+    fake.seed(owner());
+    let ca = client_ca();
+    let r = reconciler(&fake, "keyward", builtins_and_account(), &ca, Leadership::always());
+    let _task = start(&fake, r.clone(), Leadership::always(), &ca, "keyward");
+    fake.until(LIMIT, |f| f.get("v1", "ServiceAccount", "team-a", "keyward-router")).await;
+    let keys = fake.until(LIMIT, |_| r.attestation_keys()).await;
+    fake.seed(attested_fms_pod(&keys));
+    fake.until(LIMIT, |f| f.get("v1", "Secret", "team-a", "evaljob-sample-lmeval-client")).await;
+    // Opting out is acted on at once, not behind a backoff.
+    fake.seed(namespace("team-a"));
+    fake.until(LIMIT, |f| f.get("v1", "ServiceAccount", "team-a", "keyward-router").is_none().then_some(())).await;
+    // The operator's namespace appears: the client CA is published there, by the watch.
+    fake.seed(namespace("lm-eval"));
+    fake.until(LIMIT, |f| f.get("v1", "ConfigMap", "lm-eval", "keyward-client-ca")).await;
+    let metrics = r.metrics().render();
+    assert!(!metrics.contains("keyward_controller_reconcile_errors_total{"), "{metrics}");
+    // (A delete may find the object gone already: two removals racing, answered 404, harmless.)
+    let failed: Vec<Call> = fake
+        .calls()
+        .into_iter()
+        .filter(|c| c.status >= 400 && c.method != "GET" && !(c.method == "DELETE" && c.status == 404))
+        .collect();
+    assert!(failed.is_empty(), "{failed:#?}");
+}
+
+const ACCOUNT_PROFILE: &str = r#"
+apiVersion: keyward.io/v1alpha1
+kind: InjectionProfile
+metadata: {name: router}
+spec:
+  selector: {matchLabels: {app: router}}
+  requesters: {usernames: ["system:serviceaccount:kube-system:replicaset-controller"]}
+  inject:
+    serviceAccount:
+      name: keyward-router
+      provider: keyward
+      bindings: [{kind: ClusterRole, name: "system:auth-delegator"}]
+"#;
+
+fn builtins_and_account() -> ProfileSet {
+    ProfileSet::builtin()
+        .unwrap()
+        .overlay(ProfileSet::from_sources([("r.yaml".to_string(), ACCOUNT_PROFILE.to_string())]).unwrap())
+}

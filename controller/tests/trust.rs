@@ -1,0 +1,305 @@
+//! What the controller refuses to vouch for. A client certificate from keyward is an identity:
+//! it is issued only for an owner that exists now with the UID, kind and group its pod names,
+//! in an opted-in namespace, for a pod keyward's webhook attested, or (for owners issued before
+//! attestations) where keyward itself signed the certificate being renewed. Labels,
+//! annotations, ownerReferences and a Secret's own contents are anyone's to write.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic is the test failure report
+
+mod support;
+
+use std::time::Duration;
+
+use keyward_certs::pki::Ca;
+use keyward_controller::desired::{self, identity_problem, Owner, PodVerdict};
+use keyward_controller::identity;
+use keyward_controller::metrics::Refusal;
+use keyward_controller::{run, Leadership};
+use keyward_engine::ProfileSet;
+use serde_json::{json, Value};
+use support::*;
+
+fn events(fake: &FakeApi) -> Vec<Value> {
+    fake.calls()
+        .into_iter()
+        .filter(|c| c.resource == "events.k8s.io/v1/events" && c.method == "POST")
+        .filter_map(|c| c.body)
+        .collect()
+}
+
+/// A Secret a user made to look like keyward's, for `owner_name` (uid `owner_uid`).
+fn forged_secret(ns: &str, name: &str, owner_api: &str, owner_name: &str, owner_uid: &str) -> Value {
+    managed_secret(
+        ns,
+        name,
+        json!({"apiVersion": owner_api, "kind": "LMEvalJob", "name": owner_name, "uid": owner_uid, "controller": true}),
+        json!({"tls.crt": b64("junk"), "tls.key": b64("junk")}),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_secret_gets_no_certificate_whatever_it_claims() {
+    let fake = FakeApi::default();
+    fake.seed(opted_in("team-a"));
+    fake.seed(namespace("elsewhere"));
+    fake.seed(lmevaljob("team-a", "real-job", "real-uid"));
+    let forged = [
+        // A job that does not exist, at an API version nobody serves.
+        forged_secret(
+            "team-a",
+            "victim-job-lmeval-client",
+            &OWNER_API.replace("v1beta1", "v9"),
+            "victim-job",
+            "made-up",
+        ),
+        // The same in a namespace that did not opt in.
+        forged_secret("elsewhere", "victim-job-lmeval-client", OWNER_API, "victim-job", "made-up"),
+        // A real job, with no pod of keyward's.
+        forged_secret("team-a", "real-job-lmeval-client", OWNER_API, "real-job", "real-uid"),
+        // A name that would walk up a normalised SPIFFE path into another namespace.
+        forged_secret(
+            "team-a",
+            "hostile-lmeval-client",
+            OWNER_API,
+            "x/../../../../ns/victim-ns/lmevaljob/victim-job",
+            "made-up",
+        ),
+    ];
+    let before: Vec<Value> = forged.iter().map(|s| fake.seed(s.clone())).collect();
+    let ca = client_ca();
+    let r = reconciler(&fake, "keyward", ProfileSet::builtin().unwrap(), &ca, Leadership::always());
+    let settings = run::LoopSettings { resync: Duration::from_millis(100), workers: 4 };
+    let task = start_with(fake.client("keyward"), r.clone(), Leadership::always(), &ca, settings);
+    // A real job's attested pod, issued: the loop is at work.
+    fake.seed(owner());
+    let keys = fake.until(LIMIT, |_| r.attestation_keys()).await;
+    fake.seed(attested_fms_pod(&keys));
+    fake.until(LIMIT, |f| f.get("v1", "Secret", "team-a", "evaljob-sample-lmeval-client")).await;
+    // Several resyncs later (each reads the CA source once)...
+    fake.until(LIMIT, |f| (f.calls().iter().filter(|c| c.name == "grpc-server-cert").count() >= 5).then_some(())).await;
+    task.abort();
+    // ...no forged Secret was written, or even read.
+    for secret in &before {
+        let (ns, name) =
+            (secret["metadata"]["namespace"].as_str().unwrap(), secret["metadata"]["name"].as_str().unwrap());
+        assert_eq!(&fake.get("v1", "Secret", ns, name).unwrap(), secret, "{ns}/{name} changed");
+        assert!(fake.calls().iter().all(|c| c.name != name), "{ns}/{name} was touched: {:#?}", fake.calls());
+    }
+    let written: Vec<String> =
+        fake.writes().iter().filter(|c| c.resource == "/v1/secrets").map(|c| c.namespace.clone()).collect();
+    assert_eq!(written, ["keyward-system", "team-a"], "the attestation key and the real job's certificate, only");
+}
+
+#[tokio::test]
+async fn a_pod_without_an_attestation_or_with_a_forged_one_gets_nothing_and_is_reported() {
+    let fake = FakeApi::default();
+    fake.seed(owner());
+    fake.seed(lmevaljob("team-a", "other-job", "other-uid"));
+    let ca = client_ca();
+    let r = reconciler(&fake, "keyward", ProfileSet::builtin().unwrap(), &ca, Leadership::always());
+    let keys = attestation_keys(&r).await;
+    fake.clear_calls();
+
+    // The injected shape written by hand (or by a webhook that refused or skipped it, or a
+    // pod created unlabelled and labelled by an update the webhook never sees): no attestation.
+    let unattested = fms_pod(None, "team-a", "evaljob-sample", "evaljob-sample", OWNER_UID);
+    assert!(unattested["metadata"]["annotations"].get("keyward.io/attestation").is_none());
+    r.owner(&owner_key(), &claims(&r, &unattested)).await.unwrap();
+    // An attestation made up, and one copied from another job's pod.
+    let mut made_up = unattested.clone();
+    made_up["metadata"]["annotations"]["keyward.io/attestation"] = json!("v1.0011223344556677.AAAA");
+    made_up["metadata"]["uid"] = json!("pod-uid-2");
+    r.owner(&owner_key(), &claims(&r, &made_up)).await.unwrap();
+    let other = fms_pod(Some(&keys), "team-a", "other-job", "other-job", "other-uid");
+    let mut copied = unattested.clone();
+    copied["metadata"]["annotations"]["keyward.io/attestation"] =
+        other["metadata"]["annotations"]["keyward.io/attestation"].clone();
+    copied["metadata"]["uid"] = json!("pod-uid-3");
+    r.owner(&owner_key(), &claims(&r, &copied)).await.unwrap();
+    // An attestation under a key that is not keyward's (another cluster's webhook).
+    let foreign_keys = {
+        let bytes = keyward_certs::attestation::generate().unwrap();
+        keyward_certs::attestation::Keys {
+            current: Some(keyward_certs::attestation::Key::from_bytes(&bytes, "k").unwrap()),
+            previous: None,
+        }
+    };
+    let mut elsewhere = fms_pod(Some(&foreign_keys), "team-a", "evaljob-sample", "evaljob-sample", OWNER_UID);
+    elsewhere["metadata"]["uid"] = json!("pod-uid-4");
+    r.owner(&owner_key(), &claims(&r, &elsewhere)).await.unwrap();
+
+    assert_eq!(fake.attempted_writes().len(), 0, "{:#?}", fake.attempted_writes());
+    assert!(fake.calls().iter().all(|c| c.resource.starts_with("events") || c.method == "GET"), "{:#?}", fake.calls());
+    let reasons: Vec<(String, String)> = events(&fake)
+        .iter()
+        .map(|e| (e["reason"].as_str().unwrap().to_string(), e["regarding"]["uid"].as_str().unwrap().to_string()))
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            ("NoAdmissionAttestation".to_string(), "pod-uid-team-a-evaljob-sample".to_string()),
+            ("ForgedAdmissionAttestation".into(), "pod-uid-2".into()),
+            ("ForgedAdmissionAttestation".into(), "pod-uid-3".into()),
+            ("ForgedAdmissionAttestation".into(), "pod-uid-4".into()),
+        ]
+    );
+    assert!(events(&fake)[0]["note"]
+        .as_str()
+        .unwrap()
+        .starts_with("keyward issues nothing for this pod's owner: the pod carries no admission attestation"));
+    assert_eq!(r.metrics().refused_count(Refusal::NoAttestation), 1);
+    assert_eq!(r.metrics().refused_count(Refusal::ForgedAttestation), 3);
+    // Reported once: asked again, no new Event.
+    r.owner(&owner_key(), &claims(&r, &unattested)).await.unwrap();
+    assert_eq!(events(&fake).len(), 4);
+    // The genuine pod of the same owner is issued, whatever its siblings.
+    let mut all = claims(&r, &unattested);
+    all.extend(claims(&r, &attested_fms_pod(&keys)));
+    r.owner(&owner_key(), &all).await.unwrap();
+    assert!(fake.get("v1", "Secret", "team-a", "evaljob-sample-lmeval-client").is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_in_a_namespace_that_did_not_opt_in_or_labelled_after_creation_get_nothing() {
+    let fake = FakeApi::default();
+    fake.seed(opted_in("team-a"));
+    fake.seed(namespace("elsewhere"));
+    fake.seed(lmevaljob("elsewhere", "evaljob-sample", OWNER_UID));
+    fake.seed(owner());
+    fake.seed(lmevaljob("team-a", "late-labels", "late-uid"));
+    let ca = client_ca();
+    let r = reconciler(&fake, "keyward", ProfileSet::builtin().unwrap(), &ca, Leadership::always());
+    let task = start(&fake, r.clone(), Leadership::always(), &ca, "keyward");
+    let keys = fake.until(LIMIT, |_| r.attestation_keys()).await;
+    // Even with a valid attestation (signed for that namespace), a namespace that did not opt
+    // in gets nothing: the webhook is not called there, so it cannot have judged the pod.
+    fake.seed(fms_pod(Some(&keys), "elsewhere", "evaljob-sample", "evaljob-sample", OWNER_UID));
+    // A pod created without the selecting labels (the webhook saw no profile's pod), its
+    // injected shape written by hand, and the labels added by an update.
+    let mut late = fms_pod(None, "team-a", "late-labels", "late-labels", "late-uid");
+    let labels = late["metadata"]["labels"].take();
+    late["metadata"]["labels"] = json!({});
+    fake.seed(late.clone());
+    late["metadata"]["labels"] = labels;
+    fake.seed(late);
+    // The canary: a genuine pod, issued; by then the others were seen.
+    fake.seed(attested_fms_pod(&keys));
+    fake.until(LIMIT, |f| f.get("v1", "Secret", "team-a", "evaljob-sample-lmeval-client")).await;
+    fake.until(LIMIT, |_| (r.metrics().refused_count(Refusal::NoAttestation) == 1).then_some(())).await;
+    task.abort();
+    assert!(
+        fake.calls().iter().all(|c| c.namespace != "elsewhere" || c.resource == "/v1/namespaces"),
+        "{:#?}",
+        fake.calls()
+    );
+    assert!(fake.get("v1", "Secret", "team-a", "late-labels-lmeval-client").is_none());
+    let reasons: Vec<String> = events(&fake)
+        .iter()
+        .filter(|e| e["regarding"]["kind"] == "Pod")
+        .map(|e| format!("{} {}", e["reason"], e["regarding"]["name"]))
+        .collect();
+    assert_eq!(reasons, ["\"NoAdmissionAttestation\" \"late-labels\""]);
+}
+
+#[tokio::test]
+async fn an_identity_is_made_only_from_names_kubernetes_allows() {
+    let owner = |api: &str, kind: &str, name: &str, uid: &str| Owner {
+        api_version: api.into(),
+        kind: kind.into(),
+        name: name.into(),
+        uid: uid.into(),
+    };
+    assert_eq!(identity_problem("team-a", &owner(OWNER_API, "LMEvalJob", "evaljob-sample", OWNER_UID)), None);
+    let hostile = [
+        ("team-a", owner(OWNER_API, "LMEvalJob", "x/../../../../ns/victim-ns/lmevaljob/victim-job", "u"), "the controller owner's name \"x/../../../../ns/victim-ns/lmevaljob/victim-job\" is not a Kubernetes object name (a DNS-1123 subdomain)"),
+        ("team-a", owner(OWNER_API, "LMEvalJob", "..", "u"), "the controller owner's name \"..\" is not a Kubernetes object name (a DNS-1123 subdomain)"),
+        ("team-a", owner(OWNER_API, "LMEval/Job", "j", "u"), "the controller owner's kind \"LMEval/Job\" is not a Kubernetes kind"),
+        ("team-a", owner("a/b/v1", "LMEvalJob", "j", "u"), "the controller owner's apiVersion \"a/b/v1\" is not GROUP/VERSION"),
+        ("team-a", owner(OWNER_API, "LMEvalJob", "j", "u/../v"), "the controller owner's uid \"u/../v\" is not a Kubernetes UID"),
+        ("Team_A", owner(OWNER_API, "LMEvalJob", "j", "u"), "namespace \"Team_A\" is not a DNS-1123 label"),
+    ];
+    for (ns, o, why) in hostile {
+        assert_eq!(identity_problem(ns, &o).as_deref(), Some(why));
+    }
+    // On a pod: an injected pod whose owner's UID is not one gets nothing, and is reported.
+    let ca = client_ca();
+    let fake = FakeApi::default();
+    let r = reconciler(&fake, "keyward", ProfileSet::builtin().unwrap(), &ca, Leadership::always());
+    let mut pod = fms_pod(None, "team-a", "p", "evaljob-sample", OWNER_UID);
+    pod["metadata"]["ownerReferences"][0]["uid"] = json!("u/../v");
+    let verdict =
+        desired::for_pod(r.profiles(), &serde_json::value::to_raw_value(&pod).unwrap(), "team-a", "cluster.local");
+    assert_eq!(
+        verdict,
+        PodVerdict::Unverifiable("the controller owner's uid \"u/../v\" is not a Kubernetes UID".into())
+    );
+    // A hostile owner name never becomes a claim either (its Secret name is no object name).
+    let mut pod = fms_pod(None, "team-a", "p", "evaljob-sample", OWNER_UID);
+    pod["metadata"]["ownerReferences"][0]["name"] = json!("x/../y");
+    let verdict =
+        desired::for_pod(r.profiles(), &serde_json::value::to_raw_value(&pod).unwrap(), "team-a", "cluster.local");
+    assert!(!matches!(verdict, PodVerdict::Claim(_)), "{verdict:?}");
+}
+
+#[tokio::test]
+async fn an_owner_issued_before_attestations_is_renewed_only_if_keyward_signed_its_certificate() {
+    let fake = FakeApi::default();
+    fake.seed(owner());
+    fake.seed(lmevaljob("team-a", "other-job", "other-uid"));
+    let ca = client_ca();
+    let old_owner = Owner {
+        api_version: OWNER_API.into(),
+        kind: "LMEvalJob".into(),
+        name: "evaljob-sample".into(),
+        uid: OWNER_UID.into(),
+    };
+    // keyward's own certificate, 17 hours into 24: renewed, though the pod predates attestations.
+    let ours = identity::issue(
+        &ca.ca,
+        "team-a",
+        &old_owner,
+        IDENTITY,
+        now() - Duration::from_secs(17 * 3600),
+        Duration::from_secs(24 * 3600),
+    )
+    .unwrap();
+    let reference = |name: &str, uid: &str| json!({"apiVersion": OWNER_API, "kind": "LMEvalJob", "name": name, "uid": uid, "controller": true});
+    fake.seed(managed_secret(
+        "team-a",
+        "evaljob-sample-lmeval-client",
+        reference("evaljob-sample", OWNER_UID),
+        json!({"tls.crt": b64(&ours.cert_pem), "tls.key": b64(&ours.key_pem), "ca.crt": b64(&ours.ca_pem)}),
+    ));
+    // The same shape for another job, signed by a CA that is not keyward's (same name, even),
+    // with keyward's CA in ca.crt: left alone, and reported.
+    let rogue = Ca::mint("keyward client CA", now(), Duration::from_secs(86400)).unwrap();
+    let other_owner = Owner { name: "other-job".into(), uid: "other-uid".into(), ..old_owner.clone() };
+    let stranger = identity::issue(
+        &rogue,
+        "team-a",
+        &other_owner,
+        "spiffe://cluster.local/ns/team-a/lmevaljob/other-job",
+        now() - Duration::from_secs(17 * 3600),
+        Duration::from_secs(24 * 3600),
+    )
+    .unwrap();
+    let stranger_secret = fake.seed(managed_secret(
+        "team-a",
+        "other-job-lmeval-client",
+        reference("other-job", "other-uid"),
+        json!({"tls.crt": b64(&stranger.cert_pem), "tls.key": b64(&stranger.key_pem), "ca.crt": b64(ca.ca.cert_pem())}),
+    ));
+    let r = reconciler(&fake, "keyward", ProfileSet::builtin().unwrap(), &ca, Leadership::always());
+    attestation_keys(&r).await;
+
+    r.owner(&owner_key(), &claims(&r, &fms_pod(None, "team-a", "evaljob-sample", "evaljob-sample", OWNER_UID)))
+        .await
+        .unwrap();
+    let renewed = fake.get("v1", "Secret", "team-a", "evaljob-sample-lmeval-client").unwrap();
+    assert_ne!(secret_data(&renewed, "tls.crt"), ours.cert_pem, "keyward's own certificate is renewed");
+
+    let other_key = keyward_controller::index::OwnerKey { namespace: "team-a".into(), uid: "other-uid".into() };
+    r.owner(&other_key, &claims(&r, &fms_pod(None, "team-a", "other-pod", "other-job", "other-uid"))).await.unwrap();
+    assert_eq!(fake.get("v1", "Secret", "team-a", "other-job-lmeval-client").unwrap(), stranger_secret, "left alone");
+    assert_eq!(r.metrics().refused_count(Refusal::UnverifiedSecret), 1);
+    assert!(events(&fake).iter().any(|e| e["reason"] == "UnverifiedSecret"));
+}
