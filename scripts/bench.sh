@@ -13,3 +13,6 @@ cargo bench -q -p keyward-engine --bench decide 2>/dev/null | grep -E "time:" -B
 echo
 echo "## server under load (cargo bench --bench load)"
 cargo bench -q --bench load 2>/dev/null
+echo
+echo "## the controller at scale (cargo bench --bench controller)"
+cargo bench -q --bench controller 2>/dev/null

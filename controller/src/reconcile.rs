@@ -96,6 +96,8 @@ struct Memo {
     ca_sha: String,
     /// A new pod of the owner arrived: read the Secret before trusting this again.
     stale: bool,
+    /// When the certificate expires.
+    not_after: Option<SystemTime>,
 }
 
 /// How one owner's reconcile ended, for the queue.
@@ -198,6 +200,17 @@ impl Reconciler {
             if let Some(m) = memo.get_mut(&(d.namespace.clone(), d.name.clone())) {
                 m.stale = true;
             }
+        }
+    }
+
+    /// Sets the time to the soonest expiry among the certificates keyward wrote or read (once
+    /// per resync: it walks them all).
+    pub fn report_expiry(&self) {
+        let soonest = lock(&self.memo).values().filter_map(|m| m.not_after).min();
+        if let Some(at) = soonest {
+            let seconds =
+                at.duration_since(SystemTime::now()).map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+            self.metrics.set_next_expiry(seconds);
         }
     }
 
@@ -595,7 +608,7 @@ impl Reconciler {
             match identity::renewal(get(TLS_CRT), get(TLS_KEY), get(CA_CRT), ca.cert_pem(), identity, now) {
                 Renewal::Fresh { not_after } => {
                     let renew_at = identity::renew_at(get(TLS_CRT)).unwrap_or(not_after);
-                    self.remember(d, owner, &rv, Some(renew_at), &ca_sha);
+                    self.remember(d, owner, &rv, Some((renew_at, not_after)), &ca_sha);
                     return Ok((Action::Unchanged, Some(renew_at)));
                 }
                 Renewal::Due(reason) => reason,
@@ -638,20 +651,22 @@ impl Reconciler {
             d,
             owner,
             written.metadata.resource_version.as_deref().unwrap_or_default(),
-            Some(renew_at),
+            Some((renew_at, issued.not_after)),
             &ca_sha,
         );
         tracing::info!(namespace = %d.namespace, name = %d.name, %identity, profile = %d.profile, action = action.as_str(), "client certificate written");
         Ok((action, Some(renew_at)))
     }
 
-    fn remember(&self, d: &Desired, owner: &Owner, rv: &str, renew_at: Option<SystemTime>, ca_sha: &str) {
+    fn remember(&self, d: &Desired, owner: &Owner, rv: &str, cert: Option<(SystemTime, SystemTime)>, ca_sha: &str) {
+        let (renew_at, not_after) = (cert.map(|c| c.0), cert.map(|c| c.1));
         let memo = Memo {
             resource_version: rv.to_string(),
             owner_uid: owner.uid.clone(),
             renew_at,
             ca_sha: ca_sha.to_string(),
             stale: false,
+            not_after,
         };
         lock(&self.memo).insert((d.namespace.clone(), d.name.clone()), memo);
     }

@@ -545,7 +545,10 @@ async fn work(
             }
             Ok(Outcome::Done)
         }
-        Key::Sweep => reconciler.sweep_namespaces(&opted_in(namespaces)).await.map(|()| Outcome::Done),
+        Key::Sweep => {
+            reconciler.report_expiry();
+            reconciler.sweep_namespaces(&opted_in(namespaces)).await.map(|()| Outcome::Done)
+        }
         Key::PublishClientCa => reconciler.publish_client_ca().await.map(|()| Outcome::Done),
         Key::Sources => match reconciler.refresh_sources(&ca_sources(reconciler)).await {
             Ok(changed) => {

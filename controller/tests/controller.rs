@@ -99,6 +99,12 @@ async fn a_new_owner_costs_two_requests_and_gets_its_certificate_owned_by_the_jo
     let Outcome::At(at) = outcome else { panic!("{outcome:?}") };
     let wait = at.duration_since(tokio::time::Instant::now());
     assert!(wait > Duration::from_secs(15 * 3600) && wait < Duration::from_secs(16 * 3600), "{wait:?}");
+    r.report_expiry();
+    assert!(
+        r.metrics().render().contains("keyward_controller_next_certificate_expiry_seconds 86"),
+        "{}",
+        r.metrics().render()
+    );
     // Asked again (another pod event): nothing, not even a read.
     fake.clear_calls();
     r.owner(&owner_key(), &claims(&r, &attested_fms_pod(&keys))).await.unwrap();

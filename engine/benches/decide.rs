@@ -21,6 +21,20 @@ fn raw(v: &Value) -> Box<RawValue> {
     serde_json::value::to_raw_value(v).unwrap()
 }
 
+/// The webhook's attestor: HMAC-SHA256 with keyward-certs' keys.
+#[derive(Debug)]
+struct HmacAttestor(keyward_certs::attestation::Keys);
+
+impl keyward_engine::Attestor for HmacAttestor {
+    fn attest(&self, payload: &[u8]) -> Option<String> {
+        self.0.sign(payload)
+    }
+
+    fn verifies(&self, payload: &[u8], value: &str) -> bool {
+        self.0.verify(payload, value)
+    }
+}
+
 fn bench(c: &mut Criterion) {
     // The built-ins, plus the example profiles of the engine's tests (the previous built-ins),
     // which serve the trustyai LMEvalJob and KubeRay pods, so that the figures compare.
@@ -75,6 +89,32 @@ fn bench(c: &mut Criterion) {
             })
         });
     }
+
+    // The admission attestation: the fms driver pod under the built-in lmeval profile, with
+    // and without the webhook's HMAC key; and the reinvocation, which verifies the one there.
+    let builtin = ProfileSet::builtin().unwrap();
+    let fms: Value = serde_json::from_slice(&fixture("lmeval-fms-driver-pod.json")).unwrap();
+    let fms = raw(&fms);
+    let fms_operator = "system:serviceaccount:lm-eval:lm-eval-controller-manager";
+    let plain = RequestFacts::pod_create("team-a", Requester::User(fms_operator));
+    let key = keyward_certs::attestation::generate().unwrap();
+    let attestor = HmacAttestor(keyward_certs::attestation::Keys {
+        current: Some(keyward_certs::attestation::Key::from_bytes(&key, "current").unwrap()),
+        previous: None,
+    });
+    let attested = plain.attested_by(&attestor);
+    c.bench_function("decide/fms-inject", |b| b.iter(|| decide(black_box(&plain), black_box(&fms), &builtin)));
+    c.bench_function("decide/fms-inject-attested", |b| {
+        b.iter(|| decide(black_box(&attested), black_box(&fms), &builtin))
+    });
+    let d = decide(&attested, &fms, &builtin);
+    let patch: json_patch::Patch = serde_json::from_value(serde_json::to_value(d.patch()).unwrap()).unwrap();
+    let mut injected: Value = serde_json::from_str(fms.get()).unwrap();
+    json_patch::patch(&mut injected, &patch).unwrap();
+    let injected = raw(&injected);
+    c.bench_function("decide/fms-reinvocation-attested", |b| {
+        b.iter(|| decide(black_box(&attested), black_box(&injected), &builtin))
+    });
 
     c.bench_function("profiles/load-builtin", |b| b.iter(|| ProfileSet::builtin().unwrap()));
 }

@@ -300,6 +300,16 @@ impl FakeApi {
         }
     }
 
+    /// Answers one request as `client`'s (for serving the fake over HTTP, in a benchmark).
+    pub async fn serve(&self, client: &str, req: Request<Body>) -> Response<ResponseBody> {
+        self.handle(client, req).await
+    }
+
+    /// How many objects of `resource` (`/v1/secrets`) there are.
+    pub fn count(&self, resource: &str) -> usize {
+        self.state.lock().unwrap().objects.keys().filter(|(r, _, _)| r == resource).count()
+    }
+
     async fn handle(&self, client: &str, req: Request<Body>) -> Response<ResponseBody> {
         let (parts, body) = req.into_parts();
         let bytes = body.collect_bytes().await.unwrap_or_default();
@@ -711,13 +721,24 @@ pub const OPERATOR: &str = "system:serviceaccount:lm-eval:lm-eval-controller-man
 /// How long a test waits for an event before it fails (a report, not a sleep).
 pub const LIMIT: Duration = Duration::from_secs(20);
 
+/// The workspace's root: this support file serves the controller's tests and the root
+/// crate's controller benchmark.
+fn workspace() -> std::path::PathBuf {
+    let here = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    if here.join("controller").is_dir() {
+        here
+    } else {
+        here.join("..")
+    }
+}
+
 pub fn fixture(name: &str) -> Value {
-    let path = format!("{}/../tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
+    let path = workspace().join("tests/fixtures").join(name);
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
 pub fn certs_fixture(name: &str) -> String {
-    std::fs::read_to_string(format!("{}/../certs/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+    std::fs::read_to_string(workspace().join("certs/tests/fixtures").join(name)).unwrap()
 }
 
 /// A client CA as cert-manager writes its Secret by default (an ECDSA key in SEC1, `EC PRIVATE
