@@ -99,6 +99,22 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     if let Some(problem) = keyward_controller::desired::trust_domain_problem(&args.trust_domain) {
         bail!("--trust-domain {problem}");
     }
+    if args.workers == 0 {
+        bail!("--workers: must be at least 1");
+    }
+    for (flag, value) in
+        [("--api-timeout", args.api_timeout), ("--attestation-key-rotation", args.attestation_key_rotation)]
+    {
+        if value.is_zero() {
+            bail!("{flag}: must be more than 0s");
+        }
+    }
+    if args.client_cert_validity < Duration::from_secs(600) {
+        bail!(
+            "--client-cert-validity {:?}: must be at least 10m (a certificate is renewed at two thirds of its life)",
+            args.client_cert_validity
+        );
+    }
     let identity = match args.identity.clone() {
         Some(id) if !id.is_empty() => id,
         _ => std::env::var("HOSTNAME")

@@ -246,3 +246,32 @@ fn serve_refuses_to_start_on_bad_settings() {
     let o = keyward(&["serve", "--metrics-listen", "nine"], None);
     assert_one_line_error(&o, "--metrics-listen \"nine\": not an address like 0.0.0.0:9090 (or `off`)");
 }
+
+/// `keyward controller` checks its flags before it touches a cluster (no KUBECONFIG here).
+#[test]
+fn the_controller_refuses_bad_flags_with_the_fix_before_touching_a_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().to_str().unwrap();
+    let cases: [(&[&str], &str); 6] = [
+        (&["--trust-domain", "Bad Domain"], "--trust-domain \"Bad Domain\" may hold only lower-case letters, digits, '.', '-' and '_' (a SPIFFE trust domain)"),
+        (&[], "profiles lmeval issue client certificates: give --client-ca-dir, the directory where the keyward-client-ca Secret is mounted (tls.crt, tls.key)"),
+        (&["--client-ca-dir", ca, "--workers", "0"], "--workers: must be at least 1"),
+        (&["--client-ca-dir", ca, "--api-timeout", "0s"], "--api-timeout: must be more than 0s"),
+        (&["--client-ca-dir", ca, "--attestation-key-rotation", "0s"], "--attestation-key-rotation: must be more than 0s"),
+        (&["--client-ca-dir", ca, "--client-cert-validity", "5m"], "--client-cert-validity 300s: must be at least 10m (a certificate is renewed at two thirds of its life)"),
+    ];
+    for (flags, message) in cases {
+        let mut args = vec!["controller", "--identity", "test", "--metrics-listen", "off"];
+        args.extend_from_slice(flags);
+        let out = Command::new(env!("CARGO_BIN_EXE_keyward"))
+            .args(&args)
+            .env_remove("KUBECONFIG")
+            .env("HOME", dir.path())
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{flags:?}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert!(err.ends_with(&format!("keyward: error: {message}\n")), "{flags:?}: {err}");
+    }
+}
