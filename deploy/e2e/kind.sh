@@ -154,6 +154,9 @@ expect "lmeval driver init container untouched" "$(dry_create "$LMEVAL_USER" "$W
 expect "lmeval main env" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.spec.containers[0].env[*].name}')" \
   "GRPC_CLIENT_CERT GRPC_CLIENT_KEY GRPC_SERVER_CA"
 expect_contains "lmeval audit annotation" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.metadata.annotations.keyward\.io/injected}')" '"profile":"lmeval"'
+# The admission attestation the controller checks before it issues (the key is the Secret
+# keyward-attestation, which the controller created and the webhook mounts).
+expect_contains "lmeval admission attestation" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.metadata.annotations.keyward\.io/attestation}')" 'v1.'
 if out="$("${K[@]}" create --dry-run=server -n "$NS" -f "$WORK/lmeval.yaml" 2>&1)"; then
   fail "a user copying the operator's labels was admitted: $out"
 fi
