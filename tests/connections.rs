@@ -24,6 +24,10 @@ async fn until_closed<S: AsyncRead + Unpin>(stream: &mut S) -> (Duration, Vec<u8
     (started.elapsed(), buf)
 }
 
+async fn until_closed_owned(mut stream: tokio_rustls::client::TlsStream<tokio::net::TcpStream>) -> (Duration, Vec<u8>) {
+    until_closed(&mut stream).await
+}
+
 /// The HTTP/2 frame types in `bytes` (after the server's preface-less start).
 fn h2_frame_types(mut bytes: &[u8]) -> Vec<u8> {
     let mut types = Vec::new();
@@ -40,7 +44,7 @@ const GOAWAY: u8 = 0x7;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_that_say_nothing_after_the_handshake_are_closed_at_the_first_request_deadline() {
     let tls = TlsDir::new();
-    let server = tls.start(&["--request-read-timeout", "1s"]);
+    let server = tls.start(&["--request-read-timeout", "1s", "--http2"]);
     let mut h1 = server.raw_tls_alpn(b"http/1.1").await;
     let mut h2 = server.raw_tls_alpn(b"h2").await;
     h2.write_all(H2_PREFACE_AND_SETTINGS).await.unwrap();
@@ -122,7 +126,7 @@ async fn at_the_cap_an_idle_connection_makes_room_for_a_real_client() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn when_every_connection_is_busy_a_new_one_is_refused_and_the_busy_ones_finish() {
+async fn at_the_cap_a_half_sent_request_makes_room_and_the_newcomer_is_answered() {
     let tls = TlsDir::new();
     let server = tls.start(&["--max-connections", "2", "--request-read-timeout", "60s"]);
     let review = fixture("admissionreview-lmeval.json");
@@ -130,25 +134,32 @@ async fn when_every_connection_is_busy_a_new_one_is_refused_and_the_busy_ones_fi
         "POST /mutate HTTP/1.1\r\nhost: {SERVER_NAME}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
         review.len()
     );
-    // Two requests whose bodies are half sent: both connections are busy.
-    let mut busy = Vec::new();
+    // Two requests whose bodies are half sent: both connections are reading, none answering.
+    let mut slow = Vec::new();
     for _ in 0..2 {
         let mut stream = server.raw_tls().await;
         stream.write_all(head.as_bytes()).await.unwrap();
         stream.write_all(&review[..review.len() / 2]).await.unwrap();
         stream.flush().await.unwrap();
-        busy.push(stream);
+        slow.push(stream);
     }
     server.wait_metric("keyward_requests_in_flight{listener=\"webhook\"}", 2.0).await;
-    let refused = server.try_raw_tls_alpn(b"http/1.1").await;
-    assert!(refused.is_err(), "a third connection was accepted while both were busy");
-    server.wait_metric("keyward_connections_refused_total{listener=\"webhook\"}", 1.0).await;
-    for mut stream in busy {
-        stream.write_all(&review[review.len() / 2..]).await.unwrap();
-        let mut response = vec![0u8; 16];
-        stream.read_exact(&mut response).await.unwrap();
-        assert_eq!(&response, b"HTTP/1.1 200 OK\r");
-    }
+    // A third client, as the apiserver: the slower of the two is dropped for it.
+    let (mut client, _) = server.connect().await.unwrap();
+    assert_eq!(client.mutate(&review).await.unwrap()["response"]["allowed"], true);
+    server
+        .wait_metric("keyward_connections_closed_by_server_total{listener=\"webhook\",reason=\"evicted\"}", 1.0)
+        .await;
+    assert_eq!(server.metric("keyward_connections_refused_total{listener=\"webhook\"}").await, 0.0);
+    // The first one was the one waiting longest: it was cut; the other may still finish.
+    let (first, second) = (slow.remove(0), slow.remove(0));
+    let (_, cut) = until_closed_owned(first).await;
+    assert!(cut.is_empty(), "the evicted connection got an answer: {}", String::from_utf8_lossy(&cut));
+    let mut second = second;
+    second.write_all(&review[review.len() / 2..]).await.unwrap();
+    let mut response = vec![0u8; 16];
+    second.read_exact(&mut response).await.unwrap();
+    assert_eq!(&response, b"HTTP/1.1 200 OK\r");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

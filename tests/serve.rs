@@ -150,9 +150,9 @@ async fn keep_alive_serves_many_requests_on_one_connection() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn alpn_offers_h2_and_http11() {
+async fn alpn_offers_h2_and_http11_with_http2_on() {
     let tls = TlsDir::new();
-    let server = tls.start(&[]);
+    let server = tls.start(&["--http2"]);
     for (offer, expected) in
         [(vec![&b"h2"[..], &b"http/1.1"[..]], &b"h2"[..]), (vec![&b"http/1.1"[..]], &b"http/1.1"[..])]
     {
@@ -395,9 +395,9 @@ async fn sigterm_finishes_the_request_in_flight() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn requests_over_h2_are_served_too() {
+async fn requests_over_h2_are_served_too_with_http2_on() {
     let tls = TlsDir::new();
-    let server = tls.start(&[]);
+    let server = tls.start(&["--http2"]);
     let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
     let stream = server
         .connector(&[b"h2"])

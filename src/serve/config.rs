@@ -72,6 +72,11 @@ pub struct ServeArgs {
     /// Admission decisions running at once (default: the number of CPUs).
     #[arg(long, env = "KEYWARD_MAX_CONCURRENT_DECISIONS")]
     max_concurrent_decisions: Option<usize>,
+    /// Also offer HTTP/2 (ALPN h2) on the webhook port. Off by default: the kube-apiserver
+    /// speaks only HTTP/1.1 to webhooks, and HTTP/2's many streams per connection give other
+    /// clients more ways to hold connections.
+    #[arg(long, env = "KEYWARD_HTTP2")]
+    http2: bool,
     /// Most connections open at once on the metrics port (same rules).
     #[arg(long, env = "KEYWARD_METRICS_MAX_CONNECTIONS", default_value_t = 16)]
     metrics_max_connections: usize,
@@ -110,6 +115,8 @@ pub struct ServeConfig {
     pub idle_timeout: Duration,
     pub tls_handshake_timeout: Duration,
     pub max_connections: usize,
+    /// Offer HTTP/2 on the webhook port as well as HTTP/1.1.
+    pub http2: bool,
     pub metrics_max_connections: usize,
     pub request_bytes_in_flight: usize,
     pub max_concurrent_decisions: usize,
@@ -181,6 +188,7 @@ impl ServeArgs {
             idle_timeout: self.idle_timeout,
             tls_handshake_timeout: self.tls_handshake_timeout,
             max_connections: self.max_connections,
+            http2: self.http2,
             metrics_max_connections: self.metrics_max_connections,
             request_bytes_in_flight: self.request_bytes_in_flight,
             max_concurrent_decisions,

@@ -8,8 +8,14 @@
 //! - between requests a connection may stay idle for `idle_timeout`, longer than the apiserver's
 //!   90 s, so that the client closes an idle keep-alive connection first and no request races
 //!   keyward's close;
-//! - at most `max_connections` are open: at the cap a new connection evicts the one that has been
-//!   idle longest, and is refused only when every connection has a request in flight;
+//! - a request must be read whole (headers and body) within `request_read_timeout` of its
+//!   first bytes, on every protocol (an HTTP/2 stream without its body included);
+//! - at most `max_connections` are open: at the cap a new connection evicts the one that has gone
+//!   longest without completing a request (idle, dripping headers or a body, or silent since
+//!   its handshake), and is refused only when every connection is answering a request it has
+//!   read whole. A client that answers its requests in milliseconds, as the apiserver does, is
+//!   always the youngest by that measure, so no client behaviour can keep it out; an evicted
+//!   connection with a request half-read is dropped at once (there is no answer to wait for);
 //! - a failing `accept` (out of file descriptors) backs off exponentially, evicts an idle
 //!   connection to free a descriptor, and is logged once per burst, not once per attempt.
 //!
@@ -80,6 +86,8 @@ pub enum CloseReason {
     HandshakeFailed,
     FirstRequestTimeout,
     HeaderTimeout,
+    /// A request (headers or body) not read whole in time.
+    SlowRequest,
     Idle,
     Evicted,
     Shutdown,
@@ -92,6 +100,7 @@ impl CloseReason {
             Self::HandshakeFailed => "handshake-failed",
             Self::FirstRequestTimeout => "first-request-timeout",
             Self::HeaderTimeout => "header-timeout",
+            Self::SlowRequest => "slow-request",
             Self::Idle => "idle",
             Self::Evicted => "evicted",
             Self::Shutdown => "shutdown",
@@ -113,6 +122,13 @@ struct ConnState {
     idle_since: AtomicU64,
     /// When bytes of the next request started to arrive (0: none yet). Set only while idle.
     reading_since: AtomicU64,
+    /// When the oldest request in flight started (its headers arrived).
+    request_since: AtomicU64,
+    /// Requests read whole and being answered: the only work eviction spares.
+    answering: AtomicUsize,
+    /// When the connection last completed a request, or was accepted: eviction takes the
+    /// connection that has gone longest without one.
+    progress_at: AtomicU64,
     /// Asked to close (evicted, or out of descriptors).
     evict: Notify,
     evicted: AtomicBool,
@@ -125,18 +141,28 @@ impl ConnState {
             requests: AtomicU64::new(0),
             idle_since: AtomicU64::new(now),
             reading_since: AtomicU64::new(0),
+            request_since: AtomicU64::new(0),
+            answering: AtomicUsize::new(0),
+            progress_at: AtomicU64::new(now),
             evict: Notify::new(),
             evicted: AtomicBool::new(false),
         }
     }
 
     /// When this connection must be closed unless something happens first, and why. `None`
-    /// while a request is in flight: the handler bounds its own body read.
+    /// while a request read whole is being answered.
     fn deadline(&self, limits: &ConnectionLimits) -> Option<(u64, CloseReason)> {
-        if self.in_flight.load(Ordering::Acquire) > 0 {
-            return None;
-        }
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        if self.in_flight.load(Ordering::Acquire) > 0 {
+            if self.answering.load(Ordering::Acquire) > 0 {
+                return None;
+            }
+            // Still being read: the handler answers 408 at the read timeout; the connection
+            // goes a moment later if it has not (an HTTP/2 stream that never sends its body).
+            let since = self.request_since.load(Ordering::Acquire);
+            let at = since.saturating_add(ms(limits.request_read_timeout)).saturating_add(ms(CLOSE_GRACE));
+            return Some((at, CloseReason::SlowRequest));
+        }
         let idle = self.idle_since.load(Ordering::Acquire);
         // No request yet: timed from the end of the handshake, whatever bytes trickle in (an
         // HTTP/2 preface is not a request).
@@ -154,6 +180,40 @@ impl ConnState {
     fn is_idle(&self) -> bool {
         self.in_flight.load(Ordering::Acquire) == 0
     }
+
+    /// Whether a request is half-read (headers or body on their way): closing it loses no
+    /// answer.
+    fn is_reading(&self) -> bool {
+        let in_flight = self.in_flight.load(Ordering::Acquire);
+        (in_flight > 0 && self.answering.load(Ordering::Acquire) == 0)
+            || (in_flight == 0 && self.reading_since.load(Ordering::Acquire) > 0)
+    }
+}
+
+/// Handed to the handler with each request (a request extension): it says when the request
+/// has been read whole, after which its connection is spared eviction until it is answered.
+#[derive(Clone)]
+pub struct RequestProgress {
+    state: Arc<ConnState>,
+}
+
+impl RequestProgress {
+    /// The request is read whole; until the returned guard drops, it is being answered.
+    pub fn read_whole(&self) -> Answering {
+        self.state.answering.fetch_add(1, Ordering::AcqRel);
+        Answering { state: self.state.clone() }
+    }
+}
+
+/// A request being answered (see [`RequestProgress::read_whole`]).
+pub struct Answering {
+    state: Arc<ConnState>,
+}
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        self.state.answering.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// Marks a request in flight for as long as it lives.
@@ -166,7 +226,11 @@ struct InFlight {
 impl InFlight {
     fn begin(state: &Arc<ConnState>, clock: Clock, gauge: Option<Gauge>) -> Self {
         state.requests.fetch_add(1, Ordering::AcqRel);
-        state.in_flight.fetch_add(1, Ordering::AcqRel);
+        if state.in_flight.fetch_add(1, Ordering::AcqRel) == 0 {
+            // Timed from its first bytes when they came while idle, else from its headers.
+            let reading = state.reading_since.load(Ordering::Acquire);
+            state.request_since.store(if reading > 0 { reading } else { clock.now_ms() }, Ordering::Release);
+        }
         state.reading_since.store(0, Ordering::Release);
         if let Some(g) = &gauge {
             g.inc();
@@ -180,8 +244,10 @@ impl Drop for InFlight {
         if let Some(g) = &self.gauge {
             g.dec();
         }
+        let now = self.clock.now_ms();
+        self.state.progress_at.store(now, Ordering::Release);
         if self.state.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.state.idle_since.store(self.clock.now_ms(), Ordering::Release);
+            self.state.idle_since.store(now, Ordering::Release);
             self.state.reading_since.store(0, Ordering::Release);
         }
     }
@@ -290,7 +356,8 @@ impl Connections {
         self.registry().open.len()
     }
 
-    /// Registers a new connection, evicting the longest-idle one at the cap.
+    /// Registers a new connection, evicting at the cap the one that has gone longest without
+    /// completing a request.
     fn admit(&self) -> Admission {
         let mut reg = self.registry();
         let open = reg.open.len();
@@ -301,7 +368,7 @@ impl Connections {
             let closing = reg.open.values().filter(|s| s.evicted.load(Ordering::Acquire)).count();
             // Connections already closing will free their places; otherwise make one.
             if open - closing >= self.limits.max_connections {
-                match Self::longest_idle(&reg) {
+                match Self::least_progress(&reg) {
                     Some(victim) => {
                         victim.evicted.store(true, Ordering::Release);
                         victim.evict.notify_one();
@@ -318,23 +385,20 @@ impl Connections {
         Admission::Admitted(id, state)
     }
 
-    /// The idle connection (no request in flight, not already closing) idle the longest.
-    /// Connections already receiving a request's bytes go last.
-    fn longest_idle(reg: &Registry) -> Option<Arc<ConnState>> {
+    /// The connection (not answering a request it read whole, not already closing) that has
+    /// gone longest without completing a request: idle, slow, or silent since its handshake.
+    fn least_progress(reg: &Registry) -> Option<Arc<ConnState>> {
         reg.open
             .values()
-            .filter(|s| s.is_idle() && !s.evicted.load(Ordering::Acquire))
-            .min_by_key(|s| {
-                let reading = s.reading_since.load(Ordering::Acquire) > 0;
-                (reading, s.idle_since.load(Ordering::Acquire))
-            })
+            .filter(|s| s.answering.load(Ordering::Acquire) == 0 && !s.evicted.load(Ordering::Acquire))
+            .min_by_key(|s| s.progress_at.load(Ordering::Acquire))
             .cloned()
     }
 
-    /// Asks the longest-idle connection to close, to free its descriptor.
+    /// Asks the connection that has made the least progress to close, to free its descriptor.
     fn evict_one(&self) -> bool {
         let reg = self.registry();
-        match Self::longest_idle(&reg) {
+        match Self::least_progress(&reg) {
             Some(state) => {
                 state.evicted.store(true, Ordering::Release);
                 state.evict.notify_one();
@@ -510,8 +574,9 @@ fn tracked_service(
 > + Clone {
     let inner = TowerToHyperService::new(app);
     let state = state.clone();
-    service_fn(move |req: hyper::Request<Incoming>| {
+    service_fn(move |mut req: hyper::Request<Incoming>| {
         let guard = InFlight::begin(&state, clock, Some(gauge.clone()));
+        req.extensions_mut().insert(RequestProgress { state: state.clone() });
         let response = inner.call(req);
         async move {
             let response = response.await;
@@ -588,7 +653,7 @@ where
             Some((_, hard)) => hard,
             None => match state.deadline(limits) {
                 Some((at, _)) => clock.instant(at),
-                // A request is in flight: look again once it could have finished.
+                // A request is being answered: look again once it could have finished.
                 None => Instant::now() + limits.request_read_timeout,
             },
         };
@@ -605,6 +670,9 @@ where
                 None => {
                     if let Some((at, reason)) = state.deadline(limits) {
                         if clock.instant(at) <= Instant::now() {
+                            if reason == CloseReason::SlowRequest {
+                                return Some(reason);
+                            }
                             graceful(conn.as_mut());
                             closing = Some((reason, Instant::now() + CLOSE_GRACE));
                         }
@@ -612,6 +680,10 @@ where
                 }
             },
             _ = state.evict.notified(), if closing.is_none() => {
+                // A half-read request has no answer to wait for: its place is needed now.
+                if state.is_reading() || state.requests.load(Ordering::Acquire) == 0 {
+                    return Some(CloseReason::Evicted);
+                }
                 graceful(conn.as_mut());
                 closing = Some((CloseReason::Evicted, Instant::now() + CLOSE_GRACE));
             }
@@ -741,7 +813,15 @@ mod tests {
         let clock = Clock(Instant::now());
         let state = Arc::new(state);
         let guard = InFlight::begin(&state, clock, None);
-        assert_eq!(state.deadline(&l), None, "a request in flight has no connection deadline");
+        let since = state.request_since.load(Ordering::Acquire);
+        assert_eq!(
+            state.deadline(&l),
+            Some((since + 10_000 + 1_000, CloseReason::SlowRequest)),
+            "a request being read is timed, whatever the protocol"
+        );
+        let answering = RequestProgress { state: state.clone() }.read_whole();
+        assert_eq!(state.deadline(&l), None, "a request read whole is answered without a deadline");
+        drop(answering);
         drop(guard);
         let (at, reason) = state.deadline(&l).unwrap();
         assert_eq!(reason, CloseReason::Idle);
@@ -751,23 +831,28 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn at_the_cap_the_longest_idle_is_evicted_and_busy_ones_are_kept() {
-        let connections = Connections::new("test", limits(), Arc::new(Metrics::default()));
-        let Admission::Admitted(_, first) = connections.admit() else { panic!("first") };
-        let Admission::Admitted(_, second) = connections.admit() else { panic!("second") };
-        first.idle_since.store(1, Ordering::Release);
-        second.idle_since.store(2, Ordering::Release);
-        // Third: the cap is 2, so the longest idle (first) is asked to close.
-        assert!(matches!(connections.admit(), Admission::Admitted(..)));
-        assert!(first.evicted.load(Ordering::Acquire));
-        assert!(!second.evicted.load(Ordering::Acquire));
-
-        // With every other connection busy, a newcomer is refused.
+    async fn at_the_cap_the_least_progress_is_evicted_and_only_answering_ones_are_kept() {
         let connections = Connections::new("test", limits(), Arc::new(Metrics::default()));
         let clock = connections.clock;
+        let Admission::Admitted(_, slow) = connections.admit() else { panic!("first") };
+        let Admission::Admitted(_, fast) = connections.admit() else { panic!("second") };
+        // The first has a request half-read since long ago (a slow body); the second completed
+        // a request a moment ago.
+        slow.progress_at.store(1, Ordering::Release);
+        let _reading = InFlight::begin(&slow, clock, None);
+        fast.progress_at.store(5, Ordering::Release);
+        assert!(matches!(connections.admit(), Admission::Admitted(..)));
+        assert!(slow.evicted.load(Ordering::Acquire), "a request in flight is no shield");
+        assert!(!fast.evicted.load(Ordering::Acquire));
+
+        // Only connections answering requests they read whole are spared; with all of them
+        // answering, a newcomer is refused.
+        let connections = Connections::new("test", limits(), Arc::new(Metrics::default()));
         let Admission::Admitted(_, a) = connections.admit() else { panic!("a") };
         let Admission::Admitted(_, b) = connections.admit() else { panic!("b") };
         let _busy = (InFlight::begin(&a, clock, None), InFlight::begin(&b, clock, None));
+        let _answering =
+            (RequestProgress { state: a.clone() }.read_whole(), RequestProgress { state: b.clone() }.read_whole());
         assert!(matches!(connections.admit(), Admission::Full));
     }
 }

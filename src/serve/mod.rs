@@ -122,7 +122,7 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         Some(addr) => Some(tokio::spawn(serve_metrics(addr, metrics.clone(), metrics_limits, stop_rx.clone()).await?)),
         None => None,
     };
-    let acceptor = TlsAcceptor::from(Arc::new(tls_config(certs)?));
+    let acceptor = TlsAcceptor::from(Arc::new(tls_config(certs, config.http2)?));
     tracing::info!(
         role = "webhook",
         addr = %listener.local_addr()?,
@@ -237,15 +237,15 @@ pub(crate) fn serve_plain(
     connections::serve(listener, Transport::Plain, app, connections, stop)
 }
 
-fn tls_config(certs: Arc<CertStore>) -> anyhow::Result<rustls::ServerConfig> {
+fn tls_config(certs: Arc<CertStore>, http2: bool) -> anyhow::Result<rustls::ServerConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut tls = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
         .context("TLS configuration")?
         .with_no_client_auth()
         .with_cert_resolver(certs);
-    // The apiserver offers only http/1.1; h2 is for everyone else.
-    tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    // The apiserver offers only http/1.1; h2 only when asked for (--http2).
+    tls.alpn_protocols = if http2 { vec![b"h2".to_vec(), b"http/1.1".to_vec()] } else { vec![b"http/1.1".to_vec()] };
     Ok(tls)
 }
 

@@ -25,6 +25,7 @@ use keyward_engine::{Attestor, Decision, ProfileSet};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::metrics::Metrics;
+use crate::serve::connections::RequestProgress;
 
 /// What the handlers share.
 #[derive(Debug, Clone)]
@@ -92,6 +93,7 @@ fn refuse(state: &AppState, status: StatusCode, reason: String) -> Response {
 }
 
 async fn mutate(State(state): State<AppState>, request: Request) -> Response {
+    let progress = request.extensions().get::<RequestProgress>().cloned();
     // A declared length over the limit is refused before waiting for a body that may never come.
     let declared = request.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if let Some(declared) = declared.filter(|n| *n > state.max_body_bytes as u64) {
@@ -105,6 +107,8 @@ async fn mutate(State(state): State<AppState>, request: Request) -> Response {
             Ok(Err((status, reason))) => return refuse(&state, status, reason),
             Err(_) => return refuse(&state, StatusCode::REQUEST_TIMEOUT, "request body not received in time".into()),
         };
+    // Read whole: from now on its connection is spared eviction until it is answered.
+    let answering = progress.map(|p| p.read_whole());
     let Ok(decision) = state.decisions.clone().acquire_owned().await else {
         return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response();
     };
@@ -115,13 +119,13 @@ async fn mutate(State(state): State<AppState>, request: Request) -> Response {
     // (and with it /healthz and /readyz).
     if body.len() <= INLINE_DECISION_BYTES {
         let response = answer(&state, &body);
-        drop((budget, decision));
+        drop((budget, decision, answering));
         return response;
     }
     let worker = state.clone();
     let answered = tokio::task::spawn_blocking(move || {
         let response = answer(&worker, &body);
-        drop((budget, decision));
+        drop((budget, decision, answering));
         response
     });
     match answered.await {
@@ -154,7 +158,10 @@ impl Drop for Running {
 /// millisecond); larger ones on a blocking thread.
 const INLINE_DECISION_BYTES: usize = 64 * 1024;
 
-/// Reads the body, taking its bytes from the budget as they arrive.
+/// Reads the body, taking its bytes from the budget as they arrive, past the first
+/// [`INLINE_DECISION_BYTES`]: those cost nothing from the budget (they are bounded by the
+/// connection cap), so bodies that stall holding the budget can never keep an ordinary pod,
+/// which the apiserver sends in one go and in a few kilobytes, waiting for it.
 async fn read_body(
     state: &AppState,
     declared: Option<u64>,
@@ -176,19 +183,19 @@ async fn read_body(
                 format!("body is over the {}-byte limit", state.max_body_bytes),
             ));
         }
-        let n = u32::try_from(data.len()).unwrap_or(u32::MAX);
-        if n == 0 {
-            continue;
-        }
-        let permit = state
-            .body_budget
-            .clone()
-            .acquire_many_owned(n)
-            .await
-            .map_err(|_| (StatusCode::SERVICE_UNAVAILABLE, "shutting down".to_string()))?;
-        match &mut held {
-            Some(h) => h.merge(permit),
-            None => held = Some(permit),
+        let charged = total.saturating_sub(INLINE_DECISION_BYTES).min(data.len());
+        let n = u32::try_from(charged).unwrap_or(u32::MAX);
+        if n > 0 {
+            let permit = state
+                .body_budget
+                .clone()
+                .acquire_many_owned(n)
+                .await
+                .map_err(|_| (StatusCode::SERVICE_UNAVAILABLE, "shutting down".to_string()))?;
+            match &mut held {
+                Some(h) => h.merge(permit),
+                None => held = Some(permit),
+            }
         }
         match (&mut joined, first.take()) {
             (Some(buf), _) => buf.extend_from_slice(&data),
