@@ -78,6 +78,28 @@ pub(crate) fn plan<'p>(profile: &Profile, spec: &Spec<'_>, injections: &'p [(&'s
     let listed = &profile.spec.containers;
     let targets: Vec<&Container<'_>> =
         spec.all_containers().filter(|c| listed.is_empty() || listed.iter().any(|n| *n == c.name)).collect();
+    // A container the profile does not name must not mount what keyward injects: it would read
+    // the credential while the audit record says it went only to the named ones.
+    if !listed.is_empty() {
+        let injected: Vec<&str> =
+            injections.iter().filter_map(|(_, i)| i.volume.as_ref().map(|(v, _)| v.name.as_str())).collect();
+        for container in spec.all_containers().filter(|c| !listed.iter().any(|n| *n == c.name)) {
+            for hit in container.mount_hits.iter().filter(|h| injected.contains(&h.volume.as_ref())) {
+                plan.conflicts.push(format!(
+                    "container {:?} mounts volume {:?} at {:?} (spec.{}[{}].volumeMounts[{}]), but profile {:?} injects that volume only into {}; remove that mount, or add {:?} to the profile's spec.containers",
+                    container.name,
+                    hit.volume,
+                    hit.path,
+                    container.list.field(),
+                    container.index,
+                    hit.index,
+                    profile.name,
+                    listed.join(", "),
+                    container.name
+                ));
+            }
+        }
+    }
     let removed = |index: usize| plan.changes.volumes_removed.contains(&index);
     let mut volume_there = vec![false; injections.len()];
     let mut mounts: Vec<Vec<MountState>> = vec![Vec::new(); injections.len()];
@@ -314,12 +336,9 @@ fn remove_api_token(spec: &Spec<'_>, plan: &mut Plan<'_>) {
             OpValue::Bool(false),
         );
     }
-    let removed: Vec<&str> = spec
-        .volume_hits
-        .iter()
-        .filter(|h| h.name.starts_with(crate::names::KUBE_API_ACCESS_PREFIX))
-        .map(|h| h.name.as_ref())
-        .collect();
+    // Every volume that carries an API token (kube-api-access-*, and any projected token for
+    // the API server's audience), and every mount of one or at the token's path.
+    let removed: Vec<&str> = spec.volume_hits.iter().filter(|h| h.api_token).map(|h| h.name.as_ref()).collect();
     // Mounts first, from the last container and the last index down.
     for container in spec.all_containers().rev() {
         let doomed: Vec<usize> = container
@@ -345,12 +364,7 @@ fn remove_api_token(spec: &Spec<'_>, plan: &mut Plan<'_>) {
             });
         }
     }
-    let doomed: Vec<usize> = spec
-        .volume_hits
-        .iter()
-        .filter(|h| h.name.starts_with(crate::names::KUBE_API_ACCESS_PREFIX))
-        .map(|h| h.index)
-        .collect();
+    let doomed: Vec<usize> = spec.volume_hits.iter().filter(|h| h.api_token).map(|h| h.index).collect();
     for &index in doomed.iter().rev() {
         plan.ops.push(PatchOp::remove(Path::Volumes(Item::At(index))));
     }

@@ -121,6 +121,10 @@ pub struct VolumeHit<'a> {
     pub name: Cow<'a, str>,
     /// The element as sent: there whenever the hit is to be compared with an injection.
     pub raw: Option<&'a RawValue>,
+    /// It carries a Kubernetes API token: the ServiceAccount plugin's `kube-api-access-*`, or a
+    /// projected `serviceAccountToken` requested for no audience (the API server's). Found only
+    /// when [`Wanted::api_token`] asks.
+    pub api_token: bool,
 }
 
 /// One init container or container.
@@ -208,16 +212,28 @@ pub fn read<'a>(object: &'a RawValue, keep: &[String]) -> Result<Read<'a>, Strin
 pub fn spec<'a>(raw: Option<&'a RawValue>, wanted: &Wanted<'_>) -> Result<Spec<'a>, String> {
     let Some(raw) = raw else { return Err("spec is missing".into()) };
     let spec = scan(raw, wanted, false)?;
-    let to_compare = spec.volume_hits.iter().any(|h| wanted.volume_names.contains(&h.name.as_ref()))
+    // Volumes carrying the API token that are not named kube-api-access-*: their mounts are
+    // found by name in the second pass (the containers may come before the volumes).
+    let tokens: Vec<String> = spec
+        .volume_hits
+        .iter()
+        .filter(|h| h.api_token && !h.name.starts_with(KUBE_API_ACCESS_PREFIX))
+        .map(|h| h.name.to_string())
+        .collect();
+    let to_compare = !tokens.is_empty()
+        || spec.volume_hits.iter().any(|h| wanted.volume_names.contains(&h.name.as_ref()))
         || spec.all_containers().any(|c| {
-            !c.env_hits.is_empty() || c.mount_hits.iter().any(|h| wanted.mount_paths.contains(&h.path.as_ref()))
+            !c.env_hits.is_empty()
+                || c.mount_hits.iter().any(|h| {
+                    wanted.mount_paths.contains(&h.path.as_ref()) || wanted.volume_names.contains(&h.volume.as_ref())
+                })
         });
     if !to_compare {
         return Ok(spec);
     }
     // A mount at an injection's path of a volume not named like one: that volume is read too,
     // to tell whether it delivers the same credential (a pod its operator already wires).
-    let mut others: Vec<String> = Vec::new();
+    let mut others: Vec<String> = tokens;
     for hit in spec.all_containers().flat_map(|c| &c.mount_hits) {
         let other = wanted.mount_paths.contains(&hit.path.as_ref())
             && !wanted.volume_names.contains(&hit.volume.as_ref())
@@ -679,16 +695,52 @@ impl<'de> Visitor<'de> for VolumesSeed<'_> {
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
         let mut hits = Vec::new();
         let mut index = 0;
-        while let Some((Named { name, .. }, raw)) = next_named(&mut seq, self.full, "spec.volumes", index)? {
-            let wanted = self.wanted.volume_names.contains(&name.as_ref())
-                || (self.wanted.api_token && name.starts_with(KUBE_API_ACCESS_PREFIX));
+        // Removing the API token needs each volume's sources, not only its name.
+        let full = self.full || self.wanted.api_token;
+        while let Some((Named { name, .. }, raw)) = next_named(&mut seq, full, "spec.volumes", index)? {
+            let api_token = self.wanted.api_token
+                && (name.starts_with(KUBE_API_ACCESS_PREFIX) || raw.is_some_and(projects_an_api_token));
+            let wanted = self.wanted.volume_names.contains(&name.as_ref()) || api_token;
             if wanted && self.wanted.room() {
-                hits.push(VolumeHit { index, name, raw });
+                hits.push(VolumeHit { index, name, raw: raw.filter(|_| self.full), api_token });
             }
             index += 1;
         }
         Ok((index, hits))
     }
+}
+
+/// Whether a volume projects a service account token for no audience (the API server's).
+fn projects_an_api_token(raw: &RawValue) -> bool {
+    #[derive(Deserialize)]
+    struct Volume<'a> {
+        #[serde(borrow, default)]
+        projected: Option<Projected<'a>>,
+    }
+    #[derive(Deserialize)]
+    struct Projected<'a> {
+        #[serde(borrow, default)]
+        sources: Option<Vec<Projection<'a>>>,
+    }
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Projection<'a> {
+        #[serde(borrow, default)]
+        service_account_token: Option<Token<'a>>,
+    }
+    #[derive(Deserialize)]
+    struct Token<'a> {
+        #[serde(borrow, default)]
+        audience: Option<Cow<'a, str>>,
+    }
+    let Ok(volume) = serde_json::from_str::<Volume<'_>>(raw.get()) else { return false };
+    volume
+        .projected
+        .and_then(|p| p.sources)
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s.service_account_token)
+        .any(|t| t.audience.as_deref().is_none_or(str::is_empty))
 }
 
 struct ContainersSeed<'w> {
@@ -825,8 +877,10 @@ impl<'de> Visitor<'de> for MountsSeed<'_> {
             let mount_path = mount_path
                 .ok_or_else(|| de::Error::custom(format_args!("{}[{index}]: missing field `mountPath`", self.at)))?;
             let hit = MountHit { index, volume: name, path: mount_path, raw };
-            let wanted =
-                self.wanted.mount_paths.contains(&hit.path.as_ref()) || (self.wanted.api_token && hit.is_api_token());
+            // At an injection's path, of an injected volume (wherever mounted), or the token's.
+            let wanted = self.wanted.mount_paths.contains(&hit.path.as_ref())
+                || self.wanted.volume_names.contains(&hit.volume.as_ref())
+                || (self.wanted.api_token && hit.is_api_token());
             if wanted && self.wanted.room() {
                 hits.push(hit);
             }

@@ -317,3 +317,91 @@ fn a_profile_that_issues_per_owner_must_name_its_owner_kinds() {
         "{err}"
     );
 }
+
+// === what containers the profile does not name may get ===
+
+/// The demo pod with a second container, `sidecar`, that mounts `sidecar_mounts` (and the API
+/// token, as the ServiceAccount plugin adds it to every container).
+fn pod_with_sidecar(sidecar_mounts: Value, extra_volumes: Value) -> Value {
+    let mut pod = pod(json!({}), json!([]), extra_volumes);
+    let mut mounts = sidecar_mounts.as_array().cloned().unwrap_or_default();
+    mounts.push(json!({"name": "kube-api-access-q8x2v", "readOnly": true, "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}));
+    pod["spec"]["containers"].as_array_mut().unwrap().push(json!({
+        "name": "sidecar", "image": "registry.example/proxy:2.1", "imagePullPolicy": "IfNotPresent",
+        "volumeMounts": mounts,
+        "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File"}));
+    pod
+}
+
+const CLIENT_CERT_INTO_APP: &str = "    clientCertificate: {secretName: \"{owner.name}-client\", mountPath: /var/run/secrets/example/client, provider: keyward}\n";
+
+#[test]
+fn a_container_the_profile_does_not_name_may_not_mount_what_keyward_injects() {
+    let yaml = profile(
+        "  controllerOwners: [{apiGroup: apps, kind: ReplicaSet}]\n  containers: [app]\n",
+        CLIENT_CERT_INTO_APP,
+    );
+    // The sidecar names keyward's volume, at a path of its own: it would read the client key.
+    let pod = pod_with_sidecar(
+        json!([{"name": "keyward-client-cert", "mountPath": "/elsewhere", "readOnly": true}]),
+        json!([]),
+    );
+    let d = decide(&create("team-a", OPERATOR), &pod, &profiles(&yaml));
+    assert_eq!(d.reason, Reason::Conflict);
+    assert_eq!(
+        d.message().unwrap(),
+        "keyward: profile \"demo\" cannot inject into this pod: container \"sidecar\" mounts volume \"keyward-client-cert\" at \"/elsewhere\" (spec.containers[1].volumeMounts[0]), but profile \"demo\" injects that volume only into app; remove that mount, or add \"sidecar\" to the profile's spec.containers"
+    );
+    // With onConflict: skip, nothing is injected at all (and the audit record claims nothing).
+    let skip = profile(
+        "  controllerOwners: [{apiGroup: apps, kind: ReplicaSet}]\n  containers: [app]\n  onConflict: skip\n",
+        CLIENT_CERT_INTO_APP,
+    );
+    let d = decide(&create("team-a", OPERATOR), &pod, &profiles(&skip));
+    assert_eq!((d.reason, d.patch().len()), (Reason::ConflictSkipped, 0));
+    // Without the sidecar's mount, the same pod is injected, into app alone.
+    let (d, after) = admit(&create("team-a", OPERATOR), &pod_with_sidecar(json!([]), json!([])), &profiles(&yaml));
+    assert_eq!(d.reason, Reason::Injected);
+    let sidecar_mounts: Vec<&str> = after["spec"]["containers"][1]["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(sidecar_mounts, ["kube-api-access-q8x2v"]);
+}
+
+#[test]
+fn api_token_remove_takes_every_token_for_the_api_server_and_keeps_tokens_for_other_audiences() {
+    let yaml = profile("", "    apiToken: remove\n");
+    // A second token for the API server (no audience) mounted by the sidecar, and a token for
+    // another audience that stays.
+    let extra = json!([
+        {"name": "api-token-2", "projected": {"defaultMode": 420, "sources": [{"serviceAccountToken": {"expirationSeconds": 3600, "path": "token"}}]}},
+        {"name": "vault-token", "projected": {"defaultMode": 420, "sources": [{"serviceAccountToken": {"audience": "vault", "expirationSeconds": 3600, "path": "token"}}]}},
+        {"name": "scratch", "emptyDir": {}}
+    ]);
+    let sidecar = json!([
+        {"name": "api-token-2", "mountPath": "/var/run/secrets/extra", "readOnly": true},
+        {"name": "vault-token", "mountPath": "/var/run/secrets/vault", "readOnly": true},
+        {"name": "scratch", "mountPath": "/scratch"}
+    ]);
+    let pod = pod_with_sidecar(sidecar, extra);
+    let (d, after) = admit(&create("team-a", OPERATOR), &pod, &profiles(&yaml));
+    assert_eq!(d.reason, Reason::Injected);
+    assert_valid(&after);
+    let names = |v: &Value| -> Vec<String> {
+        v.as_array().unwrap().iter().map(|x| x["name"].as_str().unwrap().to_string()).collect()
+    };
+    assert_eq!(
+        names(&after["spec"]["volumes"]),
+        ["vault-token", "scratch"],
+        "both API tokens gone; the rest, in order"
+    );
+    assert_eq!(names(&after["spec"]["containers"][0]["volumeMounts"]), Vec::<String>::new());
+    assert_eq!(names(&after["spec"]["containers"][1]["volumeMounts"]), ["vault-token", "scratch"]);
+    assert_eq!(after["spec"]["automountServiceAccountToken"], false);
+    // And again: nothing left to remove.
+    let again = decide(&create("team-a", OPERATOR), &after, &profiles(&yaml));
+    assert_eq!((again.reason, again.patch().len()), (Reason::AlreadyInjected, 0));
+}

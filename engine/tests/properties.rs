@@ -58,6 +58,9 @@ struct PodShape {
     sa_fields: u8,
     annotations: Option<Vec<(String, String)>>,
     volumes_key_absent: bool,
+    /// Projected tokens for the API server besides kube-api-access-* (each mounted by every
+    /// container), placed before the user's volumes so that removals shift indexes.
+    extra_tokens: usize,
 }
 
 fn pod_shape() -> impl Strategy<Value = PodShape> {
@@ -69,21 +72,32 @@ fn pod_shape() -> impl Strategy<Value = PodShape> {
         0u8..4,
         proptest::option::of(proptest::collection::vec(("[a-z~/.]{1,8}", "[ -~]{0,8}"), 0..3)),
         any::<bool>(),
+        0usize..3,
     )
-        .prop_map(|(init, main, user_volumes, api_token, sa_fields, annotations, volumes_key_absent)| PodShape {
-            init,
-            main,
-            user_volumes,
-            api_token,
-            sa_fields,
-            annotations,
-            volumes_key_absent,
-        })
+        .prop_map(
+            |(init, main, user_volumes, api_token, sa_fields, annotations, volumes_key_absent, extra_tokens)| {
+                PodShape {
+                    init,
+                    main,
+                    user_volumes,
+                    api_token,
+                    sa_fields,
+                    annotations,
+                    volumes_key_absent,
+                    extra_tokens,
+                }
+            },
+        )
 }
 
 fn build(shape: &PodShape, labels: &Value, owner: &Value) -> Value {
-    let mut volumes: Vec<Value> =
-        (0..shape.user_volumes).map(|i| json!({"name": format!("data-{i}"), "emptyDir": {}})).collect();
+    let mut volumes: Vec<Value> = (0..shape.extra_tokens)
+        .map(|i| {
+            json!({"name": format!("api-token-{i}"), "projected": {"defaultMode": 420, "sources": [
+            {"serviceAccountToken": {"expirationSeconds": 3600, "path": "token"}}]}})
+        })
+        .collect();
+    volumes.extend((0..shape.user_volumes).map(|i| json!({"name": format!("data-{i}"), "emptyDir": {}})));
     if shape.api_token {
         volumes.push(json!({"name": "kube-api-access-x7k2p", "projected": {"defaultMode": 420, "sources": [
             {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
@@ -106,6 +120,9 @@ fn build(shape: &PodShape, labels: &Value, owner: &Value) -> Value {
         }
         if shape.api_token {
             mounts.push(json!({"name": "kube-api-access-x7k2p", "readOnly": true, "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}));
+        }
+        for t in 0..shape.extra_tokens {
+            mounts.push(json!({"name": format!("api-token-{t}"), "readOnly": true, "mountPath": format!("/var/run/secrets/extra-{t}")}));
         }
         if !mounts.is_empty() {
             obj.insert("volumeMounts".into(), Value::Array(mounts));
@@ -445,6 +462,14 @@ proptest! {
         if decision.allowed() {
             let after = apply(&pod, &decision);
             assert_valid(&after);
+            // `apiToken: remove` leaves no token for the API server anywhere in the pod.
+            if profile.yaml.contains("apiToken: remove") && decision.reason == keyward_engine::Reason::Injected {
+                let volumes = after["spec"]["volumes"].as_array().cloned().unwrap_or_default();
+                let tokens: Vec<&Value> = volumes.iter().filter(|v| {
+                    v["projected"]["sources"].as_array().is_some_and(|s| s.iter().any(|p| p["serviceAccountToken"].is_object() && p["serviceAccountToken"]["audience"].is_null()))
+                }).collect();
+                prop_assert!(tokens.is_empty(), "API tokens left: {tokens:?}");
+            }
             let again = decide(&facts, &after, &set);
             prop_assert!(again.allowed(), "second call denied: {:?}", again.message());
             prop_assert!(again.patch().is_empty(), "second call not a no-op: {}", patch_json(&again));
