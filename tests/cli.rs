@@ -275,3 +275,25 @@ fn the_controller_refuses_bad_flags_with_the_fix_before_touching_a_cluster() {
         assert!(err.ends_with(&format!("keyward: error: {message}\n")), "{flags:?}: {err}");
     }
 }
+
+#[test]
+fn serve_without_tls_dir_where_it_cannot_write_says_what_to_mount() {
+    let out = Command::new(env!("CARGO_BIN_EXE_keyward"))
+        .args([
+            "serve",
+            "--dev-cert-dir",
+            "/proc/keyward-cannot-write",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "off",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.ends_with("keyward: error: /proc/keyward-cannot-write: cannot write: No such file or directory (os error 2); without --tls-dir keyward mints a development certificate into --dev-cert-dir /proc/keyward-cannot-write: in a cluster, give --tls-dir DIR (the serving certificate Secret mounted as a directory); elsewhere, a writable --dev-cert-dir\n"),
+        "{err}"
+    );
+}

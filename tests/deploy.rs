@@ -265,3 +265,15 @@ fn the_webhook_mounts_the_attestation_key_the_controller_makes() {
         .iter()
         .all(|a| !a.as_str().unwrap().starts_with("--attestation-secret")));
 }
+
+#[test]
+fn the_lmeval_built_in_is_pinned_to_its_operators_namespace_in_both_halves() {
+    let docs = render("cert-manager");
+    for deployment in ["keyward", "keyward-controller"] {
+        let args = find(&docs, "Deployment", deployment)["spec"]["template"]["spec"]["containers"][0]["args"].clone();
+        assert!(
+            args.as_array().unwrap().contains(&json!("--operator-namespace=lmeval=lm-eval")),
+            "{deployment}: {args}"
+        );
+    }
+}

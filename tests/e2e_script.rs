@@ -324,3 +324,19 @@ fn cert_manager_is_ready_when_its_webhook_admits_a_dry_run_not_when_it_rolled_ou
         "cert-manager's webhook did not admit a dry-run Issuer after 4 tries\n"
     );
 }
+
+#[test]
+fn the_operator_kind_sh_impersonates_is_the_one_the_manifests_pin() {
+    let docs = render("local");
+    let webhook = docs.iter().find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "keyward").unwrap();
+    let pinned = webhook["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|a| a.as_str()?.strip_prefix("--operator-namespace=lmeval="))
+        .unwrap()
+        .to_string();
+    let script = std::fs::read_to_string(root().join("deploy/e2e/kind.sh")).unwrap();
+    assert!(script.contains(&format!("LMEVAL_USER=\"system:serviceaccount:{pinned}:lm-eval-controller-manager\"")));
+    assert!(script.contains(&format!("-n {pinned} create serviceaccount lm-eval-controller-manager")));
+}

@@ -76,7 +76,7 @@ pub fn ensure_dev_key(dir: &Path) -> Result<(), Error> {
     if let Ok(bytes) = std::fs::read(&path) {
         return Key::from_bytes(&bytes, &path.display().to_string()).map(|_| ());
     }
-    std::fs::create_dir_all(dir).map_err(|source| Error::Write { path: dir.to_path_buf(), source })?;
+    std::fs::create_dir_all(dir).map_err(|error| Error::Write { path: dir.to_path_buf(), error })?;
     crate::pki::write_file(&path, &generate()?, true)
 }
 
@@ -163,7 +163,7 @@ impl KeyStore {
             match std::fs::read(&path) {
                 Ok(bytes) => Key::from_bytes(&bytes, &path.display().to_string()).map(Some),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-                Err(source) => Err(Error::Read { path, source }),
+                Err(error) => Err(Error::Read { path, error }),
             }
         };
         let keys = Keys { current: read(CURRENT_FILE)?, previous: read(PREVIOUS_FILE)? };

@@ -4,10 +4,11 @@ use std::time::SystemTime;
 /// Everything that can go wrong with a certificate. Each message names the file.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{}: cannot read: {source}", path.display())]
-    Read { path: PathBuf, source: std::io::Error },
-    #[error("{}: cannot write: {source}", path.display())]
-    Write { path: PathBuf, source: std::io::Error },
+    // `error`, not `source`: the message says it already, and a source would print it twice.
+    #[error("{}: cannot read: {error}", path.display())]
+    Read { path: PathBuf, error: std::io::Error },
+    #[error("{}: cannot write: {error}", path.display())]
+    Write { path: PathBuf, error: std::io::Error },
     #[error("{}: no PEM certificate in the file", path.display())]
     NoCertificate { path: PathBuf },
     #[error("{}: no PEM private key (PKCS#8, PKCS#1 or SEC1) in the file: {reason}", path.display())]

@@ -271,8 +271,8 @@ pub fn ca_bundle(text: &[u8], what: &str) -> Result<String, Error> {
 pub fn read_pair(dir: &Path) -> Result<ServingCert, Error> {
     let cert_path = dir.join(crate::CERT_FILE);
     let key_path = dir.join(crate::KEY_FILE);
-    let cert = std::fs::read(&cert_path).map_err(|source| Error::Read { path: cert_path.clone(), source })?;
-    let key = std::fs::read(&key_path).map_err(|source| Error::Read { path: key_path.clone(), source })?;
+    let cert = std::fs::read(&cert_path).map_err(|error| Error::Read { path: cert_path.clone(), error })?;
+    let key = std::fs::read(&key_path).map_err(|error| Error::Read { path: key_path.clone(), error })?;
     load_pair(&cert, &key, &cert_path, &key_path)
 }
 

@@ -228,7 +228,7 @@ pub fn ensure_dev_dir(dir: &Path, extra_names: &[String], now: SystemTime) -> Re
             return Ok(done(true, current.info));
         }
     }
-    std::fs::create_dir_all(dir).map_err(|source| Error::Write { path: dir.to_path_buf(), source })?;
+    std::fs::create_dir_all(dir).map_err(|error| Error::Write { path: dir.to_path_buf(), error })?;
     let ca = match load_dev_ca(dir, now).map_err(|e| Error::DevCa(Box::new(e)))? {
         Some(ca) => ca,
         None => {
@@ -255,7 +255,7 @@ fn load_dev_ca(dir: &Path, now: SystemTime) -> Result<Option<Ca>, Error> {
     if !cert_path.exists() && !key_path.exists() {
         return Ok(None);
     }
-    let read = |path: &Path| std::fs::read_to_string(path).map_err(|source| Error::Read { path: path.into(), source });
+    let read = |path: &Path| std::fs::read_to_string(path).map_err(|error| Error::Read { path: path.into(), error });
     let (cert, key) = (read(&cert_path)?, read(&key_path)?);
     let info = cert_info(cert.as_bytes(), &cert_path)?;
     if info.not_after < now + DEV_LEAF_VALIDITY + DAY {
@@ -269,7 +269,7 @@ pub fn write_file(path: &Path, contents: &[u8], private: bool) -> Result<(), Err
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
     let tmp = dir.join(format!(".{name}.tmp"));
-    let err = |source| Error::Write { path: path.to_path_buf(), source };
+    let err = |error| Error::Write { path: path.to_path_buf(), error };
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create(true).truncate(true);
     #[cfg(unix)]

@@ -202,16 +202,24 @@ impl CertStore {
                 tracing::debug!(?trigger, dir = %self.dir.display(), "{} unchanged", self.what);
             }
             ReloadOutcome::Failed(error) => {
-                let serving = self.current().map(|c| c.info.sha256.clone());
                 // Say it once per distinct error; every attempt is still counted in metrics.
                 if last.as_deref() != Some(error.as_str()) {
-                    tracing::error!(
-                        ?trigger,
-                        %error,
-                        still_serving = serving.as_deref().unwrap_or("nothing"),
-                        "{} refused; keeping the last good one",
-                        self.what
-                    );
+                    match self.current() {
+                        Some(serving) => tracing::error!(
+                            ?trigger,
+                            %error,
+                            still_serving = %serving.info.sha256,
+                            "{} refused; keeping the last good one",
+                            self.what
+                        ),
+                        None => tracing::error!(
+                            ?trigger,
+                            %error,
+                            dir = %self.dir.display(),
+                            "{} refused, and none loaded yet: not ready until a valid pair is written to the directory (tls.crt, tls.key); fix the files or the Secret mounted there",
+                            self.what
+                        ),
+                    }
                 }
                 *last = Some(error.clone());
             }

@@ -116,11 +116,13 @@ for _ in $(seq 60); do "${K[@]}" -n "$NS" get configmap keyward-lmeval-server-ca
 expect "server CA provisioned" "$("${K[@]}" -n "$NS" get configmap keyward-lmeval-server-ca -o jsonpath='{.data.ca\.crt}')" \
   "$("${K[@]}" -n lm-eval get secret grpc-server-cert -o jsonpath='{.data.ca\.crt}' | base64 -d)"
 expect "provisioned by keyward" "$("${K[@]}" -n "$NS" get configmap keyward-lmeval-server-ca -o jsonpath='{.metadata.labels.app\.kubernetes\.io/managed-by}')" keyward
-"${K[@]}" -n "$NS" create serviceaccount lm-eval-controller-manager
+# The operator's account lives in its own namespace: the shipped manifests pin the lmeval
+# built-in to lm-eval (--operator-namespace=lmeval=lm-eval).
+"${K[@]}" -n lm-eval create serviceaccount lm-eval-controller-manager
 # The operator's service account may create pods here (we impersonate it below).
 "${K[@]}" -n "$NS" create role pod-creator --verb=create --resource=pods
 "${K[@]}" -n "$NS" create rolebinding operators-create-pods --role=pod-creator \
-  --serviceaccount="$NS:lm-eval-controller-manager"
+  --serviceaccount="lm-eval:lm-eval-controller-manager"
 
 # Server-side dry run: the apiserver runs every admission webhook (keyward is sideEffects:
 # None) and returns the pod it would store. Owner references need no real owner.
@@ -144,7 +146,7 @@ spec:
   containers:
     - {name: main, image: registry.k8s.io/pause:3.10}
 YAML
-LMEVAL_USER="system:serviceaccount:$NS:lm-eval-controller-manager"
+LMEVAL_USER="system:serviceaccount:lm-eval:lm-eval-controller-manager"
 expect "lmeval keeps its service account" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.spec.serviceAccountName}')" default
 expect "lmeval automountServiceAccountToken" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.spec.automountServiceAccountToken}')" false
 expect "lmeval volumes" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.spec.volumes[*].name}')" "keyward-client-cert keyward-server-ca"

@@ -199,18 +199,15 @@ impl ServeArgs {
     }
 }
 
-/// `500ms`, `10s`, `2m`, `1h`.
+/// A duration in Go's syntax, as every Kubernetes user writes them: `500ms`, `10s`, `1m30s`,
+/// `1.5h` (kube-core's parser).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (number, unit) = s.split_at(split);
-    let n: u64 = number.parse().map_err(|_| format!("{s:?}: expected a number with a unit, like 10s or 500ms"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        "h" => Ok(Duration::from_secs(n * 3600)),
-        _ => Err(format!("{s:?}: unknown unit {unit:?}; use ms, s, m or h")),
+    let parsed: kube::core::Duration =
+        s.parse().map_err(|e| format!("{s:?}: {e} (Go's duration syntax: 500ms, 10s, 1m30s, 1.5h)"))?;
+    if parsed.is_negative() {
+        return Err(format!("{s:?}: must not be negative"));
     }
+    Ok(parsed.into())
 }
 
 /// `4096`, `512Ki`, `32Mi`, `1Gi`.
@@ -272,7 +269,7 @@ mod tests {
         let err = config(&["--tls-dir", "/tls", "--dns-name", "x"]).unwrap_err().to_string();
         assert!(err.starts_with("--dns-name: only for the development certificate"), "{err}");
         let err = config(&["--cert-poll-interval", "10"]).unwrap_err().to_string();
-        assert!(err.contains("unknown unit \"\""), "{err}");
+        assert!(err.contains("\"10\": missing a unit"), "{err}");
         let err =
             config(&["--listen", "127.0.0.1:9090", "--metrics-listen", "127.0.0.1:9090"]).unwrap_err().to_string();
         assert_eq!(err, "--metrics-listen 127.0.0.1:9090: must differ from --listen");
@@ -302,10 +299,17 @@ mod tests {
     }
 
     #[test]
-    fn durations() {
+    fn durations_are_written_as_in_go() {
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert!(parse_duration("s").is_err());
-        assert!(parse_duration("5d").is_err());
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("1h0m0s"), Ok(Duration::from_secs(3600)));
+        assert_eq!(
+            parse_duration("10").unwrap_err(),
+            "\"10\": missing a unit: expected one of 'ns', 'us', '\u{00b5}s', 'ms', 's', 'm', or 'h' (Go's duration syntax: 500ms, 10s, 1m30s, 1.5h)"
+        );
+        assert!(parse_duration("5d").unwrap_err().starts_with("\"5d\": invalid unit"));
+        assert_eq!(parse_duration("-1s").unwrap_err(), "\"-1s\": must not be negative");
     }
 }

@@ -57,7 +57,18 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
             dir.clone()
         }
         TlsSource::Dev { dir, extra_names } => {
-            let dev = pki::ensure_dev_dir(dir, extra_names, SystemTime::now())?;
+            // Said first, and again in any error: in a container, a missing --tls-dir is the
+            // usual reason to land here.
+            tracing::warn!(
+                dir = %dir.display(),
+                "no --tls-dir: serving a development certificate minted into --dev-cert-dir; in a cluster, give --tls-dir (the serving certificate Secret mounted as a directory)"
+            );
+            let dev = pki::ensure_dev_dir(dir, extra_names, SystemTime::now()).map_err(|e| {
+                anyhow::anyhow!(
+                    "{e}; without --tls-dir keyward mints a development certificate into --dev-cert-dir {}: in a cluster, give --tls-dir DIR (the serving certificate Secret mounted as a directory); elsewhere, a writable --dev-cert-dir",
+                    dir.display()
+                )
+            })?;
             tracing::info!(
                 ca = %dev.ca_file.display(),
                 reused = dev.reused,
