@@ -30,6 +30,7 @@ pub mod profile;
 pub mod review;
 pub mod select;
 pub mod text;
+pub mod yaml;
 
 pub use attest::{Attestor, ANNOTATION_ATTESTATION};
 pub use audit::{

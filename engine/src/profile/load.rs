@@ -1,11 +1,10 @@
 //! Reading profiles: YAML documents (several per file), parsed strictly, every problem kept.
 
-use serde::Deserialize;
-
 use super::schema::ProfileDocument;
 use super::validate::validate;
 use super::{Profile, ProfileSet};
 use crate::error::{Error, ProfileError};
+use crate::yaml;
 
 /// The built-in profiles, shipped inside the binary.
 const BUILTIN_SOURCES: &[(&str, &str)] = &[
@@ -51,35 +50,38 @@ impl ProfileSet {
     }
 }
 
+/// Every document of a source, each checked whole: every problem in it is reported, with its
+/// field and where it is (`document 2, line 14 column 7`), not only the first.
 fn parse_documents(source: &str, text: &str, errors: &mut Vec<ProfileError>) -> Vec<ProfileDocument> {
-    let mut docs = Vec::new();
-    for (index, de) in serde_yaml::Deserializer::from_str(text).enumerate() {
-        let value = match serde_yaml::Value::deserialize(de) {
-            Ok(serde_yaml::Value::Null) => continue, // an empty document (`---` at the end)
-            Ok(value) => value,
-            Err(e) => {
-                errors.push(ProfileError {
-                    source: source.to_string(),
-                    profile: None,
-                    field: String::new(),
-                    reason: format!("document {}: not valid YAML: {e}", index + 1),
-                });
-                // After a syntax error the stream cannot be resynchronised.
-                break;
-            }
-        };
-        let name = value.get("metadata").and_then(|m| m.get("name")).and_then(|n| n.as_str()).map(str::to_string);
-        match serde_path_to_error::deserialize::<_, ProfileDocument>(value) {
-            Ok(doc) => docs.push(doc),
-            Err(e) => errors.push(ProfileError {
+    let documents = match yaml::documents(text) {
+        Ok(documents) => documents,
+        Err(e) => {
+            errors.push(ProfileError {
                 source: source.to_string(),
-                profile: name,
-                field: match e.path().to_string().as_str() {
-                    "." => String::new(),
-                    path => path.to_string(),
-                },
-                reason: format!("document {}: {}", index + 1, e.inner()),
-            }),
+                profile: None,
+                field: String::new(),
+                reason: format!("not valid YAML: {}", e.message),
+            });
+            // After a syntax error the stream cannot be resynchronised.
+            return Vec::new();
+        }
+    };
+    let mut docs = Vec::new();
+    for document in documents {
+        let name = document.value.pointer("/metadata/name").and_then(serde_json::Value::as_str).map(str::to_string);
+        match yaml::check::<ProfileDocument>(&document) {
+            Ok(doc) => docs.push(doc),
+            Err(problems) => {
+                for problem in problems {
+                    let at = problem.position.map(|p| format!(", {p}")).unwrap_or_default();
+                    errors.push(ProfileError {
+                        source: source.to_string(),
+                        profile: name.clone(),
+                        field: problem.path,
+                        reason: format!("document {}{at}: {}", document.index, problem.message),
+                    });
+                }
+            }
         }
     }
     docs

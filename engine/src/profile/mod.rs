@@ -198,7 +198,7 @@ spec:
         let errs = load(&VALID.replace("audience:", "audiense:")).unwrap_err();
         assert_eq!(errs.len(), 1, "{errs:?}");
         assert!(
-            errs[0].starts_with("profiles/test.yaml: profile \"demo\": spec.inject.serviceAccountToken.audiense: document 1: unknown field `audiense`, expected one of `audience`"),
+            errs[0].starts_with("profiles/test.yaml: profile \"demo\": spec.inject.serviceAccountToken.audiense: document 1, line 14 column 7: unknown field `audiense`, expected one of `audience`"),
             "{}",
             errs[0]
         );
@@ -329,7 +329,7 @@ spec:
         .unwrap_err()
         .join("\n");
         assert!(
-            joined.contains("spec.annotationSelector.matchExpressions[0].operator: document 1: unknown variant `Contains`, expected one of `In`, `NotIn`, `Exists`, `DoesNotExist`"),
+            joined.contains("spec.annotationSelector.matchExpressions[0].operator: document 1, line 10 column 43: unknown variant `Contains`, expected one of `In`, `NotIn`, `Exists`, `DoesNotExist`"),
             "{joined}"
         );
     }
@@ -348,13 +348,43 @@ spec:
     }
 
     #[test]
+    fn every_fault_in_a_document_is_reported_with_its_line_and_column() {
+        // Seven faults: four misspelt fields, two wrong types, one unknown variant.
+        let faulty = VALID
+            .replace("audience:", "audiense:")
+            .replace("  inject:\n", "  onConflict: ignore\n  onEnvConflict: 3\n  inject:\n")
+            .replace("selector:", "selektor:")
+            .replace(
+                "      mountPath: /var/run/secrets/keyward/sa-token\n",
+                "      mountPath: /var/run/secrets/keyward/sa-token\n      path: [token]\n      pth: x\n",
+            )
+            .replace("metadata:\n", "metadata:\n  labls: {}\n");
+        let errs = load(&faulty).unwrap_err();
+        assert_eq!(errs.len(), 7, "{errs:#?}");
+        for (field, at) in [
+            ("metadata.labls", "line 5 column 3: unknown field `labls`"),
+            ("spec.selektor", "line 8 column 3: unknown field `selektor`"),
+            ("spec.onConflict", "line 13 column 15: unknown variant `ignore`"),
+            ("spec.onEnvConflict", "line 14 column 18: invalid type: integer `3`"),
+            ("spec.inject.serviceAccountToken.audiense", "line 17 column 7: unknown field `audiense`"),
+            ("spec.inject.serviceAccountToken.path", "line 19 column 13: invalid type: sequence"),
+            ("spec.inject.serviceAccountToken.pth", "line 20 column 7: unknown field `pth`"),
+        ] {
+            let prefix = format!("profiles/test.yaml: profile \"demo\": {field}: document 1, {at}");
+            assert!(errs.iter().any(|e| e.starts_with(&prefix)), "{prefix} not in {errs:#?}");
+        }
+    }
+
+    #[test]
     fn on_conflict_takes_deny_or_skip() {
         let set = load(&VALID.replace("  inject:\n", "  onConflict: skip\n  inject:\n")).unwrap();
         assert_eq!(set.get("demo").unwrap().spec.on_conflict, ConflictPolicy::Skip);
         assert_eq!(load(VALID).unwrap().get("demo").unwrap().spec.on_conflict, ConflictPolicy::Deny);
         let joined = load(&VALID.replace("  inject:\n", "  onConflict: ignore\n  inject:\n")).unwrap_err().join("\n");
         assert!(
-            joined.contains("spec.onConflict: document 1: unknown variant `ignore`, expected `deny` or `skip`"),
+            joined.contains(
+                "spec.onConflict: document 1, line 12 column 15: unknown variant `ignore`, expected `deny` or `skip`"
+            ),
             "{joined}"
         );
     }
@@ -362,14 +392,16 @@ spec:
     #[test]
     fn bad_yaml_and_bad_template_name_the_problem() {
         let errs = load("spec: [unclosed").unwrap_err();
-        assert!(errs[0].starts_with("profiles/test.yaml: document 1: not valid YAML"), "{errs:?}");
+        assert_eq!(errs, ["profiles/test.yaml: not valid YAML: unclosed bracket '[' at line 1, column 7"]);
         let errs = load(&VALID.replace(
             "    serviceAccountToken:",
             "    serviceAccount:\n      name: \"{pod.name}-sa\"\n    serviceAccountToken:",
         ))
         .unwrap_err();
         assert!(
-            errs[0].contains("spec.inject.serviceAccount.name: document 1: unknown placeholder {pod.name}"),
+            errs[0].contains(
+                "spec.inject.serviceAccount.name: document 1, line 14 column 13: unknown placeholder {pod.name}"
+            ),
             "{errs:?}"
         );
     }
