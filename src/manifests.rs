@@ -175,14 +175,14 @@ mod tests {
         };
         let both = profile("both", "  selector: {matchLabels: {app: x}}\n  annotationSelector: {matchAnnotations: {example.com/auth: \"true\"}}\n");
         let alone =
-            profile("alone", "  annotationSelector: {matchExpressions: [{key: example.com/auth, operator: Exists}]}\n");
+            profile("alone", "  annotationSelector: {matchExpressions: [{key: example.com/mode, operator: Exists}]}\n");
         let set = ProfileSet::from_sources([("t.yaml".to_string(), format!("{both}---\n{alone}"))]).unwrap();
         let (l, a) = ("object.metadata.labels", "object.metadata.annotations");
         assert_eq!(
             match_expression(&set),
             format!(
                 "((has({l}) ? ((\"app\" in {l} && {l}[\"app\"] == \"x\")) : false) && (has({a}) ? ((\"example.com/auth\" in {a} && {a}[\"example.com/auth\"] == \"true\")) : false)) || \
-(has({a}) ? ((\"example.com/auth\" in {a})) : false)"
+(has({a}) ? ((\"example.com/mode\" in {a})) : false)"
             )
         );
     }

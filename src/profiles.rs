@@ -63,7 +63,7 @@ impl ProfileSource {
         let builtin = if self.with_builtin { ProfileSet::builtin()? } else { ProfileSet::default() };
         let mut set = match &self.dir {
             None => builtin,
-            Some(dir) => builtin.overlay(ProfileSet::from_sources(read_sources(dir)?)?),
+            Some(dir) => builtin.overlay(ProfileSet::from_sources(read_sources(dir)?)?)?,
         };
         for (profile, namespace) in &self.operator_namespaces {
             set.pin_operator_namespace(profile, namespace)

@@ -238,6 +238,38 @@ fn check_profiles_reports_every_problem_with_file_and_field() {
 }
 
 #[test]
+fn check_profiles_reports_every_parse_error_in_file_order_and_profiles_that_compete() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("my.yaml");
+    // The README's example.
+    let text = "apiVersion: keyward.io/v1alpha1\nkind: InjectionProfile\nmetadata:\n  name: demo\nspec:\n  selector:\n    matchLabels:\n      app.kubernetes.io/name: fms-lm-eval-service\n  onConflict: ignore\n  requesters:\n    usernames: [\"system:serviceaccount:*:demo-operator\"]\n  inject:\n    token:\n      mountPth: /x\n      secretName: s\n";
+    std::fs::write(&path, text).unwrap();
+    let p = path.display().to_string();
+    let o = keyward(&["check-profiles", "--profiles", &p], None);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        stderr(&o),
+        format!(
+            "keyward: error: {p}: profile \"demo\": spec.onConflict: document 1, line 9 column 15: unknown variant `ignore`, expected `deny` or `skip`\n\
+             {p}: profile \"demo\": spec.inject.token.mountPth: document 1, line 14 column 7: unknown field `mountPth`, expected one of `secretName`, `key`, `volumeName`, `mountPath`, `fileEnv`, `valueEnv`, `provider`\n"
+        )
+    );
+
+    // Fixed, it competes with the built-in lmeval for the fms-lm-eval-service driver pods.
+    std::fs::write(&path, text.replace("  onConflict: ignore\n", "").replace("mountPth", "mountPath")).unwrap();
+    let o = keyward(&["check-profiles", "--profiles", &p], None);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        stderr(&o),
+        format!(
+            "keyward: error: {p}: profile \"demo\": spec.selector: selects pods that profile \"lmeval\" (builtin:lmeval.yaml) selects too, for example a pod in any namespace with labels {{app.kubernetes.io/name=\"fms-lm-eval-service\"}} owned by a foundation-model-stack.github.com.github.com/LMEvalJob; keyward would refuse every such pod rather than guess which credentials it gets. Narrow spec.selector, spec.annotationSelector, spec.controllerOwners or spec.namespaces of one of them so that no pod matches both (to replace the built-in instead, name yours \"lmeval\")\n"
+        )
+    );
+    let o = keyward(&["check-profiles", "--no-default-profiles", "--profiles", &p], None);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+}
+
+#[test]
 fn serve_refuses_to_start_on_bad_settings() {
     let o = keyward(&["serve", "--listen", "127.0.0.1:0", "--metrics-listen", "off", "--tls-dir", "no-such-dir"], None);
     assert_one_line_error(&o, "--tls-dir no-such-dir: no such directory; mount the serving certificate Secret there");

@@ -394,6 +394,7 @@ fn builtins_and_account() -> ProfileSet {
     ProfileSet::builtin()
         .unwrap()
         .overlay(ProfileSet::from_sources([("r.yaml".to_string(), ACCOUNT_PROFILE.to_string())]).unwrap())
+        .unwrap()
 }
 
 #[tokio::test]

@@ -455,4 +455,5 @@ fn builtins_and_account() -> ProfileSet {
     ProfileSet::builtin()
         .unwrap()
         .overlay(ProfileSet::from_sources([("r.yaml".to_string(), ACCOUNT_PROFILE.to_string())]).unwrap())
+        .unwrap()
 }

@@ -41,7 +41,7 @@ fn bench(c: &mut Criterion) {
     let dir = format!("{}/tests/profiles", env!("CARGO_MANIFEST_DIR"));
     let examples = ["lmeval-job.yaml", "kuberay.yaml", "kserve-inferencegraph.yaml"]
         .map(|f| (format!("examples/{f}"), std::fs::read_to_string(format!("{dir}/{f}")).unwrap()));
-    let profiles = ProfileSet::builtin().unwrap().overlay(ProfileSet::from_sources(examples).unwrap());
+    let profiles = ProfileSet::builtin().unwrap().overlay(ProfileSet::from_sources(examples).unwrap()).unwrap();
     let operator = "system:serviceaccount:opendatahub:trustyai-service-operator-controller-manager";
     let lmeval: Value = serde_json::from_slice(&fixture("lmeval-driver-pod.json")).unwrap();
     let facts = RequestFacts::pod_create("team-a", Requester::User(operator));

@@ -232,7 +232,7 @@ spec:
     token: {secretName: api-key, mountPath: /var/run/secrets/keyward/token}
 "#,
     );
-    let set = examples().overlay(extra);
+    let set = examples().overlay(extra).unwrap();
     let d = decide(&create("team-a", LMEVAL_OPERATOR), &fixture("lmeval-driver-pod.json"), &set);
     assert_eq!(d.reason, Reason::Ambiguous);
     assert!(d.profile.is_none());

@@ -43,7 +43,7 @@ impl ProfileSet {
             }
         }
         if errors.is_empty() {
-            Ok(Self::new(profiles))
+            Self::checked(profiles)
         } else {
             Err(Error::Profiles(errors))
         }
@@ -71,7 +71,9 @@ fn parse_documents(source: &str, text: &str, errors: &mut Vec<ProfileError>) -> 
         let name = document.value.pointer("/metadata/name").and_then(serde_json::Value::as_str).map(str::to_string);
         match yaml::check::<ProfileDocument>(&document) {
             Ok(doc) => docs.push(doc),
-            Err(problems) => {
+            Err(mut problems) => {
+                // In the order they are in the file; those without a place last.
+                problems.sort_by_key(|p| p.position.map_or((usize::MAX, 0), |p| (p.line, p.column)));
                 for problem in problems {
                     let at = problem.position.map(|p| format!(", {p}")).unwrap_or_default();
                     errors.push(ProfileError {

@@ -8,6 +8,7 @@
 //! skipped injection.
 
 mod load;
+mod overlap;
 pub mod schema;
 mod validate;
 
@@ -16,6 +17,7 @@ pub use schema::{
     OwnerKind, ProfileDocument, ProfileSpec, Requesters, SelectorOperator, API_VERSION, KIND,
 };
 
+use crate::error::Error;
 use crate::names::{is_dns1123_label, service_account_pattern, DNS1123_LABEL_RULE};
 
 /// A profile that passed validation. Only these reach the engine.
@@ -61,23 +63,33 @@ impl Default for ProfileSet {
 }
 
 impl ProfileSet {
-    fn new(profiles: Vec<Profile>) -> Self {
+    pub(crate) fn new(profiles: Vec<Profile>) -> Self {
         let mut set = Self { profiles, annotation_keys: Vec::new() };
         set.annotation_keys = annotation_keys(&set.profiles);
         set
     }
 
     /// This set, with every profile of `overrides` added; an override replaces the profile of
-    /// the same name. This is how `--profiles DIR` extends or replaces the built-ins.
-    pub fn overlay(mut self, overrides: ProfileSet) -> Self {
+    /// the same name. This is how `--profiles DIR` extends or replaces the built-ins. Refused,
+    /// naming both, when an added profile selects pods that another one also selects.
+    pub fn overlay(mut self, overrides: ProfileSet) -> Result<Self, Error> {
         for profile in overrides.profiles {
             match self.profiles.iter_mut().find(|p| p.name == profile.name) {
                 Some(slot) => *slot = profile,
                 None => self.profiles.push(profile),
             }
         }
-        self.annotation_keys = annotation_keys(&self.profiles);
-        self
+        Self::checked(self.profiles)
+    }
+
+    /// A set of profiles validated one by one: refused when two select a common pod.
+    fn checked(profiles: Vec<Profile>) -> Result<Self, Error> {
+        let errors = overlap::overlaps(&profiles);
+        if errors.is_empty() {
+            Ok(Self::new(profiles))
+        } else {
+            Err(Error::Profiles(errors))
+        }
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &Profile> {
@@ -150,7 +162,6 @@ fn annotation_keys(profiles: &[Profile]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::Error;
 
     fn load(yaml: &str) -> Result<ProfileSet, Vec<String>> {
         ProfileSet::from_sources([("profiles/test.yaml".to_string(), yaml.to_string())]).map_err(|e| match e {
@@ -297,9 +308,67 @@ spec:
 
         let base = ProfileSet::builtin().unwrap();
         let user = load(&VALID.replace("name: demo", "name: lmeval")).unwrap();
-        let merged = base.clone().overlay(user);
+        let merged = base.clone().overlay(user).unwrap();
         assert_eq!(merged.len(), base.len());
         assert_eq!(merged.get("lmeval").unwrap().source, "profiles/test.yaml");
+    }
+
+    #[test]
+    fn profiles_that_select_a_common_pod_are_refused_naming_both_and_the_pod() {
+        let other = VALID
+            .replace("name: demo", "name: demo-wide")
+            .replace(
+                "    matchLabels:\n      app: demo\n",
+                "    matchExpressions:\n      - {key: app, operator: In, values: [web, demo]}\n",
+            )
+            .replace("  requesters:", "  namespaces: [\"team-*\"]\n  requesters:");
+        let errs = load(&format!("{VALID}---\n{other}")).unwrap_err();
+        assert_eq!(
+            errs,
+            [
+                "profiles/test.yaml: profile \"demo-wide\": spec.selector: selects pods that profile \"demo\" (profiles/test.yaml) selects too, for example a pod in namespace \"team-a\" with labels {app=\"demo\"}; keyward would refuse every such pod rather than guess which credentials it gets. Narrow spec.selector, spec.annotationSelector, spec.controllerOwners or spec.namespaces of one of them so that no pod matches both"
+            ]
+        );
+        // Narrowed apart by one term (a label value, a namespace, an owner): both load.
+        let in_ns = |ns: &str| VALID.replace("  requesters:", &format!("  namespaces: [{ns}]\n  requesters:"));
+        let owned = |yaml: &str, kind: &str| {
+            yaml.replace(
+                "  requesters:",
+                &format!("  controllerOwners: [{{apiGroup: batch, kind: {kind}}}]\n  requesters:"),
+            )
+        };
+        for (a, b) in [
+            (VALID.to_string(), other.replace("[web, demo]", "[web]")),
+            (in_ns("prod-a"), other.clone()),
+            // Both globs match "team-", which no namespace can be called.
+            (in_ns("\"*-\""), other.clone()),
+            (owned(VALID, "Job"), owned(&other, "CronJob")),
+        ] {
+            assert_eq!(load(&format!("{a}---\n{b}")).map(|s| s.len()), Ok(2), "{a}---\n{b}");
+        }
+        assert!(load(&format!("{}---\n{other}", in_ns("team-b"))).is_err());
+        // One that selects only some of another's pods is never used: refused. Two that meet
+        // only on pods carrying both their labels are not: such a pod is refused at admission.
+        let narrower = VALID
+            .replace("name: demo", "name: demo-gpu")
+            .replace("      app: demo\n", "      app: demo\n      tier: gpu\n");
+        let errs = load(&format!("{VALID}---\n{narrower}")).unwrap_err();
+        assert!(
+            errs[0].contains("for example a pod in any namespace with labels {app=\"demo\", tier=\"gpu\"}"),
+            "{errs:?}"
+        );
+        let elsewhere = narrower.replace("      app: demo\n", "");
+        assert_eq!(load(&format!("{VALID}---\n{elsewhere}")).map(|s| s.len()), Ok(2));
+
+        // A profile added to the built-ins that selects their pods: the fix names the built-in.
+        let lmeval = VALID
+            .replace("name: demo", "name: my-lmeval")
+            .replace("app: demo", "app.kubernetes.io/name: fms-lm-eval-service");
+        let err = ProfileSet::builtin().unwrap().overlay(load(&lmeval).unwrap()).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "profiles/test.yaml: profile \"my-lmeval\": spec.selector: selects pods that profile \"lmeval\" (builtin:lmeval.yaml) selects too, for example a pod in any namespace with labels {app.kubernetes.io/name=\"fms-lm-eval-service\"} owned by a foundation-model-stack.github.com.github.com/LMEvalJob; keyward would refuse every such pod rather than guess which credentials it gets. Narrow spec.selector, spec.annotationSelector, spec.controllerOwners or spec.namespaces of one of them so that no pod matches both (to replace the built-in instead, name yours \"lmeval\")"
+        );
     }
 
     #[test]
