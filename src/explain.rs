@@ -6,8 +6,8 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use clap::ValueEnum;
-use keyward_engine::review;
 use keyward_engine::{explain, Explanation, ProfileSet, RequestFacts, Requester};
+use keyward_engine::{review, yaml};
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
@@ -46,7 +46,7 @@ pub fn run(file: &Path, profiles: &ProfileSet, options: &ExplainOptions) -> anyh
     let after = pod_after(&explanation, &pod.value)?;
     let out = match options.output {
         OutputFormat::Json => serde_json::to_string_pretty(&report(&facts, &explanation, &after))? + "\n",
-        OutputFormat::Yaml => serde_yaml::to_string(&report(&facts, &explanation, &after))?,
+        OutputFormat::Yaml => serde_saphyr::to_string(&report(&facts, &explanation, &after))?,
         OutputFormat::Diff => diff(&pod.value, &after)?,
         OutputFormat::Text => text_report(&facts, &explanation, profiles),
     };
@@ -79,18 +79,32 @@ struct Pod {
 
 impl Input {
     fn parse(label: &str, text: &str) -> anyhow::Result<Self> {
-        let value: Value =
-            serde_yaml::from_str(text).map_err(|e| anyhow::anyhow!("{label}: not valid YAML or JSON: {e}"))?;
-        match value.get("kind").and_then(Value::as_str).unwrap_or_default() {
+        let documents =
+            yaml::documents(text).map_err(|e| anyhow::anyhow!("{label}: not valid YAML or JSON: {}", e.message))?;
+        let document = match <[yaml::Document; 1]>::try_from(documents) {
+            Ok([document]) => document,
+            Err(documents) if documents.is_empty() => bail!("{label}: empty; expected a Pod or an AdmissionReview"),
+            Err(documents) => bail!(
+                "{label}: {} documents; explain reads one Pod or AdmissionReview (e.g. kubectl get pod NAME -o yaml)",
+                documents.len()
+            ),
+        };
+        match document.value.get("kind").and_then(Value::as_str).unwrap_or_default() {
             "AdmissionReview" => {
-                let bytes = serde_json::to_vec(&value)?;
+                let bytes = serde_json::to_vec(&document.value)?;
                 let request = review::parse_request(&bytes).map_err(|e| anyhow::anyhow!("{label}: {e}"))?;
-                if matches!(request.object, review::Object::Missing) {
-                    bail!("{label}: the AdmissionReview has no request.object");
+                match document.subtree(&["request", "object"]) {
+                    Some(object) if !matches!(request.object, review::Object::Missing) => {
+                        check_pod(label, &object, "request.object.")?
+                    }
+                    _ => bail!("{label}: the AdmissionReview has no request.object"),
                 }
                 Ok(Self::Review(bytes, label.to_string()))
             }
-            "Pod" => Ok(Self::Pod(value)),
+            "Pod" => {
+                check_pod(label, &document, "")?;
+                Ok(Self::Pod(document.value))
+            }
             "" => bail!("{label}: no `kind`; expected a Pod or an AdmissionReview"),
             other => bail!("{label}: kind {other} is not a Pod or an AdmissionReview; for a Deployment or Job, explain its pod (e.g. kubectl get pod NAME -o yaml)"),
         }
@@ -136,6 +150,29 @@ impl Input {
     }
 }
 
+/// A pod that does not decode as a Pod never reaches a webhook: the apiserver refuses it first.
+/// Every such problem is reported, each with its field (`prefix` + path in the pod) and where
+/// it is in the file.
+fn check_pod(label: &str, pod: &yaml::Document, prefix: &str) -> anyhow::Result<()> {
+    let Err(problems) = yaml::check::<k8s_openapi::api::core::v1::Pod>(pod) else { return Ok(()) };
+    let lines: Vec<String> = problems
+        .iter()
+        .map(|p| {
+            let at = p.position.map(|p| format!(" ({p})")).unwrap_or_default();
+            let field = if p.path.is_empty() {
+                prefix.trim_end_matches('.').to_string()
+            } else {
+                format!("{prefix}{}", p.path)
+            };
+            format!("{label}: {field}{at}: {}", p.message)
+        })
+        .collect();
+    bail!(
+        "{label}: not a valid Pod, so the apiserver would refuse it before any webhook sees it:\n{}",
+        lines.join("\n")
+    )
+}
+
 /// The pod after the patch (the pod as submitted when there is none).
 fn pod_after(explanation: &Explanation, pod: &Value) -> anyhow::Result<Value> {
     let mut after = pod.clone();
@@ -171,8 +208,8 @@ fn requires(namespace: &str, explanation: &Explanation) -> Vec<Value> {
 }
 
 fn diff(before: &Value, after: &Value) -> anyhow::Result<String> {
-    let a = serde_yaml::to_string(before)?;
-    let b = serde_yaml::to_string(after)?;
+    let a = serde_saphyr::to_string(before)?;
+    let b = serde_saphyr::to_string(after)?;
     if a == b {
         return Ok("# no change\n".into());
     }

@@ -79,7 +79,7 @@ fn explain_an_admission_review_from_stdin_as_yaml() {
     let review = std::fs::read_to_string("tests/fixtures/admissionreview-lmeval.json").unwrap();
     let o = keyward(&["explain", "-o", "yaml", "-"], Some(&review));
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let v: Value = serde_yaml::from_str(&stdout(&o)).unwrap();
+    let v: Value = serde_saphyr::from_str(&stdout(&o)).unwrap();
     assert_eq!(v["allowed"], true);
     assert_eq!(v["profile"], "lmeval");
     assert_eq!(v["requires"][0]["name"], "evaljob-sample-lmeval-client");
@@ -181,15 +181,42 @@ fn explain_bad_input_is_one_clear_line() {
 }
 
 #[test]
-fn explain_reports_an_invalid_pod_as_a_refusal() {
-    let o = keyward(
-        &["explain", "-o", "json", "-"],
-        Some("apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  labels: {app.kubernetes.io/name: fms-lm-eval-service}\n  ownerReferences: [{apiVersion: foundation-model-stack.github.com.github.com/v1beta1, kind: LMEvalJob, name: j, uid: u, controller: true}]\nspec: {containers: nope}\n"),
+fn explain_names_every_field_the_apiserver_could_not_decode_where_it_is_in_the_file() {
+    let pod = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\nspec:\n  containers:\n  - name: main\n    image: x\n    env: {A: b}\n    ports:\n    - containerPort: http\n  restartPolicy: 4\n";
+    let o = keyward(&["explain", "-"], Some(pod));
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        stderr(&o),
+        "keyward: error: <stdin>: not a valid Pod, so the apiserver would refuse it before any webhook sees it:\n\
+         <stdin>: spec.containers[0].env (line 9 column 10): invalid type: map, expected a sequence\n\
+         <stdin>: spec.containers[0].ports[0].containerPort (line 11 column 22): invalid type: string \"http\", expected i32\n\
+         <stdin>: spec.restartPolicy (line 12 column 18): invalid type: integer `4`, expected a string\n"
     );
-    assert_eq!(o.status.code(), Some(3));
-    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
-    assert_eq!(v["reason"], "invalid-pod");
-    assert!(v["message"].as_str().unwrap().contains("expected spec.containers as a list"), "{v}");
+
+    // In an AdmissionReview (pretty JSON, as kubectl or a log gives it): the field from the
+    // review's root, the place in the file.
+    let mut review: Value =
+        serde_json::from_str(&std::fs::read_to_string("tests/fixtures/admissionreview-lmeval.json").unwrap()).unwrap();
+    review["request"]["object"]["spec"]["restartPolicy"] = json!(4);
+    let text = serde_json::to_string_pretty(&review).unwrap();
+    let (line, column) = text
+        .lines()
+        .enumerate()
+        .find_map(|(i, l)| l.find("\"restartPolicy\": 4").map(|c| (i + 1, c + "\"restartPolicy\": ".len() + 1)))
+        .unwrap();
+    let o = keyward(&["explain", "-"], Some(&text));
+    assert_eq!(
+        stderr(&o),
+        format!(
+            "keyward: error: <stdin>: not a valid Pod, so the apiserver would refuse it before any webhook sees it:\n\
+             <stdin>: request.object.spec.restartPolicy (line {line} column {column}): invalid type: integer `4`, expected a string\n"
+        )
+    );
+
+    assert_one_line_error(
+        &keyward(&["explain", "-"], Some(&format!("{pod}---\n{pod}"))),
+        "<stdin>: 2 documents; explain reads one Pod or AdmissionReview (e.g. kubectl get pod NAME -o yaml)",
+    );
 }
 
 #[test]

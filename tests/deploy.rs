@@ -4,7 +4,6 @@
 
 use std::process::Command;
 
-use serde::Deserialize;
 use serde_json::{json, Value};
 
 fn root() -> &'static str {
@@ -17,7 +16,8 @@ fn render(overlay: &str) -> Vec<Value> {
         .output()
         .unwrap_or_else(|e| panic!("kubectl kustomize: {e} (kubectl v1.27+ with built-in kustomize is needed)"));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    serde_yaml::Deserializer::from_slice(&out.stdout).map(|d| Value::deserialize(d).unwrap()).collect()
+    let text = String::from_utf8(out.stdout).unwrap();
+    keyward_engine::yaml::documents(&text).unwrap().into_iter().map(|d| d.value).collect()
 }
 
 fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {

@@ -14,7 +14,6 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 use keyward_certs::pki::Ca;
-use serde::Deserialize;
 use serde_json::Value;
 
 fn root() -> PathBuf {
@@ -28,7 +27,8 @@ fn render(overlay: &str) -> Vec<Value> {
     let out =
         out.unwrap_or_else(|e| panic!("kubectl kustomize: {e} (kubectl v1.27+ with built-in kustomize is needed)"));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    serde_yaml::Deserializer::from_slice(&out.stdout).map(|d| Value::deserialize(d).unwrap()).collect()
+    let text = String::from_utf8(out.stdout).unwrap();
+    keyward_engine::yaml::documents(&text).unwrap().into_iter().map(|d| d.value).collect()
 }
 
 /// Runs `script` in bash with `deploy/e2e/lib.sh` sourced.

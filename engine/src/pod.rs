@@ -196,6 +196,17 @@ pub struct Read<'a> {
     pub spec: Option<&'a RawValue>,
 }
 
+/// A decoding error without serde_json's `at line L column C`: those count in the apiserver's
+/// encoding of the object, which the pod's author never sees; the field path says where.
+fn reason(e: serde_json::Error) -> String {
+    let text = e.to_string();
+    let position = format!(" at line {} column {}", e.line(), e.column());
+    match text.strip_suffix(&position) {
+        Some(text) => text.to_string(),
+        None => text,
+    }
+}
+
 /// Reads the pod object in one pass: `metadata` decoded (keeping the values of the annotations
 /// in `keep`), `spec` kept raw for later.
 pub fn read<'a>(object: &'a RawValue, keep: &[String]) -> Result<Read<'a>, String> {
@@ -203,7 +214,7 @@ pub fn read<'a>(object: &'a RawValue, keep: &[String]) -> Result<Read<'a>, Strin
         return Err("expected an object".into());
     }
     let mut de = serde_json::Deserializer::from_str(object.get());
-    ReadSeed { keep }.deserialize(&mut de).map_err(|e| e.to_string())
+    ReadSeed { keep }.deserialize(&mut de).map_err(reason)
 }
 
 /// Scans `spec` for what `wanted` names. A first pass reads only the fields that name each
@@ -253,7 +264,7 @@ pub fn spec<'a>(raw: Option<&'a RawValue>, wanted: &Wanted<'_>) -> Result<Spec<'
 fn scan<'a>(raw: &'a RawValue, wanted: &Wanted<'_>, full: bool) -> Result<Spec<'a>, String> {
     wanted.hits.set(0);
     let mut de = serde_json::Deserializer::from_str(raw.get());
-    SpecSeed { wanted, full }.deserialize(&mut de).map_err(|e| e.to_string())?.ok_or_else(|| "spec is null".into())
+    SpecSeed { wanted, full }.deserialize(&mut de).map_err(reason)?.ok_or_else(|| "spec is null".into())
 }
 
 /// The most volumes, besides the injections' own, read to compare with an injection's (see
@@ -672,7 +683,7 @@ fn element<'de, T: Deserialize<'de>, E: de::Error>(
     if !is_object(raw) {
         return Err(E::custom(format_args!("{what}[{index}]: expected an object")));
     }
-    serde_json::from_str(raw.get()).map_err(|e| E::custom(format_args!("{what}[{index}]: {e}")))
+    serde_json::from_str(raw.get()).map_err(|e| E::custom(format_args!("{what}[{index}]: {}", reason(e))))
 }
 
 struct VolumesSeed<'w> {

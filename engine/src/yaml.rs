@@ -59,6 +59,31 @@ pub struct Document {
     pub positions: Positions,
 }
 
+impl Document {
+    /// The node at `keys` (`["request", "object"]`) as a document of its own, its positions
+    /// kept: problems found in it have paths relative to it, and positions in the whole text.
+    pub fn subtree(&self, keys: &[&str]) -> Option<Document> {
+        let mut value = &self.value;
+        for key in keys {
+            value = value.get(key)?;
+        }
+        let prefix = keys.join(".");
+        let relative = |map: &HashMap<String, Position>| -> HashMap<String, Position> {
+            map.iter()
+                .filter_map(|(path, at)| {
+                    let rest = match path.strip_prefix(&prefix)? {
+                        rest if rest.is_empty() || rest.starts_with('[') => rest,
+                        rest => rest.strip_prefix('.')?,
+                    };
+                    Some((rest.to_string(), *at))
+                })
+                .collect()
+        };
+        let positions = Positions { keys: relative(&self.positions.keys), values: relative(&self.positions.values) };
+        Some(Document { index: self.index, value: value.clone(), positions })
+    }
+}
+
 /// A document that is not YAML, with where.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
@@ -354,6 +379,18 @@ mod tests {
                 "line 3 column 3 spec.nme: unknown field `nme`, expected one of `name`, `count`, `items`",
             ]
         );
+    }
+
+    #[test]
+    fn a_subtree_keeps_its_positions_in_the_whole_text() {
+        let text = "request:\n  uid: u\n  object:\n    spec:\n      name: 3\n      count: x\n  objectx: {}\n";
+        let docs = documents(text).unwrap();
+        let object = docs[0].subtree(&["request", "object"]).unwrap();
+        assert_eq!(object.value, serde_json::json!({"spec": {"name": 3, "count": "x"}}));
+        assert_eq!(object.positions.value("spec.count"), Some(Position { line: 6, column: 14 }));
+        assert_eq!(object.positions.key("spec"), Some(Position { line: 4, column: 5 }));
+        assert!(object.positions.value("x").is_none());
+        assert!(docs[0].subtree(&["request", "missing"]).is_none());
     }
 
     #[test]

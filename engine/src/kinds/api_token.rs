@@ -41,6 +41,6 @@ mod tests {
         let injection = with_pod(None, &[], |pod| spec.plan(pod)).unwrap();
         assert_eq!(injection.api_token, ApiToken::Remove);
         assert!(injection.service_account.is_none() && injection.volume.is_none());
-        assert!(serde_yaml::from_str::<RemoveApiToken>("keep").is_err());
+        assert!(serde_saphyr::from_str::<RemoveApiToken>("keep").is_err());
     }
 }

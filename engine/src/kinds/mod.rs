@@ -87,7 +87,7 @@ pub(crate) mod testing {
     use crate::names::{Labels, TemplateContext};
 
     pub(crate) fn yaml<T: serde::de::DeserializeOwned>(text: &str) -> T {
-        serde_yaml::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"))
+        serde_saphyr::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"))
     }
 
     pub(crate) fn with_pod<R>(
