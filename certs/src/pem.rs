@@ -125,8 +125,8 @@ pub fn load_pair(cert_pem: &[u8], key_pem: &[u8], cert_path: &Path, key_path: &P
 }
 
 /// The RSA key sizes ring signs with.
-const MIN_RSA_BITS: usize = 2048;
-const MAX_RSA_BITS: usize = 8192;
+const MIN_RSA_BITS: u64 = 2048;
+const MAX_RSA_BITS: u64 = 8192;
 
 /// A PEM parse error in words (pki-types prints the offending line as a list of bytes).
 pub(crate) fn pem_error(e: &rustls::pki_types::pem::Error) -> String {
@@ -143,45 +143,32 @@ pub(crate) fn pem_error(e: &rustls::pki_types::pem::Error) -> String {
 }
 
 /// The size of an RSA private key's modulus, in bits, when `key` is RSA (PKCS#1 or PKCS#8).
-fn rsa_modulus_bits(key: &PrivateKeyDer<'_>) -> Option<usize> {
-    // RSAPrivateKey ::= SEQUENCE { version INTEGER, modulus INTEGER, ... }
-    fn pkcs1_modulus(der: &[u8]) -> Option<usize> {
-        let (0x30, body, _) = der_tlv(der)? else { return None };
-        let (0x02, _, rest) = der_tlv(body)? else { return None };
-        let (0x02, modulus, _) = der_tlv(rest)? else { return None };
-        let significant = modulus.iter().position(|b| *b != 0).map(|i| &modulus[i..])?;
-        Some((significant.len() - 1) * 8 + (8 - significant[0].leading_zeros() as usize))
+fn rsa_modulus_bits(key: &PrivateKeyDer<'_>) -> Option<u64> {
+    use x509_parser::asn1_rs::{Integer, OctetString, Sequence};
+    use x509_parser::oid_registry::OID_PKCS1_RSAENCRYPTION;
+    use x509_parser::x509::AlgorithmIdentifier;
+    // RSAPrivateKey ::= SEQUENCE { version INTEGER, modulus INTEGER, ... } (RFC 8017)
+    fn pkcs1(der: &[u8]) -> Option<u64> {
+        let (_, key) = Sequence::from_der(der).ok()?;
+        let (rest, _version) = Integer::from_der(&key.content).ok()?;
+        let (_, modulus) = Integer::from_der(rest).ok()?;
+        // Unsigned, big-endian: the bits from the first one set.
+        let bytes: &[u8] = modulus.as_ref();
+        let first = bytes.iter().position(|b| *b != 0)?;
+        Some((bytes.len() - first) as u64 * 8 - u64::from(bytes[first].leading_zeros()))
     }
     match key {
-        PrivateKeyDer::Pkcs1(k) => pkcs1_modulus(k.secret_pkcs1_der()),
+        PrivateKeyDer::Pkcs1(k) => pkcs1(k.secret_pkcs1_der()),
         PrivateKeyDer::Pkcs8(k) => {
-            // PrivateKeyInfo ::= SEQUENCE { version, AlgorithmIdentifier, OCTET STRING }
-            const RSA_ENCRYPTION: &[u8] = &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x01];
-            let (0x30, body, _) = der_tlv(k.secret_pkcs8_der())? else { return None };
-            let (0x02, _, rest) = der_tlv(body)? else { return None };
-            let (0x30, algorithm, rest) = der_tlv(rest)? else { return None };
-            let (0x06, oid, _) = der_tlv(algorithm)? else { return None };
-            let (0x04, inner, _) = der_tlv(rest)? else { return None };
-            (oid == RSA_ENCRYPTION).then(|| pkcs1_modulus(inner)).flatten()
+            // PrivateKeyInfo ::= SEQUENCE { version, AlgorithmIdentifier, OCTET STRING } (RFC 5208)
+            let (_, info) = Sequence::from_der(k.secret_pkcs8_der()).ok()?;
+            let (rest, _version) = Integer::from_der(&info.content).ok()?;
+            let (rest, algorithm) = AlgorithmIdentifier::from_der(rest).ok()?;
+            let (_, inner) = OctetString::from_der(rest).ok()?;
+            (algorithm.algorithm == OID_PKCS1_RSAENCRYPTION).then(|| pkcs1(inner.as_cow())).flatten()
         }
         _ => None,
     }
-}
-
-/// One DER tag-length-value: `(tag, value, rest)`.
-fn der_tlv(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
-    let (&tag, input) = input.split_first()?;
-    let (&first, input) = input.split_first()?;
-    let (len, input) = if first < 0x80 {
-        (usize::from(first), input)
-    } else {
-        let n = usize::from(first & 0x7f);
-        if n == 0 || n > 4 || input.len() < n {
-            return None;
-        }
-        (input[..n].iter().fold(0usize, |acc, b| acc << 8 | usize::from(*b)), &input[n..])
-    };
-    (input.len() >= len).then(|| (tag, &input[..len], &input[len..]))
 }
 
 /// Parses a PEM certificate chain (no key), e.g. a `ca.crt`.
