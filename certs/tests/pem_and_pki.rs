@@ -9,6 +9,7 @@ use std::time::SystemTime;
 use keyward_certs::pem::{load_pair, read_pair};
 use keyward_certs::pki::{ensure_dev_dir, Ca, DEV_NAMES};
 use keyward_certs::Error;
+use rustls::pki_types::pem::PemObject;
 use support::*;
 
 fn load(cert: &str, key: &str) -> Result<keyward_certs::ServingCert, Error> {
@@ -185,6 +186,92 @@ fn dev_dir_is_minted_once_then_reused_and_covers_extra_names() {
         let mode = std::fs::metadata(dir.join(key)).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600, "{key}");
     }
+}
+
+/// What a certificate may be used for, as a verifier reads it: (CA with its path length,
+/// key usages, extended key usages, URI names).
+fn usages(cert_pem: &str) -> (Option<Option<u32>>, Vec<&'static str>, Vec<&'static str>, Vec<String>) {
+    use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
+    let der = rustls::pki_types::CertificateDer::from_pem_slice(cert_pem.as_bytes()).unwrap();
+    let (_, cert) = X509Certificate::from_der(&der).unwrap();
+    let ca = cert.basic_constraints().unwrap().map(|b| b.value).filter(|b| b.ca).map(|b| b.path_len_constraint);
+    let mut key_usage = Vec::new();
+    if let Some(ku) = cert.key_usage().unwrap() {
+        for (set, name) in [
+            (ku.value.digital_signature(), "digitalSignature"),
+            (ku.value.key_encipherment(), "keyEncipherment"),
+            (ku.value.key_cert_sign(), "keyCertSign"),
+            (ku.value.crl_sign(), "cRLSign"),
+        ] {
+            if set {
+                key_usage.push(name);
+            }
+        }
+    }
+    let mut extended = Vec::new();
+    if let Some(eku) = cert.extended_key_usage().unwrap() {
+        let eku = eku.value;
+        for (set, name) in [
+            (eku.any, "any"),
+            (eku.server_auth, "serverAuth"),
+            (eku.client_auth, "clientAuth"),
+            (eku.code_signing, "codeSigning"),
+            (eku.email_protection, "emailProtection"),
+            (eku.time_stamping, "timeStamping"),
+            (eku.ocsp_signing, "OCSPSigning"),
+            (!eku.other.is_empty(), "other"),
+        ] {
+            if set {
+                extended.push(name);
+            }
+        }
+    }
+    let uris = cert
+        .subject_alternative_name()
+        .unwrap()
+        .map(|san| {
+            san.value
+                .general_names
+                .iter()
+                .filter_map(|n| match n {
+                    GeneralName::URI(u) => Some(u.to_string()),
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    (ca, key_usage, extended, uris)
+}
+
+/// A certificate is an identity: a client certificate that also served TLS, or a serving one
+/// that also authenticated a client, would let one stand in for the other.
+#[test]
+fn every_kind_of_certificate_is_for_its_one_use() {
+    use rcgen::DnType;
+    let now = SystemTime::now();
+    let ca = ca();
+    let none: Vec<String> = Vec::new();
+    assert_eq!(
+        usages(ca.cert_pem()),
+        (Some(Some(0)), vec!["digitalSignature", "keyCertSign", "cRLSign"], vec![], none.clone())
+    );
+
+    let serving = ca.issue_serving(&["keyward.keyward.svc".to_string()], now, DAY).unwrap();
+    assert_eq!(usages(&serving.cert_pem), (None, vec!["digitalSignature"], vec!["serverAuth"], none.clone()));
+
+    let client = ca.issue_client("system:serviceaccount:team-a:evaljob-sample", now, DAY).unwrap();
+    assert_eq!(usages(&client.cert_pem), (None, vec!["digitalSignature"], vec!["clientAuth"], none.clone()));
+
+    let uri = "spiffe://cluster.local/ns/team-a/lmevaljob/evaljob-sample";
+    let identity = ca.issue_client_identity(&[(DnType::CommonName, "evaljob-sample")], uri, now, DAY).unwrap();
+    assert_eq!(usages(&identity.cert_pem), (None, vec!["digitalSignature"], vec!["clientAuth"], vec![uri.to_string()]));
+
+    // The development directory: its CA and its serving certificate.
+    let tmp = tempfile::tempdir().unwrap();
+    ensure_dev_dir(tmp.path(), &[], now).unwrap();
+    let read = |file: &str| std::fs::read_to_string(tmp.path().join(file)).unwrap();
+    assert_eq!(usages(&read("ca.crt")).0, Some(Some(0)));
+    assert_eq!(usages(&read("tls.crt")), (None, vec!["digitalSignature"], vec!["serverAuth"], none));
 }
 
 #[test]
