@@ -188,9 +188,17 @@ fn dev_dir_is_minted_once_then_reused_and_covers_extra_names() {
     }
 }
 
-/// What a certificate may be used for, as a verifier reads it: (CA with its path length,
-/// key usages, extended key usages, URI names).
-fn usages(cert_pem: &str) -> (Option<Option<u32>>, Vec<&'static str>, Vec<&'static str>, Vec<String>) {
+/// What a certificate may be used for, as a verifier reads it.
+#[derive(Debug, PartialEq)]
+struct Usages {
+    /// A CA, with its path length constraint.
+    ca: Option<Option<u32>>,
+    key: Vec<&'static str>,
+    extended: Vec<&'static str>,
+    uris: Vec<String>,
+}
+
+fn usages(cert_pem: &str) -> Usages {
     use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
     let der = rustls::pki_types::CertificateDer::from_pem_slice(cert_pem.as_bytes()).unwrap();
     let (_, cert) = X509Certificate::from_der(&der).unwrap();
@@ -240,7 +248,7 @@ fn usages(cert_pem: &str) -> (Option<Option<u32>>, Vec<&'static str>, Vec<&'stat
                 .collect()
         })
         .unwrap_or_default();
-    (ca, key_usage, extended, uris)
+    Usages { ca, key: key_usage, extended, uris }
 }
 
 /// A certificate is an identity: a client certificate that also served TLS, or a serving one
@@ -250,28 +258,36 @@ fn every_kind_of_certificate_is_for_its_one_use() {
     use rcgen::DnType;
     let now = SystemTime::now();
     let ca = ca();
-    let none: Vec<String> = Vec::new();
-    assert_eq!(
-        usages(ca.cert_pem()),
-        (Some(Some(0)), vec!["digitalSignature", "keyCertSign", "cRLSign"], vec![], none.clone())
-    );
+    let leaf = |extended: &'static str, uris: &[&str]| Usages {
+        ca: None,
+        key: vec!["digitalSignature"],
+        extended: vec![extended],
+        uris: uris.iter().map(|u| u.to_string()).collect(),
+    };
+    let a_ca = Usages {
+        ca: Some(Some(0)),
+        key: vec!["digitalSignature", "keyCertSign", "cRLSign"],
+        extended: vec![],
+        uris: vec![],
+    };
+    assert_eq!(usages(ca.cert_pem()), a_ca);
 
     let serving = ca.issue_serving(&["keyward.keyward.svc".to_string()], now, DAY).unwrap();
-    assert_eq!(usages(&serving.cert_pem), (None, vec!["digitalSignature"], vec!["serverAuth"], none.clone()));
+    assert_eq!(usages(&serving.cert_pem), leaf("serverAuth", &[]));
 
     let client = ca.issue_client("system:serviceaccount:team-a:evaljob-sample", now, DAY).unwrap();
-    assert_eq!(usages(&client.cert_pem), (None, vec!["digitalSignature"], vec!["clientAuth"], none.clone()));
+    assert_eq!(usages(&client.cert_pem), leaf("clientAuth", &[]));
 
     let uri = "spiffe://cluster.local/ns/team-a/lmevaljob/evaljob-sample";
     let identity = ca.issue_client_identity(&[(DnType::CommonName, "evaljob-sample")], uri, now, DAY).unwrap();
-    assert_eq!(usages(&identity.cert_pem), (None, vec!["digitalSignature"], vec!["clientAuth"], vec![uri.to_string()]));
+    assert_eq!(usages(&identity.cert_pem), leaf("clientAuth", &[uri]));
 
     // The development directory: its CA and its serving certificate.
     let tmp = tempfile::tempdir().unwrap();
     ensure_dev_dir(tmp.path(), &[], now).unwrap();
     let read = |file: &str| std::fs::read_to_string(tmp.path().join(file)).unwrap();
-    assert_eq!(usages(&read("ca.crt")).0, Some(Some(0)));
-    assert_eq!(usages(&read("tls.crt")), (None, vec!["digitalSignature"], vec!["serverAuth"], none));
+    assert_eq!(usages(&read("ca.crt")), a_ca);
+    assert_eq!(usages(&read("tls.crt")), leaf("serverAuth", &[]));
 }
 
 #[test]
