@@ -187,6 +187,172 @@ mod tests {
         );
     }
 
+    // === the conditions' meaning, evaluated as CEL ===
+
+    use keyward_engine::names::Labels;
+    use keyward_engine::profile::LabelSelector;
+    use keyward_engine::select::label_selector_matches;
+    use proptest::prelude::*;
+
+    /// What the apiserver would decide: `expression` evaluated on the pod, as CEL.
+    fn cel_selects(expression: &str, pod: &Value) -> bool {
+        let program = cel::Program::compile(expression).unwrap_or_else(|e| panic!("{expression}: {e}"));
+        let mut context = cel::Context::default();
+        context.add_variable("object", cel::to_value(pod).unwrap()).unwrap();
+        match program.execute(&context) {
+            Ok(cel::Value::Bool(b)) => b,
+            // An error or a non-boolean: the apiserver then applies failurePolicy.
+            other => panic!("{expression} on {pod}: {other:?}"),
+        }
+    }
+
+    fn map_of(pod: &Value, field: &str) -> Labels<'static> {
+        pod["metadata"][field]
+            .as_object()
+            .map(|m| {
+                m.iter().map(|(k, v)| (k.clone().into(), v.as_str().unwrap_or_default().to_string().into())).collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// What keyward's own selection decides on labels and annotations (the part the
+    /// conditions stand for: owners and namespaces are checked by keyward).
+    fn engine_selects(set: &ProfileSet, pod: &Value) -> bool {
+        let (labels, annotations) = (map_of(pod, "labels"), map_of(pod, "annotations"));
+        set.iter().any(|p| {
+            let a = &p.spec.annotation_selector;
+            let a = LabelSelector {
+                match_labels: a.match_annotations.clone(),
+                match_expressions: a.match_expressions.clone(),
+            };
+            label_selector_matches(&p.spec.selector, &labels).is_ok()
+                && label_selector_matches(&a, &annotations).is_ok()
+        })
+    }
+
+    /// Every pod fixture (bare, or the object of a review), with its file.
+    fn fixture_pods() -> Vec<(String, Value)> {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
+        let mut pods = Vec::new();
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "json") {
+                let v: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+                let pod = if v["kind"] == "AdmissionReview" { v["request"]["object"].clone() } else { v };
+                if pod["kind"] == "Pod" {
+                    pods.push((path.display().to_string(), pod));
+                }
+            }
+        }
+        pods
+    }
+
+    #[test]
+    fn the_conditions_send_keyward_exactly_the_fixture_pods_a_profile_selects() {
+        let examples = ["lmeval-job.yaml", "kuberay.yaml", "kserve-inferencegraph.yaml"].map(|name| {
+            let path = format!("{}/engine/tests/profiles/{name}", env!("CARGO_MANIFEST_DIR"));
+            (path.clone(), std::fs::read_to_string(path).unwrap())
+        });
+        let builtin = ProfileSet::builtin().unwrap();
+        let with_examples = builtin.clone().overlay(ProfileSet::from_sources(examples).unwrap()).unwrap();
+        let mut pods = fixture_pods();
+        assert!(pods.len() >= 10, "{} fixtures", pods.len());
+        // And each with its labels gone, and with every label's value changed.
+        for (file, pod) in pods.clone() {
+            let mut bare = pod.clone();
+            bare["metadata"].as_object_mut().unwrap().remove("labels");
+            pods.push((format!("{file} without labels"), bare));
+            let mut other = pod;
+            for value in other["metadata"]["labels"].as_object_mut().into_iter().flat_map(|m| m.values_mut()) {
+                *value = json!(format!("{}-other", value.as_str().unwrap_or_default()));
+            }
+            pods.push((format!("{file} with other label values"), other));
+        }
+        for set in [builtin, with_examples] {
+            let expression = match_expression(&set);
+            let mut selected = 0;
+            for (file, pod) in &pods {
+                let want = engine_selects(&set, pod);
+                assert_eq!(cel_selects(&expression, pod), want, "{file}");
+                selected += usize::from(want);
+            }
+            // Both outcomes occur, so the comparison means something.
+            assert!(selected > 0 && selected < pods.len(), "{selected} of {}", pods.len());
+        }
+    }
+
+    fn requirement() -> impl Strategy<Value = Value> {
+        let keys = prop::sample::select(vec!["app", "tier", "example.com/team"]);
+        let values = prop::collection::vec(prop::sample::select(vec!["a", "b", "c"]), 1..3);
+        prop_oneof![
+            (keys.clone(), values.clone()).prop_map(|(k, v)| json!({"key": k, "operator": "In", "values": v})),
+            (keys.clone(), values).prop_map(|(k, v)| json!({"key": k, "operator": "NotIn", "values": v})),
+            keys.clone().prop_map(|k| json!({"key": k, "operator": "Exists"})),
+            keys.prop_map(|k| json!({"key": k, "operator": "DoesNotExist"})),
+        ]
+    }
+
+    fn selector() -> impl Strategy<Value = (BTreeMap<String, String>, Vec<Value>)> {
+        let exact = prop::collection::btree_map(
+            prop::sample::select(vec!["app".to_string(), "tier".to_string(), "example.com/team".to_string()]),
+            prop::sample::select(vec!["a".to_string(), "b".to_string()]),
+            0..2,
+        );
+        (exact, prop::collection::vec(requirement(), 0..3))
+    }
+
+    /// Absent, empty, or some of the keys with some of the values.
+    fn string_map() -> impl Strategy<Value = Option<BTreeMap<String, String>>> {
+        prop::option::of(prop::collection::btree_map(
+            prop::sample::select(vec![
+                "app".to_string(),
+                "tier".to_string(),
+                "example.com/team".to_string(),
+                "other".to_string(),
+            ]),
+            prop::sample::select(vec!["a".to_string(), "b".to_string(), "c".to_string(), "".to_string()]),
+            0..4,
+        ))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(400))]
+
+        /// Any profile's label and annotation selectors: the condition holds on a pod exactly
+        /// when the profile selects it. A condition that skips a selected pod would leave it
+        /// without credentials; one that sends others only costs a call.
+        #[test]
+        fn the_condition_holds_exactly_when_the_selectors_match(
+            (labels_exact, labels_expr) in selector(),
+            (annotations_exact, annotations_expr) in selector(),
+            pod_labels in string_map(),
+            pod_annotations in string_map(),
+        ) {
+            let profile = json!({
+                "apiVersion": "keyward.io/v1alpha1", "kind": "InjectionProfile", "metadata": {"name": "gen"},
+                "spec": {
+                    "selector": {"matchLabels": labels_exact, "matchExpressions": labels_expr},
+                    "annotationSelector": {"matchAnnotations": annotations_exact, "matchExpressions": annotations_expr},
+                    "requesters": {"usernames": ["bot"]},
+                    "inject": {"apiToken": "remove"}
+                }
+            });
+            // A selector that validation refuses (an empty one) is not a case.
+            let set = ProfileSet::from_sources([("gen.yaml".to_string(), profile.to_string())]);
+            prop_assume!(set.is_ok());
+            let set = set.unwrap();
+            let mut metadata = json!({"name": "p"});
+            if let Some(labels) = pod_labels {
+                metadata["labels"] = json!(labels);
+            }
+            if let Some(annotations) = pod_annotations {
+                metadata["annotations"] = json!(annotations);
+            }
+            let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata});
+            prop_assert_eq!(cel_selects(&match_expression(&set), &pod), engine_selects(&set, &pod));
+        }
+    }
+
     #[test]
     fn quotes_are_escaped() {
         assert_eq!(cel_str("a\"b\\c"), "\"a\\\"b\\\\c\"");
