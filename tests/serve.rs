@@ -8,7 +8,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use base64::Engine as _;
-use keyward_engine::review;
 use rustls::pki_types::pem::PemObject;
 use serde_json::{json, Value};
 use support::*;
@@ -35,22 +34,47 @@ async fn a_matching_pod_gets_the_patch_and_others_pass_untouched() {
     assert_eq!(r["allowed"], true);
     assert_eq!(r["patchType"], "JSONPatch");
     assert_eq!(r["auditAnnotations"]["profile"], "lmeval");
-    // The patch on the wire is the engine's, and applies to the pod the apiserver sent.
+    // The patch applies to the pod the apiserver sent, and gives the pod the fms driver reads
+    // (backend/driver/driver.go: GRPC_CLIENT_CERT, GRPC_CLIENT_KEY, GRPC_SERVER_CA), written
+    // out here by hand rather than taken from the engine under test.
     let patch = decode_patch(&response);
-    let request: Value = serde_json::from_slice(&review).unwrap();
-    let parsed = review::parse_request(&review).unwrap();
-    let attestor = DirAttestor::load(server.attestation_dir.as_ref().unwrap().path());
-    let expected = keyward_engine::decide(
-        &parsed.facts().attested_by(&attestor),
-        parsed.object.raw().unwrap(),
-        &keyward_engine::ProfileSet::builtin().unwrap(),
-    );
-    assert_eq!(patch, serde_json::to_value(expected.patch()).unwrap());
     assert_eq!(patch[0], json!({"op": "add", "path": "/spec/automountServiceAccountToken", "value": false}));
+    let request: Value = serde_json::from_slice(&review).unwrap();
     let mut pod = request["request"]["object"].clone();
     json_patch::patch(&mut pod, &serde_json::from_value::<json_patch::Patch>(patch).unwrap()).unwrap();
-    assert_eq!(pod["spec"]["automountServiceAccountToken"], false);
+    let mut expected = request["request"]["object"].clone();
+    let spec = &mut expected["spec"];
+    spec["automountServiceAccountToken"] = json!(false);
+    let volumes = spec["volumes"].as_array_mut().unwrap();
+    volumes.retain(|v| v["name"] != "kube-api-access-2wfbn");
+    volumes.extend([
+        json!({"name": "keyward-client-cert", "secret": {"secretName": "evaljob-sample-lmeval-client", "defaultMode": 420}}),
+        json!({"name": "keyward-server-ca", "configMap": {"name": "keyward-lmeval-server-ca", "items": [{"key": "ca.crt", "path": "ca.crt"}], "defaultMode": 420}}),
+    ]);
+    for list in ["initContainers", "containers"] {
+        let mounts = spec[list][0]["volumeMounts"].as_array_mut().unwrap();
+        mounts.retain(|m| m["name"] != "kube-api-access-2wfbn");
+    }
+    let main = &mut spec["containers"][0];
+    main["volumeMounts"].as_array_mut().unwrap().extend([
+        json!({"name": "keyward-client-cert", "mountPath": "/var/run/secrets/keyward/lmeval-client", "readOnly": true}),
+        json!({"name": "keyward-server-ca", "mountPath": "/var/run/secrets/keyward/lmeval-server-ca", "readOnly": true}),
+    ]);
+    main["env"].as_array_mut().unwrap().extend([
+        json!({"name": "GRPC_CLIENT_CERT", "value": "/var/run/secrets/keyward/lmeval-client/tls.crt"}),
+        json!({"name": "GRPC_CLIENT_KEY", "value": "/var/run/secrets/keyward/lmeval-client/tls.key"}),
+        json!({"name": "GRPC_SERVER_CA", "value": "/var/run/secrets/keyward/lmeval-server-ca/ca.crt"}),
+    ]);
+    expected["metadata"]["annotations"]["keyward.io/injected"] = json!(
+        r#"{"profile":"lmeval","injected":[{"kind":"clientCertificate","secret":"evaljob-sample-lmeval-client","volume":"keyward-client-cert","mountPath":"/var/run/secrets/keyward/lmeval-client"},{"kind":"serverCA","configMap":"keyward-lmeval-server-ca","volume":"keyward-server-ca","mountPath":"/var/run/secrets/keyward/lmeval-server-ca"},{"kind":"apiToken","apiToken":"remove"}],"containers":["main"]}"#
+    );
+    let mut without_attestation = pod.clone();
+    let attestation =
+        without_attestation["metadata"]["annotations"].as_object_mut().unwrap().remove("keyward.io/attestation");
+    assert!(attestation.is_some(), "{pod}");
+    assert_eq!(without_attestation, expected);
     // The admission attestation, signed with the mounted key over the owner and the record.
+    let attestor = DirAttestor::load(server.attestation_dir.as_ref().unwrap().path());
     let annotations = &pod["metadata"]["annotations"];
     let owner = &pod["metadata"]["ownerReferences"][0];
     let payload = keyward_engine::attest::payload(

@@ -390,18 +390,74 @@ fn reinvocation_after_another_webhook_adds_a_container_mounts_only_that_containe
     );
 }
 
+/// What the apiserver does to a pod between two webhook calls: it decodes the patched object
+/// and defaults it again (kubernetes pkg/apis/core/v1/defaults.go: SetDefaults_SecretVolumeSource,
+/// _ConfigMapVolumeSource, _ProjectedVolumeSource (defaultMode 0644), _ServiceAccountTokenProjection
+/// (expirationSeconds 3600), _Container (terminationMessagePath, terminationMessagePolicy,
+/// imagePullPolicy), _ObjectFieldSelector (apiVersion v1)), then encodes it, leaving out empty
+/// optional fields (`omitempty`: `readOnly: false`, `subPath: ""`).
+fn apiserver_defaults(pod: &mut Value) {
+    // Only where the object is there: indexing a serde_json value would create it.
+    fn or_insert(node: Option<&mut Value>, key: &str, value: Value) {
+        if let Some(Value::Object(m)) = node {
+            m.entry(key.to_string()).or_insert(value);
+        }
+    }
+    fn items<'a>(node: &'a mut Value, pointer: &str) -> impl Iterator<Item = &'a mut Value> {
+        node.pointer_mut(pointer).and_then(Value::as_array_mut).into_iter().flatten()
+    }
+    for volume in items(pod, "/spec/volumes") {
+        for source in ["secret", "configMap", "projected", "downwardAPI"] {
+            or_insert(volume.get_mut(source), "defaultMode", json!(420));
+        }
+        for source in items(volume, "/projected/sources") {
+            or_insert(source.get_mut("serviceAccountToken"), "expirationSeconds", json!(3600));
+        }
+    }
+    for list in ["/spec/initContainers", "/spec/containers"] {
+        for container in items(pod, list) {
+            or_insert(Some(&mut *container), "terminationMessagePath", json!("/dev/termination-log"));
+            or_insert(Some(&mut *container), "terminationMessagePolicy", json!("File"));
+            or_insert(Some(&mut *container), "imagePullPolicy", json!("IfNotPresent"));
+            for env in items(container, "/env") {
+                or_insert(env.pointer_mut("/valueFrom/fieldRef"), "apiVersion", json!("v1"));
+            }
+            for mount in items(container, "/volumeMounts").filter_map(Value::as_object_mut) {
+                mount.retain(|k, v| !((k == "readOnly" && *v == false) || (k == "subPath" && *v == "")));
+            }
+        }
+    }
+}
+
 #[test]
 fn reinvocation_after_apiserver_defaulting_is_a_no_op() {
-    // Between webhook calls the apiserver defaults the object; our volumes must still compare equal.
-    let set = profiles(MINIMAL_PROFILE);
+    // Every kind the example profiles inject, on a pod the apiserver sent, patched, then
+    // defaulted and re-encoded by the apiserver as it is before a reinvocation.
+    let set = examples();
+    let facts = create("team-a", LMEVAL_OPERATOR);
+    let (d, mut after) = admit(&facts, &fixture("lmeval-driver-pod.json"), &set);
+    assert_eq!(d.reason, Reason::Injected);
+    let kinds: Vec<&str> = d.outcome.as_ref().unwrap().injections.iter().map(|(kind, _)| *kind).collect();
+    assert_eq!(kinds, ["clientCertificate", "serverCA", "serviceAccountToken", "serviceAccount"]);
+    apiserver_defaults(&mut after);
+    let again = decide(&facts, &after, &set);
+    assert_eq!(again.reason, Reason::AlreadyInjected, "{:?}", again.message());
+    assert!(again.patch().is_empty(), "{:?}", again.patch());
+
+    // The same with a profile that leaves the token's expiration to its default, and a mount
+    // the apiserver writes without `readOnly: false`.
+    let set = profiles(&MINIMAL_PROFILE.replace(
+        "  inject:\n",
+        "  inject:\n    serviceAccountToken: {audience: a, mountPath: /var/run/secrets/keyward/sa-token}\n",
+    ));
     let facts = create("default", "ci-bot");
     let pod = json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "p", "labels": {"app": "minimal", "team": "blue"}},
-        "spec": {"containers": [{"name": "c", "image": "busybox"}]}
+        "spec": {"containers": [{"name": "c", "image": "busybox", "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File", "imagePullPolicy": "Always"}]}
     });
     let (_, mut after) = admit(&facts, &pod, &set);
-    after["spec"]["volumes"][0]["secret"].as_object_mut().unwrap().remove("defaultMode");
+    apiserver_defaults(&mut after);
     assert!(decide(&facts, &after, &set).patch().is_empty());
 }
 
