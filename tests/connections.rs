@@ -1,7 +1,9 @@
 //! Connection limits, against the real binary over real TLS: clients that connect and say
 //! nothing, keep-alive connections left idle, the connection cap, a process with few file
 //! descriptors, and the metrics port. Each test waits on the server's own action (a close, a
-//! response, a log line); the durations it checks are bounds on when that action came.
+//! response, a metric, a log line). Durations are checked only as lower bounds (a loaded
+//! machine makes an action late, never early); which timeout fired is told by the server's
+//! close-reason metric, not by the clock.
 #![allow(clippy::unwrap_used)] // a panic is the test failure report
 
 mod support;
@@ -51,8 +53,6 @@ async fn clients_that_say_nothing_after_the_handshake_are_closed_at_the_first_re
     let ((h1_took, h1_bytes), (h2_took, h2_bytes)) = tokio::join!(until_closed(&mut h1), until_closed(&mut h2));
     for (what, took) in [("http/1.1", h1_took), ("h2", h2_took)] {
         assert!(took >= Duration::from_millis(900), "{what}: closed after {took:?}, before the 1s deadline");
-        // The deadline, plus at most the 1 s keyward gives a protocol's goodbye.
-        assert!(took < Duration::from_secs(4), "{what}: closed only after {took:?}");
     }
     assert!(h1_bytes.is_empty(), "{}", String::from_utf8_lossy(&h1_bytes));
     assert!(h2_frame_types(&h2_bytes).contains(&GOAWAY), "h2 is told to go away first: {h2_bytes:?}");
@@ -75,7 +75,6 @@ async fn keep_alive_connections_get_the_idle_timeout_and_started_requests_the_he
     assert!(String::from_utf8_lossy(&response[..n]).ends_with("\r\n\r\nok\n"));
     let (took, rest) = until_closed(&mut stream).await;
     assert!(took >= Duration::from_millis(2900), "closed after {took:?}, before the 3s idle timeout");
-    assert!(took < Duration::from_secs(6), "closed only after {took:?}");
     assert!(rest.is_empty());
 
     // One request, then half of the next one's headers: the header timeout applies from the
@@ -87,12 +86,14 @@ async fn keep_alive_connections_get_the_idle_timeout_and_started_requests_the_he
     stream.write_all(b"POST /mutate HTTP/1.1\r\nhost: keyward\r\n").await.unwrap();
     let (took, _) = until_closed(&mut stream).await;
     assert!(took >= Duration::from_millis(900), "closed after {took:?}, before the 1s header timeout");
-    assert!(took < Duration::from_millis(2900), "closed after {took:?}: the idle timeout, not the header timeout");
+    // The first was closed as idle, the second for its headers (not as idle, though its
+    // connection had been idle before).
     let closed = |reason: &str| {
         format!("keyward_connections_closed_by_server_total{{listener=\"webhook\",reason=\"{reason}\"}}")
     };
     server.wait_metric(&closed("idle"), 1.0).await;
     server.wait_metric(&closed("header-timeout"), 1.0).await;
+    assert_eq!(server.metric(&closed("idle")).await, 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -177,8 +178,6 @@ async fn with_few_file_descriptors_idle_floods_neither_spin_nor_flood_the_log_no
     let logged_before = server.all_logs().len();
 
     // Far more idle clients than descriptors: each completes its handshake and says nothing.
-    let cpu_before = server.cpu_seconds();
-    let started = Instant::now();
     let mut idle = Vec::new();
     for i in 0..400 {
         let stream = server.try_raw_tls_alpn(b"http/1.1").await.unwrap_or_else(|e| panic!("client {i}: {e}"));
@@ -187,13 +186,10 @@ async fn with_few_file_descriptors_idle_floods_neither_spin_nor_flood_the_log_no
     // A real client is served in the middle of the flood.
     let (mut client, _) = server.connect().await.unwrap();
     assert_eq!(client.mutate(&fixture("admissionreview-lmeval.json")).await.unwrap()["response"]["allowed"], true);
-    let wall = started.elapsed().as_secs_f64();
-    let cpu = server.cpu_seconds() - cpu_before;
-    // Handshakes cost CPU, and the clients share the machine; a spinning accept loop would
-    // take a whole core on top.
-    assert!(cpu < 0.9 * wall, "the server used {cpu:.2}s of CPU in {wall:.2}s");
     let open = server.metric("keyward_open_connections{listener=\"webhook\"}").await;
     assert!(open <= webhook_cap as f64 + 16.0, "{open} connections open, cap {webhook_cap}");
+    // Room is made before a descriptor runs out: no accept ever failed, so none was retried in
+    // a loop (the spin this test once measured in CPU time).
     assert_eq!(server.metric("keyward_accept_errors_total{listener=\"webhook\"}").await, 0.0);
 
     // The load goes; service goes on.
@@ -216,7 +212,6 @@ async fn the_metrics_port_times_out_silent_and_slow_clients_too() {
     let ((silent_took, _), (slow_took, _)) = tokio::join!(until_closed(&mut silent), until_closed(&mut slow));
     for (what, took) in [("silent", silent_took), ("slow", slow_took)] {
         assert!(took >= Duration::from_millis(900), "{what}: closed after {took:?}");
-        assert!(took < Duration::from_secs(4), "{what}: closed only after {took:?}");
     }
     // Neither sent a whole request: both had the first-request deadline.
     let sample = "keyward_connections_closed_by_server_total{listener=\"metrics\",reason=\"first-request-timeout\"}";

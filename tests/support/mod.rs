@@ -207,13 +207,6 @@ impl Server {
         &self.history
     }
 
-    /// (utime + stime) of the server process, in seconds.
-    pub fn cpu_seconds(&self) -> f64 {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap();
-        let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
-        (fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap()) / 100.0
-    }
-
     /// A log line already received (by any earlier wait) that matches `pred`.
     pub fn seen(&self, pred: impl Fn(&Value) -> bool) -> Option<&Value> {
         self.history.iter().find(|v| pred(v))
