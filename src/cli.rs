@@ -37,6 +37,9 @@ enum Command {
     /// Print Kubernetes manifests generated from the profiles.
     #[command(subcommand)]
     Manifests(ManifestsCommand),
+    /// Mint certificates for an install without cert-manager, or inspect them.
+    #[command(subcommand)]
+    Certs(crate::certs::CertsCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -94,6 +97,7 @@ impl Cli {
                 print!("{}", crate::manifests::webhook_yaml(&set, &options)?);
                 Ok(ExitCode::SUCCESS)
             }
+            Command::Certs(command) => crate::certs::run(command),
             Command::CheckProfiles(args) => {
                 let source = args.source();
                 let profiles = source.load()?;

@@ -4,6 +4,7 @@
 //! - [`pem`]: parse `tls.crt` + `tls.key`, check the key matches the leaf, the chain order and
 //!   the validity window.
 //! - [`attestation`]: the admission attestation's HMAC keys, hot-reloaded from a directory.
+//! - [`inspect`]: what a certificate file or directory holds, and whether a TLS peer accepts it.
 //! - [`keys`]: private keys in PKCS#8, SEC1 or PKCS#1, as the PKCS#8 that rcgen signs with.
 //! - [`pki`]: mint a development CA and serving certificate (ECDSA P-256), and keep them in a
 //!   directory, reusing them while they are valid.
@@ -14,6 +15,7 @@
 
 pub mod attestation;
 mod error;
+pub mod inspect;
 pub mod keys;
 pub mod pem;
 pub mod pki;

@@ -330,7 +330,7 @@ fn inspect_chain(chain: &[CertificateDer<'_>], path: &Path) -> Result<CertInfo, 
     })
 }
 
-fn to_system_time(unix: i64) -> SystemTime {
+pub(crate) fn to_system_time(unix: i64) -> SystemTime {
     if unix >= 0 {
         UNIX_EPOCH + Duration::from_secs(unix.unsigned_abs())
     } else {
@@ -338,6 +338,6 @@ fn to_system_time(unix: i64) -> SystemTime {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
