@@ -138,6 +138,7 @@ pub(crate) fn pem_error(e: &rustls::pki_types::pem::Error) -> String {
             format!("the {label:?} section has no end line (-----END {label}-----); is the file cut short?")
         }
         Pem::IllegalSectionStart { line } => format!("malformed section start line {:?}", text(line)),
+        Pem::NoItemsFound => "no PEM section (-----BEGIN …-----) in it".into(),
         other => other.to_string(),
     }
 }

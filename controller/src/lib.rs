@@ -8,6 +8,7 @@
 //! - [`reconcile`]: the writes, each behind the leadership check and the ownership check.
 //! - [`leader`]: Lease-based leader election (client-go semantics).
 //! - [`run`]: the watches, the work queue with backoff, and the periodic resync.
+//! - [`serving`]: the webhook's serving certificate and `caBundle`, when keyward manages them (pure).
 
 #![warn(unreachable_pub)]
 
@@ -23,6 +24,7 @@ pub mod objects;
 pub mod queue;
 pub mod reconcile;
 pub mod run;
+pub mod serving;
 
 pub use error::Error;
 pub use leader::{LeaderElector, Leadership, LeaseConfig};
