@@ -80,6 +80,33 @@ pub struct ControllerArgs {
     /// How often the attestation key is replaced; the previous key stays valid one period more.
     #[arg(long, env = "KEYWARD_ATTESTATION_KEY_ROTATION", default_value = "168h", value_parser = parse_duration)]
     attestation_key_rotation: Duration,
+    /// Where the webhook's serving certificate comes from: `external` (cert-manager, OpenShift's
+    /// service CA, or an admin) or `self-managed` (keyward's leader makes it in
+    /// --serving-secret and keeps the webhook's caBundle trusting it).
+    #[arg(long, env = "KEYWARD_SERVING_CERT", value_enum, default_value_t = ServingCert::External)]
+    serving_cert: ServingCert,
+    /// The Secret in --namespace holding the self-managed CA and serving certificate.
+    #[arg(long, env = "KEYWARD_SERVING_SECRET", default_value = "keyward-serving")]
+    serving_secret: String,
+    /// The MutatingWebhookConfiguration whose caBundle keyward keeps (self-managed).
+    #[arg(long, env = "KEYWARD_WEBHOOK_CONFIG", default_value = "keyward")]
+    webhook_config: String,
+    /// The webhook's Service in --namespace: its DNS names go into the serving certificate,
+    /// and its endpoints are asked which certificate they serve (self-managed).
+    #[arg(long, env = "KEYWARD_SERVICE", default_value = "keyward")]
+    service: String,
+    /// How long a self-managed serving CA is valid; replaced at two thirds of that.
+    #[arg(long, env = "KEYWARD_SERVING_CA_VALIDITY", default_value = "87600h", value_parser = parse_duration)]
+    serving_ca_validity: Duration,
+    /// How long a self-managed serving certificate is valid; renewed at two thirds of that.
+    #[arg(long, env = "KEYWARD_SERVING_CERT_VALIDITY", default_value = "8760h", value_parser = parse_duration)]
+    serving_cert_validity: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ServingCert {
+    External,
+    SelfManaged,
 }
 
 pub fn run(args: ControllerArgs) -> anyhow::Result<()> {
@@ -115,6 +142,23 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
             args.client_cert_validity
         );
     }
+    let serving = match args.serving_cert {
+        ServingCert::External => None,
+        ServingCert::SelfManaged => {
+            let mut serving = keyward_controller::self_managed::SelfManaged::new(
+                &args.serving_secret,
+                &args.webhook_config,
+                &args.service,
+                &args.namespace,
+            );
+            serving.certs.ca_validity = args.serving_ca_validity;
+            serving.certs.leaf_validity = args.serving_cert_validity;
+            if let Err(problem) = serving.certs.check() {
+                bail!("--serving-ca-validity, --serving-cert-validity: {problem}");
+            }
+            Some(serving)
+        }
+    };
     let identity = match args.identity.clone() {
         Some(id) if !id.is_empty() => id,
         _ => std::env::var("HOSTNAME")
@@ -166,6 +210,7 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         namespace: args.namespace.clone(),
         attestation_secret: args.attestation_secret.clone(),
         attestation_rotation: args.attestation_key_rotation,
+        serving,
     };
     let reconciler = Arc::new(Reconciler::new(
         client.clone(),

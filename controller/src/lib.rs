@@ -8,6 +8,7 @@
 //! - [`reconcile`]: the writes, each behind the leadership check and the ownership check.
 //! - [`leader`]: Lease-based leader election (client-go semantics).
 //! - [`run`]: the watches, the work queue with backoff, and the periodic resync.
+//! - [`self_managed`]: the same against the API: the leader writes the Secret and `caBundle`.
 //! - [`serving`]: the webhook's serving certificate and `caBundle`, when keyward manages them (pure).
 
 #![warn(unreachable_pub)]
@@ -24,6 +25,7 @@ pub mod objects;
 pub mod queue;
 pub mod reconcile;
 pub mod run;
+pub mod self_managed;
 pub mod serving;
 
 pub use error::Error;

@@ -110,6 +110,8 @@ pub struct Metrics {
     reconcile_errors: Family<ResultLabels, Counter>,
     conditions: Family<ConditionLabels, Gauge>,
     refused: Family<ResultLabels, Counter>,
+    serving_changes: Family<ResultLabels, Counter>,
+    serving_expiry: Family<ResultLabels, Gauge>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -165,8 +167,22 @@ impl Default for Metrics {
         for r in Refusal::ALL {
             let _ = refused.get_or_create(&ResultLabels { result: r.as_str() });
         }
+        let serving_changes = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "serving_changes",
+            "Changes to the self-managed serving certificate and the webhook's caBundle, by result (created|leaf-renewed|ca-introduced|ca-switched|ca-retired|dropped|ca-bundle-repaired)",
+            serving_changes.clone(),
+        );
+        let serving_expiry = Family::<ResultLabels, Gauge>::default();
+        registry.register(
+            "serving_expiry_timestamp_seconds",
+            "When the self-managed serving certificate expires, by result (leaf|ca), in Unix seconds",
+            serving_expiry.clone(),
+        );
         Self {
             registry: Mutex::new(registry),
+            serving_changes,
+            serving_expiry,
             objects,
             leader,
             next_expiry,
@@ -223,6 +239,20 @@ impl Metrics {
     /// How many were refused for `refusal` (tests).
     pub fn refused_count(&self, refusal: Refusal) -> u64 {
         self.refused.get_or_create(&ResultLabels { result: refusal.as_str() }).get()
+    }
+
+    pub fn serving_change(&self, what: &'static str) {
+        self.serving_changes.get_or_create(&ResultLabels { result: what }).inc();
+    }
+
+    /// How many serving changes of `what` (tests).
+    pub fn serving_change_count(&self, what: &'static str) -> u64 {
+        self.serving_changes.get_or_create(&ResultLabels { result: what }).get()
+    }
+
+    /// When the serving `leaf` or `ca` expires.
+    pub fn set_serving_expiry(&self, what: &'static str, unix_seconds: i64) {
+        self.serving_expiry.get_or_create(&ResultLabels { result: what }).set(unix_seconds);
     }
 
     /// Everything, in the text exposition format.

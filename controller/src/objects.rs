@@ -17,6 +17,8 @@ pub enum Scope {
     Owner,
     ClientCa,
     Attestation,
+    /// The self-managed serving certificate.
+    Serving,
 }
 
 impl Scope {
@@ -26,6 +28,7 @@ impl Scope {
             Self::Owner => "owner",
             Self::ClientCa => "client-ca",
             Self::Attestation => "attestation",
+            Self::Serving => "serving",
         }
     }
 }

@@ -60,6 +60,9 @@ pub struct Settings {
     pub attestation_secret: String,
     /// How often the attestation key is replaced (the previous one stays valid a period more).
     pub attestation_rotation: Duration,
+    /// `--serving-cert self-managed`: keyward makes the webhook's serving certificate and
+    /// keeps `caBundle` trusting it.
+    pub serving: Option<crate::self_managed::SelfManaged>,
 }
 
 impl Default for Settings {
@@ -73,6 +76,7 @@ impl Default for Settings {
             namespace: "keyward-system".into(),
             attestation_secret: "keyward-attestation".into(),
             attestation_rotation: Duration::from_secs(7 * 24 * 3600),
+            serving: None,
         }
     }
 }
@@ -879,6 +883,23 @@ impl Reconciler {
         let next = rotated_at + rotation - now;
         let wait = Duration::try_from(next).unwrap_or_default().max(Duration::from_secs(1));
         Ok(Outcome::At(tokio::time::Instant::now() + wait))
+    }
+
+    /// The self-managed serving certificate and `caBundle`, when keyward manages them.
+    pub async fn serving_cert(&self) -> Result<Outcome, Error> {
+        match &self.settings.serving {
+            Some(serving) => {
+                crate::self_managed::reconcile(
+                    &self.client,
+                    &self.leader,
+                    &self.metrics,
+                    &self.settings.namespace,
+                    serving,
+                )
+                .await
+            }
+            None => Ok(Outcome::Done),
+        }
     }
 
     // === shared ===

@@ -13,7 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::ListParams;
 use kube::runtime::reflector::{self, Store};
@@ -50,12 +51,14 @@ pub enum Key {
     Sources,
     /// The attestation key Secret: created, rotated, read.
     AttestationKey,
+    /// The self-managed serving certificate Secret and the webhook's `caBundle`.
+    ServingCert,
 }
 
 impl Key {
     /// What the periodic resync, and a replica that becomes leader, queue.
-    pub const EVERYTHING: [Key; 5] =
-        [Key::AttestationKey, Key::Sources, Key::AllNamespaces, Key::Sweep, Key::PublishClientCa];
+    pub const EVERYTHING: [Key; 6] =
+        [Key::ServingCert, Key::AttestationKey, Key::Sources, Key::AllNamespaces, Key::Sweep, Key::PublishClientCa];
 }
 
 impl QueueKey for Key {
@@ -202,6 +205,29 @@ pub async fn run(
         });
     }
 
+    // The self-managed serving certificate: its Secret and the webhook configuration, each
+    // watched by name, so a wiped caBundle or a damaged Secret is repaired at once.
+    if let Some(serving) = reconciler.settings().serving.clone() {
+        let ns = reconciler.settings().namespace.clone();
+        let secret = format!("metadata.name={}", serving.secret);
+        let config = format!("metadata.name={}", serving.webhook_config);
+        touch(
+            watcher(Api::<Secret>::namespaced(client.clone(), &ns), watcher::Config::default().fields(&secret)),
+            Key::ServingCert,
+            &tx,
+            &mut tasks,
+        );
+        touch(
+            watcher(
+                Api::<MutatingWebhookConfiguration>::all(client.clone()),
+                watcher::Config::default().fields(&config),
+            ),
+            Key::ServingCert,
+            &tx,
+            &mut tasks,
+        );
+    }
+
     // The periodic resync.
     let tick_tx = tx.clone();
     let resync = settings.resync;
@@ -293,6 +319,30 @@ pub async fn run(
     }
     workers.abort_all();
     tasks.abort_all();
+}
+
+/// Queues `key` whenever the watch sees a change.
+fn touch<K>(
+    stream: impl Stream<Item = watcher::Result<Event<K>>> + Send + 'static,
+    key: Key,
+    tx: &mpsc::UnboundedSender<Key>,
+    tasks: &mut JoinSet<()>,
+) where
+    K: Resource + Clone + std::fmt::Debug + Send + 'static,
+{
+    let tx = tx.clone();
+    tasks.spawn(async move {
+        let stream = stream.default_backoff().touched_objects();
+        futures::pin_mut!(stream);
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(_) => {
+                    let _ = tx.send(key.clone());
+                }
+                Err(e) => tracing::warn!(error = %e, ?key, "watch failed; retrying with backoff"),
+            }
+        }
+    });
 }
 
 fn queue_everything(queue: &mut Queue<Key>, index: &Index) {
@@ -500,6 +550,7 @@ fn key_label(key: &Key) -> &'static str {
         Key::PublishClientCa => "client-ca",
         Key::Sources => "sources",
         Key::AttestationKey => "attestation-key",
+        Key::ServingCert => "serving-cert",
     }
 }
 
@@ -560,6 +611,7 @@ async fn work(
             Err(e) => Err(e),
         },
         Key::AttestationKey => reconciler.attestation_key().await,
+        Key::ServingCert => reconciler.serving_cert().await,
     };
     match result {
         Ok(outcome) => outcome,

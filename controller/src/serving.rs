@@ -127,6 +127,35 @@ pub enum Change {
     },
 }
 
+impl Change {
+    /// The metric label.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Change::Created { .. } => "created",
+            Change::LeafRenewed { .. } => "leaf-renewed",
+            Change::CaIntroduced => "ca-introduced",
+            Change::CaSwitched => "ca-switched",
+            Change::CaRetired => "ca-retired",
+            Change::Dropped { .. } => "dropped",
+        }
+    }
+
+    /// The log line's words.
+    pub fn describe(&self) -> String {
+        match self {
+            Change::Created { replaced: None } => "serving CA and certificate created".into(),
+            Change::Created { replaced: Some(why) } => {
+                format!("serving CA and certificate replaced, since the Secret's could not be used: {why}")
+            }
+            Change::LeafRenewed { why } => format!("serving certificate renewed: {why}"),
+            Change::CaIntroduced => "a new serving CA added to caBundle; it signs nothing until every apiserver has read it".into(),
+            Change::CaSwitched => "the serving certificate is now signed by the new CA; the old CA stays in caBundle until every replica serves the new certificate".into(),
+            Change::CaRetired => "every replica serves the new certificate; the old CA removed from caBundle".into(),
+            Change::Dropped { file, why } => format!("{file} dropped from the Secret: {why}"),
+        }
+    }
+}
+
 // === plan ===
 
 /// What the Secret and `caBundle` must hold at `now`.

@@ -480,7 +480,18 @@ impl FakeApi {
                     return (409, Some(status(409, "Conflict", "the object has been modified; please apply your changes to the latest version and try again")));
                 }
                 let mut object = current;
-                merge(&mut object, &patch);
+                if patch.is_array() {
+                    // A JSON patch (RFC 6902): a failed `test` is refused, as the apiserver does.
+                    let ops: json_patch::Patch = match serde_json::from_value(patch.clone()) {
+                        Ok(ops) => ops,
+                        Err(e) => return (400, Some(status(400, "BadRequest", &e.to_string()))),
+                    };
+                    if let Err(e) = json_patch::patch(&mut object, &ops) {
+                        return (422, Some(status(422, "Invalid", &e.to_string())));
+                    }
+                } else {
+                    merge(&mut object, &patch);
+                }
                 state.rv += 1;
                 object["metadata"]["resourceVersion"] = json!(state.rv.to_string());
                 previous = state.objects.insert(key, object.clone());

@@ -1,0 +1,215 @@
+//! `--serving-cert self-managed` against the in-process fake API: the first start, a valid
+//! Secret left alone, a wiped caBundle repaired by the running controller, garbage replaced, a
+//! Secret keyward does not manage left alone, API errors retried, and only the leader writing.
+//! The rotation protocol itself is tested on the pure planner (`serving.rs`).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic is the test failure report
+
+mod support;
+
+use std::time::Duration;
+
+use base64::Engine as _;
+use keyward_controller::reconcile::Settings;
+use keyward_controller::self_managed::SelfManaged;
+use keyward_controller::{LeaderElector, Leadership, LeaseConfig};
+use keyward_engine::ProfileSet;
+use serde_json::{json, Value};
+use support::*;
+
+const LIMIT: Duration = Duration::from_secs(20);
+const MWC: &str = "admissionregistration.k8s.io/v1";
+
+fn self_managed() -> Settings {
+    Settings {
+        serving: Some(SelfManaged::new("keyward-serving", "keyward", "keyward", "keyward-system")),
+        ..settings()
+    }
+}
+
+/// The webhook configuration as `deploy/base/webhook.yaml` installs it: no caBundle yet.
+fn webhook_config() -> Value {
+    json!({
+        "apiVersion": MWC, "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": "keyward"},
+        "webhooks": [{
+            "name": "pods.keyward.io",
+            "admissionReviewVersions": ["v1"], "sideEffects": "None", "failurePolicy": "Fail",
+            "clientConfig": {"service": {"name": "keyward", "namespace": "keyward-system", "path": "/mutate", "port": 443}},
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"], "scope": "Namespaced"}]
+        }]
+    })
+}
+
+fn ca_bundle(fake: &FakeApi) -> Option<String> {
+    let config = fake.get(MWC, "MutatingWebhookConfiguration", "", "keyward")?;
+    let b64 = config["webhooks"][0]["clientConfig"]["caBundle"].as_str()?;
+    Some(String::from_utf8(base64::engine::general_purpose::STANDARD.decode(b64).unwrap()).unwrap())
+}
+
+fn serving_secret(fake: &FakeApi) -> Option<Value> {
+    fake.get("v1", "Secret", "keyward-system", "keyward-serving")
+}
+
+fn writes_to(fake: &FakeApi, resource: &str) -> Vec<String> {
+    fake.writes().into_iter().filter(|c| c.resource.ends_with(resource)).map(|c| c.method).collect()
+}
+
+#[tokio::test]
+async fn the_first_start_makes_the_secret_after_the_bundle_trusts_its_ca_and_then_leaves_them_alone() {
+    let fake = FakeApi::default();
+    fake.seed(webhook_config());
+    let ca = client_ca();
+    let r = reconciler_with(
+        fake.client("keyward"),
+        ProfileSet::builtin().unwrap(),
+        &ca,
+        Leadership::always(),
+        self_managed(),
+    );
+    r.serving_cert().await.unwrap();
+
+    let secret = serving_secret(&fake).unwrap();
+    assert_eq!(secret["type"], "kubernetes.io/tls");
+    assert_eq!(secret["metadata"]["labels"]["app.kubernetes.io/managed-by"], "keyward");
+    assert_eq!(secret["metadata"]["labels"]["keyward.io/provisioned-for"], "serving");
+    let keys: Vec<&str> = secret["data"].as_object().unwrap().keys().map(String::as_str).collect();
+    assert_eq!(keys, ["ca.crt", "ca.key", "tls.crt", "tls.key"]);
+    let ca_pem = secret_data(&secret, "ca.crt");
+    assert_eq!(ca_bundle(&fake).unwrap(), ca_pem);
+    keyward_controller::serving::served_as(
+        secret_data(&secret, "tls.crt").as_bytes(),
+        ca_pem.as_bytes(),
+        "keyward.keyward-system.svc",
+        now(),
+    )
+    .unwrap();
+    // caBundle first: the apiserver trusts the CA before any replica can serve its leaf.
+    let order: Vec<(String, String)> =
+        fake.writes().into_iter().map(|c| (c.method, c.resource.rsplit('/').next().unwrap().to_string())).collect();
+    assert_eq!(
+        order,
+        [
+            ("PATCH".to_string(), "mutatingwebhookconfigurations".to_string()),
+            ("POST".to_string(), "secrets".to_string())
+        ]
+    );
+    assert_eq!(r.metrics().serving_change_count("created"), 1);
+
+    // Again: valid, so nothing is written.
+    fake.clear_calls();
+    r.serving_cert().await.unwrap();
+    assert_eq!(fake.writes().len(), 0, "{:#?}", fake.writes());
+    assert_eq!(r.metrics().serving_change_count("ca-bundle-repaired"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_ca_bundle_is_repaired_by_the_running_controller() {
+    let fake = FakeApi::default();
+    fake.seed(webhook_config());
+    let ca = client_ca();
+    let r = reconciler_with(
+        fake.client("keyward"),
+        ProfileSet::builtin().unwrap(),
+        &ca,
+        Leadership::always(),
+        self_managed(),
+    );
+    let _task = start(&fake, r.clone(), Leadership::always(), &ca, "keyward");
+    let ca_pem = fake.until(LIMIT, |f| serving_secret(f).map(|s| secret_data(&s, "ca.crt"))).await;
+    fake.until(LIMIT, |f| (ca_bundle(f).as_deref() == Some(ca_pem.as_str())).then_some(())).await;
+    let secret_version = serving_secret(&fake).unwrap()["metadata"]["resourceVersion"].clone();
+
+    // A GitOps tool applies the configuration from Git again: caBundle is gone.
+    fake.seed(webhook_config());
+    fake.until(LIMIT, |f| (ca_bundle(f).as_deref() == Some(ca_pem.as_str())).then_some(())).await;
+    assert_eq!(
+        serving_secret(&fake).unwrap()["metadata"]["resourceVersion"],
+        secret_version,
+        "the Secret is untouched"
+    );
+    fake.until(LIMIT, |_| (r.metrics().serving_change_count("ca-bundle-repaired") == 1).then_some(())).await;
+}
+
+#[tokio::test]
+async fn a_secret_holding_garbage_is_replaced_and_one_keyward_does_not_manage_is_left_alone() {
+    let fake = FakeApi::default();
+    fake.seed(webhook_config());
+    let ca = client_ca();
+    let r = reconciler_with(
+        fake.client("keyward"),
+        ProfileSet::builtin().unwrap(),
+        &ca,
+        Leadership::always(),
+        self_managed(),
+    );
+    let garbage = |labels: Value| {
+        json!({
+            "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+            "metadata": {"name": "keyward-serving", "namespace": "keyward-system", "labels": labels},
+            "data": {"ca.crt": b64("junk"), "ca.key": b64("junk"), "tls.crt": b64("junk"), "tls.key": b64("junk")}
+        })
+    };
+
+    fake.seed(garbage(json!({"app": "someone-else"})));
+    let refused = r.serving_cert().await.unwrap_err();
+    assert_eq!(
+        refused.to_string(),
+        "Secret keyward-system/keyward-serving: exists and is not managed by keyward (no label app.kubernetes.io/managed-by=keyward); remove it, label it to hand it to keyward, or name another with --serving-secret"
+    );
+    assert!(fake.writes().is_empty());
+
+    fake.seed(garbage(json!({"app.kubernetes.io/managed-by": "keyward", "keyward.io/provisioned-for": "serving"})));
+    fake.clear_calls();
+    r.serving_cert().await.unwrap();
+    let secret = serving_secret(&fake).unwrap();
+    let ca_pem = secret_data(&secret, "ca.crt");
+    assert!(ca_pem.starts_with("-----BEGIN CERTIFICATE-----"));
+    assert!(secret["data"]["ca-previous.crt"].is_null(), "junk is never trusted");
+    assert_eq!(ca_bundle(&fake).unwrap(), ca_pem);
+    assert_eq!(writes_to(&fake, "secrets"), ["PUT"], "replaced at the version read");
+    assert_eq!(r.metrics().serving_change_count("created"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_errors_are_retried_with_backoff() {
+    let fake = FakeApi::default();
+    fake.seed(webhook_config());
+    fake.fail("PATCH", "mutatingwebhookconfigurations", 500, 2);
+    fake.fail("POST", "secrets", 429, 1);
+    let ca = client_ca();
+    let r = reconciler_with(
+        fake.client("keyward"),
+        ProfileSet::builtin().unwrap(),
+        &ca,
+        Leadership::always(),
+        self_managed(),
+    );
+    let _task = start(&fake, r.clone(), Leadership::always(), &ca, "keyward");
+    let ca_pem = fake.until(LIMIT, |f| serving_secret(f).map(|s| secret_data(&s, "ca.crt"))).await;
+    fake.until(LIMIT, |f| (ca_bundle(f).as_deref() == Some(ca_pem.as_str())).then_some(())).await;
+    let statuses: Vec<u16> = fake
+        .calls()
+        .into_iter()
+        .filter(|c| c.resource.ends_with("mutatingwebhookconfigurations") && c.method == "PATCH")
+        .map(|c| c.status)
+        .collect();
+    assert_eq!(statuses[..2], [500, 500]);
+    assert!(fake.calls().iter().any(|c| c.resource.ends_with("secrets") && c.method == "POST" && c.status == 429));
+}
+
+#[tokio::test]
+async fn a_replica_that_does_not_lead_writes_nothing() {
+    let fake = FakeApi::default();
+    fake.seed(webhook_config());
+    let ca = client_ca();
+    let client = fake.client("follower");
+    // An elector that never ran: this replica does not hold the Lease.
+    let leadership =
+        LeaderElector::new(client.clone(), LeaseConfig::new("keyward-controller", "keyward-system", "follower"))
+            .leadership();
+    let r = reconciler_with(client, ProfileSet::builtin().unwrap(), &ca, leadership, self_managed());
+    let err = r.serving_cert().await.unwrap_err();
+    assert_eq!(err.to_string(), "not the leader: nothing is written");
+    assert!(fake.attempted_writes().is_empty(), "{:#?}", fake.attempted_writes());
+    assert!(serving_secret(&fake).is_none());
+}
