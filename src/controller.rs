@@ -83,8 +83,8 @@ pub struct ControllerArgs {
     /// Where the webhook's serving certificate comes from: `external` (cert-manager, OpenShift's
     /// service CA, or an admin) or `self-managed` (keyward's leader makes it in
     /// --serving-secret and keeps the webhook's caBundle trusting it).
-    #[arg(long, env = "KEYWARD_SERVING_CERT", value_enum, default_value_t = ServingCert::External)]
-    serving_cert: ServingCert,
+    #[arg(long, env = "KEYWARD_SERVING_CERT", value_enum, default_value_t = Source::External)]
+    serving_cert: Source,
     /// The Secret in --namespace holding the self-managed CA and serving certificate.
     #[arg(long, env = "KEYWARD_SERVING_SECRET", default_value = "keyward-serving")]
     serving_secret: String,
@@ -101,10 +101,18 @@ pub struct ControllerArgs {
     /// How long a self-managed serving certificate is valid; renewed at two thirds of that.
     #[arg(long, env = "KEYWARD_SERVING_CERT_VALIDITY", default_value = "8760h", value_parser = parse_duration)]
     serving_cert_validity: Duration,
+    /// Where the client CA comes from: `external` (cert-manager or an admin) or `self-managed`
+    /// (keyward's leader makes it in --client-ca-secret when missing or unusable; mount that
+    /// Secret as --client-ca-dir).
+    #[arg(long, env = "KEYWARD_CLIENT_CA", value_enum, default_value_t = Source::External)]
+    client_ca: Source,
+    /// The Secret in --namespace holding the self-managed client CA.
+    #[arg(long, env = "KEYWARD_CLIENT_CA_SECRET", default_value = "keyward-client-ca")]
+    client_ca_secret: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum ServingCert {
+enum Source {
     External,
     SelfManaged,
 }
@@ -143,8 +151,8 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         );
     }
     let serving = match args.serving_cert {
-        ServingCert::External => None,
-        ServingCert::SelfManaged => {
+        Source::External => None,
+        Source::SelfManaged => {
             let mut serving = keyward_controller::self_managed::SelfManaged::new(
                 &args.serving_secret,
                 &args.webhook_config,
@@ -211,6 +219,7 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         attestation_secret: args.attestation_secret.clone(),
         attestation_rotation: args.attestation_key_rotation,
         serving,
+        client_ca_secret: (args.client_ca == Source::SelfManaged).then(|| args.client_ca_secret.clone()),
     };
     let reconciler = Arc::new(Reconciler::new(
         client.clone(),

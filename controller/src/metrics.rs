@@ -170,7 +170,7 @@ impl Default for Metrics {
         let serving_changes = Family::<ResultLabels, Counter>::default();
         registry.register(
             "serving_changes",
-            "Changes to the self-managed serving certificate and the webhook's caBundle, by result (created|leaf-renewed|ca-introduced|ca-switched|ca-retired|dropped|ca-bundle-repaired)",
+            "Changes to the self-managed serving certificate and the webhook's caBundle, by result (created|leaf-renewed|ca-introduced|ca-switched|ca-retired|dropped|ca-bundle-repaired|client-ca-created)",
             serving_changes.clone(),
         );
         let serving_expiry = Family::<ResultLabels, Gauge>::default();

@@ -63,6 +63,8 @@ pub struct Settings {
     /// `--serving-cert self-managed`: keyward makes the webhook's serving certificate and
     /// keeps `caBundle` trusting it.
     pub serving: Option<crate::self_managed::SelfManaged>,
+    /// `--client-ca self-managed`: keyward makes the client CA in this Secret (in `namespace`).
+    pub client_ca_secret: Option<String>,
 }
 
 impl Default for Settings {
@@ -77,6 +79,7 @@ impl Default for Settings {
             attestation_secret: "keyward-attestation".into(),
             attestation_rotation: Duration::from_secs(7 * 24 * 3600),
             serving: None,
+            client_ca_secret: None,
         }
     }
 }
@@ -885,18 +888,17 @@ impl Reconciler {
         Ok(Outcome::At(tokio::time::Instant::now() + wait))
     }
 
-    /// The self-managed serving certificate and `caBundle`, when keyward manages them.
+    /// The self-managed serving certificate and `caBundle`, and the self-managed client CA,
+    /// when keyward manages them.
     pub async fn serving_cert(&self) -> Result<Outcome, Error> {
+        let ns = &self.settings.namespace;
+        if let Some(name) = &self.settings.client_ca_secret {
+            let validity = Duration::from_secs(10 * 365 * 86_400);
+            crate::self_managed::client_ca(&self.client, &self.leader, &self.metrics, ns, name, validity).await?;
+        }
         match &self.settings.serving {
             Some(serving) => {
-                crate::self_managed::reconcile(
-                    &self.client,
-                    &self.leader,
-                    &self.metrics,
-                    &self.settings.namespace,
-                    serving,
-                )
-                .await
+                crate::self_managed::reconcile(&self.client, &self.leader, &self.metrics, ns, serving).await
             }
             None => Ok(Outcome::Done),
         }

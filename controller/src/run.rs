@@ -205,18 +205,18 @@ pub async fn run(
         });
     }
 
-    // The self-managed serving certificate: its Secret and the webhook configuration, each
-    // watched by name, so a wiped caBundle or a damaged Secret is repaired at once.
-    if let Some(serving) = reconciler.settings().serving.clone() {
-        let ns = reconciler.settings().namespace.clone();
-        let secret = format!("metadata.name={}", serving.secret);
+    // The self-managed serving certificate and client CA: their Secrets and the webhook
+    // configuration, each watched by name, so a wiped caBundle or a damaged Secret is repaired
+    // at once.
+    let own = reconciler.settings();
+    let secrets = own.serving.iter().map(|s| s.secret.clone()).chain(own.client_ca_secret.clone());
+    for name in secrets {
+        let fields = format!("metadata.name={name}");
+        let api = Api::<Secret>::namespaced(client.clone(), &own.namespace);
+        touch(watcher(api, watcher::Config::default().fields(&fields)), Key::ServingCert, &tx, &mut tasks);
+    }
+    if let Some(serving) = own.serving.clone() {
         let config = format!("metadata.name={}", serving.webhook_config);
-        touch(
-            watcher(Api::<Secret>::namespaced(client.clone(), &ns), watcher::Config::default().fields(&secret)),
-            Key::ServingCert,
-            &tx,
-            &mut tasks,
-        );
         touch(
             watcher(
                 Api::<MutatingWebhookConfiguration>::all(client.clone()),

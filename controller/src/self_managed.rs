@@ -177,6 +177,84 @@ async fn write_secret(
     }
 }
 
+/// The client CA's Secret (`tls.crt`, `tls.key`, `ca.crt`), when keyward makes it: made when
+/// missing, made again when it cannot sign. One keyward does not manage (an admin's,
+/// cert-manager's) is used as it is. Not rotated: a client CA is trusted by control planes
+/// outside keyward's reach (see the README).
+pub async fn client_ca(
+    client: &Client,
+    leader: &Leadership,
+    metrics: &Metrics,
+    namespace: &str,
+    name: &str,
+    validity: Duration,
+) -> Result<(), Error> {
+    let api = Api::<Secret>::namespaced(client.clone(), namespace);
+    let existing = api.get_opt(name).await?;
+    let problem = match &existing {
+        None => None,
+        Some(secret) if !is_managed(&secret.metadata) => return Ok(()),
+        Some(secret) => {
+            let file = |f: &str| {
+                secret.data.as_ref().and_then(|d| d.get(f)).map(|b| String::from_utf8_lossy(&b.0).into_owned())
+            };
+            match (file(serving::TLS_CRT), file(serving::TLS_KEY)) {
+                (Some(cert), Some(key)) => {
+                    let usable = keyward_certs::pem::cert_info(cert.as_bytes(), serving::TLS_CRT.as_ref())
+                        .and_then(|info| info.check_valid_at(serving::TLS_CRT.as_ref(), SystemTime::now()))
+                        .and_then(|()| {
+                            keyward_certs::pki::Ca::from_pem(
+                                &cert,
+                                &key,
+                                serving::TLS_CRT.as_ref(),
+                                serving::TLS_KEY.as_ref(),
+                            )
+                        });
+                    match usable {
+                        Ok(_) => return Ok(()),
+                        Err(e) => Some(e.to_string()),
+                    }
+                }
+                _ => Some("tls.crt or tls.key is missing".to_string()),
+            }
+        }
+    };
+    let ca = keyward_certs::pki::Ca::mint(&format!("keyward client CA ({namespace})"), SystemTime::now(), validity)?;
+    let data = BTreeMap::from([
+        (serving::TLS_CRT.to_string(), ByteString(ca.cert_pem().as_bytes().to_vec())),
+        (serving::TLS_KEY.to_string(), ByteString(ca.key_pem().into_bytes())),
+        (serving::CA_CRT.to_string(), ByteString(ca.cert_pem().as_bytes().to_vec())),
+    ]);
+    let mut secret = Secret {
+        metadata: objects::meta(namespace, name, None, Scope::Serving, None),
+        type_: Some("kubernetes.io/tls".into()),
+        data: Some(data),
+        ..Secret::default()
+    };
+    leader.check()?;
+    let written = match &existing {
+        None => api.create(&PostParams::default(), &secret).await,
+        Some(current) => {
+            secret.metadata.resource_version = current.metadata.resource_version.clone();
+            api.replace(name, &PostParams::default(), &secret).await
+        }
+    };
+    match written {
+        Ok(_) => {}
+        // Written by someone else meanwhile: read again at the next pass.
+        Err(kube::Error::Api(s)) if s.is_conflict() || s.is_already_exists() => return Ok(()),
+        Err(e) => return Err(e.into()),
+    }
+    match problem {
+        None => tracing::info!(secret = %format!("{namespace}/{name}"), "client CA created"),
+        Some(why) => {
+            tracing::warn!(secret = %format!("{namespace}/{name}"), reason = %why, "client CA replaced: it could not sign; client certificates it issued are renewed with the new one")
+        }
+    }
+    metrics.serving_change("client-ca-created");
+    Ok(())
+}
+
 /// Sets `caBundle` on every webhook of the configuration: a JSON patch that tests each
 /// webhook's name at its index, so a configuration reordered meanwhile is refused, not
 /// mis-patched.

@@ -22,8 +22,13 @@ const MWC: &str = "admissionregistration.k8s.io/v1";
 fn self_managed() -> Settings {
     Settings {
         serving: Some(SelfManaged::new("keyward-serving", "keyward", "keyward", "keyward-system")),
+        client_ca_secret: Some("keyward-client-ca".into()),
         ..settings()
     }
+}
+
+fn client_ca_secret(fake: &FakeApi) -> Option<Value> {
+    fake.get("v1", "Secret", "keyward-system", "keyward-client-ca")
 }
 
 /// The webhook configuration as `deploy/base/webhook.yaml` installs it: no caBundle yet.
@@ -83,16 +88,37 @@ async fn the_first_start_makes_the_secret_after_the_bundle_trusts_its_ca_and_the
         now(),
     )
     .unwrap();
-    // caBundle first: the apiserver trusts the CA before any replica can serve its leaf.
-    let order: Vec<(String, String)> =
-        fake.writes().into_iter().map(|c| (c.method, c.resource.rsplit('/').next().unwrap().to_string())).collect();
+    // The client CA first, then caBundle before the serving Secret: the apiserver trusts the
+    // CA before any replica can serve its leaf.
+    let order: Vec<(String, String, String)> = fake
+        .writes()
+        .into_iter()
+        .map(|c| {
+            let name =
+                c.body.as_ref().and_then(|b| b["metadata"]["name"].as_str().map(str::to_string)).unwrap_or(c.name);
+            (c.method, c.resource.rsplit('/').next().unwrap().to_string(), name)
+        })
+        .collect();
+    let row = |m: &str, r: &str, n: &str| (m.to_string(), r.to_string(), n.to_string());
     assert_eq!(
         order,
         [
-            ("PATCH".to_string(), "mutatingwebhookconfigurations".to_string()),
-            ("POST".to_string(), "secrets".to_string())
+            row("POST", "secrets", "keyward-client-ca"),
+            row("PATCH", "mutatingwebhookconfigurations", "keyward"),
+            row("POST", "secrets", "keyward-serving")
         ]
     );
+    // The client CA can sign, as the controller's client CA store checks it.
+    let client = client_ca_secret(&fake).unwrap();
+    assert_eq!(secret_data(&client, "tls.crt"), secret_data(&client, "ca.crt"));
+    keyward_certs::pki::Ca::from_pem(
+        &secret_data(&client, "tls.crt"),
+        &secret_data(&client, "tls.key"),
+        "tls.crt".as_ref(),
+        "tls.key".as_ref(),
+    )
+    .unwrap();
+    assert_eq!(r.metrics().serving_change_count("client-ca-created"), 1);
     assert_eq!(r.metrics().serving_change_count("created"), 1);
 
     // Again: valid, so nothing is written.
@@ -100,6 +126,17 @@ async fn the_first_start_makes_the_secret_after_the_bundle_trusts_its_ca_and_the
     r.serving_cert().await.unwrap();
     assert_eq!(fake.writes().len(), 0, "{:#?}", fake.writes());
     assert_eq!(r.metrics().serving_change_count("ca-bundle-repaired"), 0);
+
+    // keyward's client CA damaged: made again.
+    let mut damaged = client_ca_secret(&fake).unwrap();
+    damaged["data"]["tls.key"] = json!(b64("junk"));
+    fake.seed(damaged);
+    fake.clear_calls();
+    r.serving_cert().await.unwrap();
+    assert_eq!(writes_to(&fake, "secrets"), ["PUT"]);
+    let remade = client_ca_secret(&fake).unwrap();
+    assert!(secret_data(&remade, "tls.key").starts_with("-----BEGIN PRIVATE KEY-----"));
+    assert_eq!(r.metrics().serving_change_count("client-ca-created"), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -150,6 +187,12 @@ async fn a_secret_holding_garbage_is_replaced_and_one_keyward_does_not_manage_is
         })
     };
 
+    // The admin's own client CA (no keyward label) is used as it is, even unreadable here.
+    fake.seed(json!({
+        "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+        "metadata": {"name": "keyward-client-ca", "namespace": "keyward-system"},
+        "data": {"tls.crt": b64("admin's"), "tls.key": b64("admin's")}
+    }));
     fake.seed(garbage(json!({"app": "someone-else"})));
     let refused = r.serving_cert().await.unwrap_err();
     assert_eq!(
@@ -166,7 +209,8 @@ async fn a_secret_holding_garbage_is_replaced_and_one_keyward_does_not_manage_is
     assert!(ca_pem.starts_with("-----BEGIN CERTIFICATE-----"));
     assert!(secret["data"]["ca-previous.crt"].is_null(), "junk is never trusted");
     assert_eq!(ca_bundle(&fake).unwrap(), ca_pem);
-    assert_eq!(writes_to(&fake, "secrets"), ["PUT"], "replaced at the version read");
+    assert_eq!(writes_to(&fake, "secrets"), ["PUT"], "replaced at the version read; the admin's client CA untouched");
+    assert_eq!(secret_data(&client_ca_secret(&fake).unwrap(), "tls.crt"), "admin's");
     assert_eq!(r.metrics().serving_change_count("created"), 1);
 }
 
