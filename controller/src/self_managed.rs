@@ -96,7 +96,17 @@ pub async fn reconcile(
         (true, Some(ca)) => replicas_serve(client, namespace, settings, ca).await,
         _ => false,
     };
-    let observed = Observed { files, next_since, bundle: bundle.clone().unwrap_or_default(), replicas_serve_current };
+    let annotated = |key: &str| {
+        existing.as_ref().and_then(|s| s.metadata.annotations.as_ref()).is_some_and(|a| a.contains_key(key))
+    };
+    let observed = Observed {
+        files,
+        next_since,
+        bundle: bundle.clone().unwrap_or_default(),
+        replicas_serve_current,
+        renew_requested: annotated(serving::RENEW),
+        rotate_requested: annotated(serving::ROTATE_CA),
+    };
     let now = SystemTime::now();
     let plan = serving::plan(&settings.certs, &observed, now)?;
     for change in &plan.changes {

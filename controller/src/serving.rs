@@ -88,7 +88,19 @@ pub struct Observed {
     pub bundle: Vec<u8>,
     /// Every ready replica serves a leaf signed by the Secret's `ca.crt`.
     pub replicas_serve_current: bool,
+    /// An admin asked for a new leaf now (the Secret's annotation [`RENEW`]).
+    pub renew_requested: bool,
+    /// An admin asked for a CA rotation now (the annotation [`ROTATE_CA`]); ignored while one
+    /// is under way.
+    pub rotate_requested: bool,
 }
+
+/// `kubectl annotate secret keyward-serving keyward.io/renew-certificate=now`: a new leaf at
+/// the next pass. The annotation is removed with the write.
+pub const RENEW: &str = "keyward.io/renew-certificate";
+/// `kubectl annotate secret keyward-serving keyward.io/rotate-ca=now`: a CA rotation starts at
+/// the next pass (introduce, switch, retire, as at two thirds of the CA's life).
+pub const ROTATE_CA: &str = "keyward.io/rotate-ca";
 
 /// What to write, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -205,7 +217,8 @@ pub fn plan(settings: &Settings, observed: &Observed, now: SystemTime) -> Result
 
     // 1. introduce a new CA at two thirds of the current one's life.
     let ca_renew_at = renew_at(ca.cert_pem().as_bytes());
-    if !files.contains_key(CA_NEXT_CRT) && !files.contains_key(CA_PREVIOUS_CRT) && now >= ca_renew_at {
+    let rotating = files.contains_key(CA_NEXT_CRT) || files.contains_key(CA_PREVIOUS_CRT);
+    if !rotating && !created_before_rotation(&changes) && (now >= ca_renew_at || observed.rotate_requested) {
         let next = Ca::mint(&settings.ca_common_name, now, settings.ca_validity)?;
         write_ca(&mut files, CA_NEXT_CRT, CA_NEXT_KEY, &next);
         next_since = Some(now);
@@ -238,7 +251,9 @@ pub fn plan(settings: &Settings, observed: &Observed, now: SystemTime) -> Result
     }
 
     // The leaf.
-    let leaf_why = leaf_why.or_else(|| leaf_problem(settings, &files, &ca, now));
+    let leaf_why = leaf_why
+        .or_else(|| leaf_problem(settings, &files, &ca, now))
+        .or_else(|| observed.renew_requested.then(|| format!("renewal requested ({RENEW})")));
     if let Some(why) = leaf_why {
         let leaf = ca.issue_serving(&settings.names, now, settings.leaf_validity)?;
         files.insert(TLS_CRT.into(), leaf.cert_pem.into_bytes());
@@ -266,8 +281,15 @@ pub fn plan(settings: &Settings, observed: &Observed, now: SystemTime) -> Result
         // Waiting for the replicas to serve the new leaf: look often.
         next = next.min(now + Duration::from_secs(30));
     }
-    let files = (files != observed.files).then_some(files);
+    // A request is answered by a write, which also removes its annotation.
+    let requested = observed.renew_requested || observed.rotate_requested;
+    let files = (requested || files != observed.files).then_some(files);
     Ok(Plan { files, next_since, bundle, bundle_first: gains, changes, next: next.max(now + Duration::from_secs(1)) })
+}
+
+/// A CA just made from nothing is not rotated in the same pass.
+fn created_before_rotation(changes: &[Change]) -> bool {
+    changes.iter().any(|c| matches!(c, Change::Created { .. }))
 }
 
 // === reading the Secret ===
@@ -530,6 +552,33 @@ mod tests {
             renewed.changes,
             [Change::LeafRenewed { why: "it does not name webhook.keyward-system.svc".into() }]
         );
+    }
+
+    #[test]
+    fn an_admin_can_ask_for_a_new_leaf_or_a_ca_rotation() {
+        let s = settings();
+        let now = start();
+        let mut observed = Observed::default();
+        let first = plan(&s, &observed, now).unwrap();
+        apply(&mut observed, &first);
+
+        observed.renew_requested = true;
+        let renewed = plan(&s, &observed, now).unwrap();
+        assert_eq!(
+            renewed.changes,
+            [Change::LeafRenewed { why: "renewal requested (keyward.io/renew-certificate)".into() }]
+        );
+        observed.renew_requested = false;
+
+        observed.rotate_requested = true;
+        let introduced = plan(&s, &observed, now).unwrap();
+        assert_eq!(introduced.changes, [Change::CaIntroduced]);
+        apply(&mut observed, &introduced);
+        // Asked again while it is under way: nothing new starts, the request is still answered
+        // by a write (that removes its annotation).
+        let again = plan(&s, &observed, now).unwrap();
+        assert!(again.changes.is_empty());
+        assert_eq!(again.files.as_ref(), Some(&observed.files));
     }
 
     #[test]
