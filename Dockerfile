@@ -41,6 +41,9 @@ LABEL org.opencontainers.image.title="keyward" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.source="https://github.com/keyward/keyward" \
       org.opencontainers.image.licenses="Apache-2.0"
+# Any UID runs it as well (OpenShift's restricted-v2 assigns one from the namespace's range,
+# with group 0): the binary is root-owned and mode 0755, and keyward writes no file in a
+# cluster (certificates and keys come from mounted Secrets).
 COPY --from=build /keyward /usr/local/bin/keyward
 USER 65532:65532
 EXPOSE 8443 9090

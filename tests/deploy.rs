@@ -343,3 +343,57 @@ fn the_self_managed_install_needs_no_cert_manager_and_never_mounts_a_ca_key_in_t
         Value::Null
     );
 }
+
+#[test]
+fn the_openshift_install_runs_under_restricted_v2_and_takes_its_certificate_from_the_service_ca() {
+    let docs = render("openshift");
+    // restricted-v2 assigns UIDs, GIDs and the fsGroup from the namespace's ranges and refuses
+    // fixed ones: none anywhere.
+    fn fixed_ids(v: &Value, path: &str, found: &mut Vec<String>) {
+        match v {
+            Value::Object(m) => {
+                for (k, v) in m {
+                    if ["runAsUser", "runAsGroup", "fsGroup", "supplementalGroups"].contains(&k.as_str()) {
+                        found.push(format!("{path}.{k}"));
+                    }
+                    fixed_ids(v, &format!("{path}.{k}"), found);
+                }
+            }
+            Value::Array(a) => a.iter().enumerate().for_each(|(i, v)| fixed_ids(v, &format!("{path}[{i}]"), found)),
+            _ => {}
+        }
+    }
+    let mut found = Vec::new();
+    for d in &docs {
+        fixed_ids(
+            d,
+            &format!("{}/{}", d["kind"].as_str().unwrap(), d["metadata"]["name"].as_str().unwrap()),
+            &mut found,
+        );
+    }
+    assert!(found.is_empty(), "{found:?}");
+    for deployment in ["keyward", "keyward-controller"] {
+        let pod = &find(&docs, "Deployment", deployment)["spec"]["template"]["spec"];
+        assert_eq!(pod["securityContext"]["runAsNonRoot"], true, "{deployment}");
+        assert_eq!(pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault", "{deployment}");
+    }
+    // The service CA operator: the Secret the webhook mounts, and caBundle.
+    let service = find(&docs, "Service", "keyward");
+    let secret =
+        service["metadata"]["annotations"]["service.beta.openshift.io/serving-cert-secret-name"].as_str().unwrap();
+    let webhook = &find(&docs, "Deployment", "keyward")["spec"]["template"]["spec"];
+    let tls = webhook["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "tls").unwrap();
+    assert_eq!(tls["secret"]["secretName"], secret);
+    let config = find(&docs, "MutatingWebhookConfiguration", "keyward");
+    assert_eq!(config["metadata"]["annotations"], json!({"service.beta.openshift.io/inject-cabundle": "true"}));
+    // No cert-manager; the client CA is the controller's.
+    assert!(docs.iter().all(|d| !d["apiVersion"].as_str().unwrap().starts_with("cert-manager.io")));
+    let controller = &find(&docs, "Deployment", "keyward-controller")["spec"]["template"]["spec"];
+    let args = controller["containers"][0]["args"].as_array().unwrap();
+    assert!(args.contains(&json!("--client-ca=self-managed")) && !args.contains(&json!("--serving-cert=self-managed")));
+    let role = find(&docs, "Role", "keyward-controller-client-ca");
+    assert_eq!(
+        role["rules"],
+        json!([{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["keyward-client-ca"], "verbs": ["get", "list", "watch", "update"]}])
+    );
+}
