@@ -47,14 +47,18 @@ fn lib_var(name: &str) -> String {
 }
 
 #[test]
-fn the_overlay_kind_sh_installs_is_the_cert_manager_install_with_the_image_it_builds() {
-    let local = render("local");
-    let upstream = render("cert-manager");
-    assert_eq!(local.len(), upstream.len());
+fn the_overlays_kind_sh_installs_are_the_shipped_installs_with_the_image_it_builds() {
     let script = std::fs::read_to_string(root().join("deploy/e2e/kind.sh")).unwrap();
     assert!(script.contains("IMAGE=\"keyward:dev\""));
-    assert!(script.contains("apply -k \"$ROOT/deploy/overlays/local\""));
-    for (l, u) in local.iter().zip(&upstream) {
+    for (overlay, shipped) in [("local", "cert-manager"), ("local-self-managed", "self-managed")] {
+        assert!(script.contains(&format!("apply -k \"$ROOT/deploy/overlays/{overlay}\"")), "{overlay}");
+        same_but_the_image(&render(overlay), &render(shipped));
+    }
+}
+
+fn same_but_the_image(local: &[Value], upstream: &[Value]) {
+    assert_eq!(local.len(), upstream.len());
+    for (l, u) in local.iter().zip(upstream) {
         let mut l = l.clone();
         if l["kind"] == "Deployment" {
             let name = l["metadata"]["name"].clone();

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # End to end on a real cluster: kind + cert-manager + keyward, for a person with Docker.
 #
-#   deploy/e2e/kind.sh            # create, test, delete
+#   deploy/e2e/kind.sh            # create, test (cert-manager, then self-managed), delete
 #   KEEP=1 deploy/e2e/kind.sh     # keep the cluster afterwards to poke at it
 #
 # Needs: docker (with BuildKit), kind, kubectl, openssl. Pulls kindest/node, cert-manager and
@@ -333,5 +333,43 @@ if "${K[@]}" -n "$NS" get configmap keyward-lmeval-server-ca >/dev/null 2>&1; th
   fail "the server CA ConfigMap is still there after the namespace opted out"
 fi
 echo "ok: the server CA ConfigMap is gone"
+
+say "self-managed certificates: the same cluster, keyward installed without cert-manager"
+# keyward's own certificates replace cert-manager's (which stays installed for the lm-eval side
+# above, and is not used by keyward from here on).
+"${K[@]}" delete -k "$ROOT/deploy/overlays/local" --ignore-not-found --wait=true
+"${K[@]}" apply -k "$ROOT/deploy/overlays/local-self-managed"
+"${K[@]}" -n keyward-system rollout status deploy/keyward-controller --timeout=180s
+for _ in $(seq 60); do "${K[@]}" -n keyward-system get secret keyward-serving >/dev/null 2>&1 && break; sleep 2; done
+"${K[@]}" -n keyward-system rollout status deploy/keyward --timeout=180s
+serving_ca() { "${K[@]}" -n keyward-system get secret keyward-serving -o jsonpath='{.data.ca\.crt}'; }
+bundle() { "${K[@]}" get mutatingwebhookconfiguration keyward -o jsonpath='{.webhooks[0].clientConfig.caBundle}'; }
+expect "caBundle is the self-managed CA" "$(bundle)" "$(serving_ca)"
+expect "client CA made by the controller" \
+  "$("${K[@]}" -n keyward-system get secret keyward-client-ca -o jsonpath='{.metadata.labels.app\.kubernetes\.io/managed-by}')" keyward
+expect "lmeval with self-managed certificates" \
+  "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" "$(volume_jsonpath keyward-client-cert secret.secretName)")" evaljob-sample-lmeval-client
+
+say "a wiped caBundle is restored"
+"${K[@]}" patch mutatingwebhookconfiguration keyward --type=json -p '[{"op":"remove","path":"/webhooks/0/clientConfig/caBundle"}]'
+for _ in $(seq 30); do [[ "$(bundle)" == "$(serving_ca)" ]] && break; sleep 1; done
+expect "caBundle restored" "$(bundle)" "$(serving_ca)"
+
+say "a CA rotation, while pods keep being admitted"
+old_ca="$(serving_ca)"
+failures=0
+"${K[@]}" -n keyward-system annotate secret keyward-serving keyward.io/rotate-ca=now
+# Introduce, switch (a minute after caBundle holds both), then retire once both replicas
+# serve the new leaf (the kubelet's sync, up to a minute or two more).
+for _ in $(seq 120); do
+  dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.metadata.name}' >/dev/null 2>&1 || failures=$((failures + 1))
+  current="$(serving_ca)"
+  previous="$("${K[@]}" -n keyward-system get secret keyward-serving -o jsonpath='{.data.ca-previous\.crt}')"
+  [[ "$current" != "$old_ca" && -z "$previous" && "$(bundle)" == "$current" ]] && break
+  sleep 3
+done
+[[ "$(serving_ca)" != "$old_ca" ]] || fail "the CA was not rotated"
+expect "caBundle holds only the new CA" "$(bundle)" "$(serving_ca)"
+expect "pods refused during the rotation" "$failures" 0
 
 say "all checks passed"
