@@ -6,6 +6,7 @@
 
 mod support;
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -256,4 +257,139 @@ async fn a_replica_that_does_not_lead_writes_nothing() {
     assert_eq!(err.to_string(), "not the leader: nothing is written");
     assert!(fake.attempted_writes().is_empty(), "{:#?}", fake.attempted_writes());
     assert!(serving_secret(&fake).is_none());
+}
+
+/// A webhook replica for the controller to ask: serves whichever pair it was last given.
+struct Replica {
+    addr: std::net::SocketAddr,
+    pair: Arc<Mutex<Arc<rustls::sign::CertifiedKey>>>,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Debug)]
+struct Current(Arc<Mutex<Arc<rustls::sign::CertifiedKey>>>);
+
+impl rustls::server::ResolvesServerCert for Current {
+    fn resolve(&self, _: rustls::server::ClientHello<'_>) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(self.0.lock().unwrap().clone())
+    }
+}
+
+fn certified(secret: &Value) -> Arc<rustls::sign::CertifiedKey> {
+    let crt = secret_data(secret, "tls.crt");
+    let key = secret_data(secret, "tls.key");
+    keyward_certs::pem::load_pair(crt.as_bytes(), key.as_bytes(), "tls.crt".as_ref(), "tls.key".as_ref()).unwrap().key
+}
+
+impl Replica {
+    async fn serving(secret: &Value) -> Self {
+        let pair = Arc::new(Mutex::new(certified(secret)));
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_cert_resolver(Arc::new(Current(pair.clone())));
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let _ = acceptor.accept(tcp).await;
+                });
+            }
+        });
+        Self { addr, pair, _task: task }
+    }
+
+    /// The EndpointSlice the Service's controller keeps for it.
+    fn endpoint_slice(&self) -> Value {
+        json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": "keyward-abcde", "namespace": "keyward-system", "labels": {"kubernetes.io/service-name": "keyward"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [self.addr.ip().to_string()], "conditions": {"ready": true}}],
+            "ports": [{"name": "metrics", "port": 9090, "protocol": "TCP"}, {"name": "https", "port": self.addr.port(), "protocol": "TCP"}]
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ca_rotation_keeps_both_cas_in_ca_bundle_until_the_replica_serves_the_new_leaf() {
+    let fake = FakeApi::default();
+    fake.seed(webhook_config());
+    let ca = client_ca();
+    let mut settings = self_managed();
+    settings.serving.as_mut().unwrap().certs.switch_after = Duration::ZERO;
+    let r =
+        reconciler_with(fake.client("keyward"), ProfileSet::builtin().unwrap(), &ca, Leadership::always(), settings);
+    r.serving_cert().await.unwrap();
+    let first = serving_secret(&fake).unwrap();
+    let old_ca = secret_data(&first, "ca.crt");
+    let replica = Replica::serving(&first).await;
+    fake.seed(replica.endpoint_slice());
+    let bundle_count = |f: &FakeApi| ca_bundle(f).unwrap().matches("BEGIN CERTIFICATE").count();
+
+    // An admin asks for a rotation: the new CA joins caBundle, and signs nothing yet.
+    let mut annotated = first.clone();
+    annotated["metadata"]["annotations"] = json!({"keyward.io/rotate-ca": "now"});
+    fake.seed(annotated);
+    r.serving_cert().await.unwrap();
+    let introduced = serving_secret(&fake).unwrap();
+    assert!(introduced["metadata"]["annotations"].get("keyward.io/rotate-ca").is_none(), "the request is answered");
+    assert!(introduced["data"]["ca-next.crt"].is_string());
+    assert_eq!(secret_data(&introduced, "tls.crt"), secret_data(&first, "tls.crt"));
+    assert_eq!(bundle_count(&fake), 2);
+
+    // Switch: the leaf from the new CA; both still trusted.
+    r.serving_cert().await.unwrap();
+    let switched = serving_secret(&fake).unwrap();
+    assert_eq!(secret_data(&switched, "ca-previous.crt"), old_ca);
+    assert_ne!(secret_data(&switched, "ca.crt"), old_ca);
+    assert_eq!(bundle_count(&fake), 2);
+
+    // The replica still serves the old leaf: the old CA stays.
+    r.serving_cert().await.unwrap();
+    assert_eq!(bundle_count(&fake), 2);
+    assert!(serving_secret(&fake).unwrap()["data"]["ca-previous.crt"].is_string());
+
+    // It reloads: asked again, it passes, and the old CA leaves the Secret, then caBundle.
+    *replica.pair.lock().unwrap() = certified(&switched);
+    r.serving_cert().await.unwrap();
+    let retired = serving_secret(&fake).unwrap();
+    assert!(retired["data"]["ca-previous.crt"].is_null());
+    assert_eq!(ca_bundle(&fake).unwrap(), secret_data(&retired, "ca.crt"));
+    for change in ["ca-introduced", "ca-switched", "ca-retired"] {
+        assert_eq!(r.metrics().serving_change_count(change), 1, "{change}");
+    }
+}
+
+#[tokio::test]
+async fn a_leaf_renewal_keeps_the_ca_and_ca_bundle() {
+    let fake = FakeApi::default();
+    fake.seed(webhook_config());
+    let ca = client_ca();
+    let r = reconciler_with(
+        fake.client("keyward"),
+        ProfileSet::builtin().unwrap(),
+        &ca,
+        Leadership::always(),
+        self_managed(),
+    );
+    r.serving_cert().await.unwrap();
+    let first = serving_secret(&fake).unwrap();
+    let mut annotated = first.clone();
+    annotated["metadata"]["annotations"] = json!({"keyward.io/renew-certificate": "now"});
+    fake.seed(annotated);
+    fake.clear_calls();
+    r.serving_cert().await.unwrap();
+    let renewed = serving_secret(&fake).unwrap();
+    assert_ne!(secret_data(&renewed, "tls.crt"), secret_data(&first, "tls.crt"));
+    assert_ne!(secret_data(&renewed, "tls.key"), secret_data(&first, "tls.key"));
+    assert_eq!(secret_data(&renewed, "ca.crt"), secret_data(&first, "ca.crt"));
+    assert!(renewed["metadata"]["annotations"].get("keyward.io/renew-certificate").is_none());
+    assert_eq!(writes_to(&fake, "secrets"), ["PUT"]);
+    assert!(writes_to(&fake, "mutatingwebhookconfigurations").is_empty(), "caBundle unchanged");
+    assert_eq!(r.metrics().serving_change_count("leaf-renewed"), 1);
 }
