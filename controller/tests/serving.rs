@@ -393,3 +393,45 @@ async fn a_leaf_renewal_keeps_the_ca_and_ca_bundle() {
     assert!(writes_to(&fake, "mutatingwebhookconfigurations").is_empty(), "caBundle unchanged");
     assert_eq!(r.metrics().serving_change_count("leaf-renewed"), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_two_replicas_only_the_lease_holder_makes_the_certificates() {
+    let fake = FakeApi::default();
+    fake.seed(webhook_config());
+    let ca = client_ca();
+    let mut tasks = Vec::new();
+    for id in ["replica-a", "replica-b"] {
+        let client = fake.client(id);
+        let lease = LeaseConfig {
+            lease_duration: Duration::from_secs(3),
+            renew_deadline: Duration::from_secs(2),
+            retry_period: Duration::from_millis(200),
+            ..LeaseConfig::new("keyward-controller", "keyward-system", id)
+        };
+        let elector = LeaderElector::new(client.clone(), lease);
+        let leadership = elector.leadership();
+        tasks.push(tokio::spawn(elector.run(std::future::pending())));
+        let r =
+            reconciler_with(client.clone(), ProfileSet::builtin().unwrap(), &ca, leadership.clone(), self_managed());
+        tasks.push(start_with(
+            client,
+            r,
+            leadership,
+            &ca,
+            keyward_controller::run::LoopSettings { resync: Duration::from_secs(3600), workers: 4 },
+        ));
+    }
+    let ca_pem = fake.until(LIMIT, |f| serving_secret(f).map(|s| secret_data(&s, "ca.crt"))).await;
+    fake.until(LIMIT, |f| (ca_bundle(f).as_deref() == Some(ca_pem.as_str())).then_some(())).await;
+    fake.until(LIMIT, client_ca_secret).await;
+    let leader = fake
+        .get("coordination.k8s.io/v1", "Lease", "keyward-system", "keyward-controller")
+        .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_string))
+        .unwrap();
+    let writers: std::collections::BTreeSet<String> =
+        fake.attempted_writes().into_iter().filter(|c| !c.resource.ends_with("leases")).map(|c| c.client).collect();
+    assert_eq!(writers, std::collections::BTreeSet::from([leader]));
+    for t in tasks {
+        t.abort();
+    }
+}
