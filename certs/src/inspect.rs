@@ -13,7 +13,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
+use x509_parser::prelude::{FromDer, X509Certificate};
 
 use crate::error::Error;
 use crate::{CA_FILE, CERT_FILE, KEY_FILE};
@@ -128,23 +128,7 @@ fn describe(der: &CertificateDer<'_>, path: &Path, index: usize) -> Result<Certi
         path: path.to_path_buf(),
         reason: format!("certificate {} is not valid X.509: {e}", index + 1),
     })?;
-    let (mut dns_names, mut ip_addresses, mut uris) = (Vec::new(), Vec::new(), Vec::new());
-    if let Ok(Some(san)) = cert.subject_alternative_name() {
-        for name in &san.value.general_names {
-            match name {
-                GeneralName::DNSName(d) => dns_names.push(d.to_string()),
-                GeneralName::URI(u) => uris.push(u.to_string()),
-                GeneralName::IPAddress(bytes) => {
-                    if let Ok(b) = <[u8; 4]>::try_from(*bytes) {
-                        ip_addresses.push(IpAddr::from(b));
-                    } else if let Ok(b) = <[u8; 16]>::try_from(*bytes) {
-                        ip_addresses.push(IpAddr::from(b));
-                    }
-                }
-                _ => {}
-            }
-        }
-    }
+    let (dns_names, ip_addresses, uris) = crate::pem::alt_names(&cert);
     let mut usages = Vec::new();
     if let Ok(Some(eku)) = cert.extended_key_usage() {
         let eku = eku.value;

@@ -296,10 +296,27 @@ fn inspect_chain(chain: &[CertificateDer<'_>], path: &Path) -> Result<CertInfo, 
             });
         }
     }
-    let mut dns_names = Vec::new();
-    let mut ip_addresses = Vec::new();
-    let mut uris = Vec::new();
-    if let Ok(Some(san)) = leaf.subject_alternative_name() {
+    let (dns_names, ip_addresses, uris) = alt_names(&leaf);
+    let validity = leaf.validity();
+    Ok(CertInfo {
+        subject: leaf.subject().to_string(),
+        issuer: leaf.issuer().to_string(),
+        serial: leaf.raw_serial_as_string(),
+        sha256: hex(ring::digest::digest(&ring::digest::SHA256, chain[0].as_ref()).as_ref()),
+        not_before: to_system_time(validity.not_before.timestamp()),
+        not_after: to_system_time(validity.not_after.timestamp()),
+        dns_names,
+        ip_addresses,
+        uris,
+        is_ca: leaf.is_ca(),
+        chain_len: chain.len(),
+    })
+}
+
+/// A certificate's subject alternative names: DNS names, IP addresses, URIs.
+pub(crate) fn alt_names(cert: &X509Certificate<'_>) -> (Vec<String>, Vec<IpAddr>, Vec<String>) {
+    let (mut dns_names, mut ip_addresses, mut uris) = (Vec::new(), Vec::new(), Vec::new());
+    if let Ok(Some(san)) = cert.subject_alternative_name() {
         for name in &san.value.general_names {
             match name {
                 GeneralName::DNSName(d) => dns_names.push(d.to_string()),
@@ -315,20 +332,7 @@ fn inspect_chain(chain: &[CertificateDer<'_>], path: &Path) -> Result<CertInfo, 
             }
         }
     }
-    let validity = leaf.validity();
-    Ok(CertInfo {
-        subject: leaf.subject().to_string(),
-        issuer: leaf.issuer().to_string(),
-        serial: leaf.raw_serial_as_string(),
-        sha256: hex(ring::digest::digest(&ring::digest::SHA256, chain[0].as_ref()).as_ref()),
-        not_before: to_system_time(validity.not_before.timestamp()),
-        not_after: to_system_time(validity.not_after.timestamp()),
-        dns_names,
-        ip_addresses,
-        uris,
-        is_ca: leaf.is_ca(),
-        chain_len: chain.len(),
-    })
+    (dns_names, ip_addresses, uris)
 }
 
 pub(crate) fn to_system_time(unix: i64) -> SystemTime {

@@ -28,6 +28,11 @@ fn self_managed() -> Settings {
     }
 }
 
+/// A replica that leads, as the one that writes.
+fn leader(fake: &FakeApi, ca: &ClientCa, settings: Settings) -> Arc<keyward_controller::Reconciler> {
+    reconciler_with(fake.client("keyward"), ProfileSet::builtin().unwrap(), ca, Leadership::always(), settings)
+}
+
 fn client_ca_secret(fake: &FakeApi) -> Option<Value> {
     fake.get("v1", "Secret", "keyward-system", "keyward-client-ca")
 }
@@ -65,13 +70,7 @@ async fn the_first_start_makes_the_secret_after_the_bundle_trusts_its_ca_and_the
     let fake = FakeApi::default();
     fake.seed(webhook_config());
     let ca = client_ca();
-    let r = reconciler_with(
-        fake.client("keyward"),
-        ProfileSet::builtin().unwrap(),
-        &ca,
-        Leadership::always(),
-        self_managed(),
-    );
+    let r = leader(&fake, &ca, self_managed());
     r.serving_cert().await.unwrap();
 
     let secret = serving_secret(&fake).unwrap();
@@ -145,13 +144,7 @@ async fn a_wiped_ca_bundle_is_repaired_by_the_running_controller() {
     let fake = FakeApi::default();
     fake.seed(webhook_config());
     let ca = client_ca();
-    let r = reconciler_with(
-        fake.client("keyward"),
-        ProfileSet::builtin().unwrap(),
-        &ca,
-        Leadership::always(),
-        self_managed(),
-    );
+    let r = leader(&fake, &ca, self_managed());
     let _task = start(&fake, r.clone(), Leadership::always(), &ca, "keyward");
     let ca_pem = fake.until(LIMIT, |f| serving_secret(f).map(|s| secret_data(&s, "ca.crt"))).await;
     fake.until(LIMIT, |f| (ca_bundle(f).as_deref() == Some(ca_pem.as_str())).then_some(())).await;
@@ -173,13 +166,7 @@ async fn a_secret_holding_garbage_is_replaced_and_one_keyward_does_not_manage_is
     let fake = FakeApi::default();
     fake.seed(webhook_config());
     let ca = client_ca();
-    let r = reconciler_with(
-        fake.client("keyward"),
-        ProfileSet::builtin().unwrap(),
-        &ca,
-        Leadership::always(),
-        self_managed(),
-    );
+    let r = leader(&fake, &ca, self_managed());
     let garbage = |labels: Value| {
         json!({
             "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
@@ -222,13 +209,7 @@ async fn api_errors_are_retried_with_backoff() {
     fake.fail("PATCH", "mutatingwebhookconfigurations", 500, 2);
     fake.fail("POST", "secrets", 429, 1);
     let ca = client_ca();
-    let r = reconciler_with(
-        fake.client("keyward"),
-        ProfileSet::builtin().unwrap(),
-        &ca,
-        Leadership::always(),
-        self_managed(),
-    );
+    let r = leader(&fake, &ca, self_managed());
     let _task = start(&fake, r.clone(), Leadership::always(), &ca, "keyward");
     let ca_pem = fake.until(LIMIT, |f| serving_secret(f).map(|s| secret_data(&s, "ca.crt"))).await;
     fake.until(LIMIT, |f| (ca_bundle(f).as_deref() == Some(ca_pem.as_str())).then_some(())).await;
@@ -322,8 +303,7 @@ async fn a_ca_rotation_keeps_both_cas_in_ca_bundle_until_the_replica_serves_the_
     let ca = client_ca();
     let mut settings = self_managed();
     settings.serving.as_mut().unwrap().certs.switch_after = Duration::ZERO;
-    let r =
-        reconciler_with(fake.client("keyward"), ProfileSet::builtin().unwrap(), &ca, Leadership::always(), settings);
+    let r = leader(&fake, &ca, settings);
     r.serving_cert().await.unwrap();
     let first = serving_secret(&fake).unwrap();
     let old_ca = secret_data(&first, "ca.crt");
@@ -370,13 +350,7 @@ async fn a_leaf_renewal_keeps_the_ca_and_ca_bundle() {
     let fake = FakeApi::default();
     fake.seed(webhook_config());
     let ca = client_ca();
-    let r = reconciler_with(
-        fake.client("keyward"),
-        ProfileSet::builtin().unwrap(),
-        &ca,
-        Leadership::always(),
-        self_managed(),
-    );
+    let r = leader(&fake, &ca, self_managed());
     r.serving_cert().await.unwrap();
     let first = serving_secret(&fake).unwrap();
     let mut annotated = first.clone();
