@@ -261,7 +261,7 @@ async fn run() {
     let tls = TlsDir::new();
     // The built-ins, plus the example profiles of the engine's tests, so that the KubeRay
     // worker (which no built-in serves) is injected into as before and the figures compare.
-    let examples = concat!(env!("CARGO_MANIFEST_DIR"), "/engine/tests/profiles");
+    let examples = concat!(env!("CARGO_MANIFEST_DIR"), "/webhooks/tests/profiles");
     let keyward = tls.start_quiet(&["--profiles", examples]);
     let pid = keyward.pid();
 
@@ -392,7 +392,7 @@ async fn cpu_per_request(endpoint: &Endpoint, pid: u32, body: &Arc<Vec<u8>>, rat
 fn engine_cost(keyward: &Server, body: &[u8]) -> f64 {
     use keyward_engine::engine::decide_object;
     use keyward_engine::review;
-    let examples = concat!(env!("CARGO_MANIFEST_DIR"), "/engine/tests/profiles");
+    let examples = concat!(env!("CARGO_MANIFEST_DIR"), "/webhooks/tests/profiles");
     let sources = std::fs::read_dir(examples)
         .unwrap()
         .map(|e| {

@@ -55,12 +55,12 @@ class CheckImage(unittest.TestCase):
 
     def test_a_dockerignore_that_drops_an_included_file_is_refused(self):
         with open(os.path.join(self.dir, ".dockerignore"), "a", encoding="utf-8") as f:
-            f.write("engine/profiles/\n")
+            f.write("webhooks/profiles/\n")
         problems, _ = check_image.check(self.dir)
         self.assertEqual(
             problems,
             [
-                f"line 32: engine/src/profile/load.rs includes '../../profiles/{name}.yaml', which is not in the stage (.dockerignore or a COPY left it out)"
+                f"line 32: webhooks/src/profile/load.rs includes '../../profiles/{name}.yaml', which is not in the stage (.dockerignore or a COPY left it out)"
                 for name in ("lmeval", "kfp")
             ],
         )

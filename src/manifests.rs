@@ -250,7 +250,7 @@ mod tests {
     #[test]
     fn the_conditions_send_keyward_exactly_the_fixture_pods_a_profile_selects() {
         let examples = ["lmeval-job.yaml", "kuberay.yaml", "kserve-inferencegraph.yaml"].map(|name| {
-            let path = format!("{}/engine/tests/profiles/{name}", env!("CARGO_MANIFEST_DIR"));
+            let path = format!("{}/webhooks/tests/profiles/{name}", env!("CARGO_MANIFEST_DIR"));
             (path.clone(), std::fs::read_to_string(path).unwrap())
         });
         let builtin = ProfileSet::builtin().unwrap();

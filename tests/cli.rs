@@ -253,7 +253,7 @@ fn check_profiles_reports_every_problem_with_file_and_field() {
     );
 
     // A directory profile named like a built-in replaces it.
-    std::fs::write(dir.join("bad.yaml"), std::fs::read_to_string("engine/profiles/lmeval.yaml").unwrap()).unwrap();
+    std::fs::write(dir.join("bad.yaml"), std::fs::read_to_string("webhooks/profiles/lmeval.yaml").unwrap()).unwrap();
     let o = keyward(&["check-profiles", "--profiles", dir.to_str().unwrap()], None);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(stdout(&o).contains(&format!("lmeval                   {path}")), "{}", stdout(&o));

@@ -1,4 +1,4 @@
-//! keyward's injection engine.
+//! keyward's injection engine (the `webhooks/` directory): what the webhook decides.
 //!
 //! Everything here is pure: `(request facts, pod, profiles) -> Decision`. No async, no clock,
 //! no I/O. The binary reads files and sockets; this crate only decides.
