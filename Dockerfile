@@ -11,6 +11,9 @@ ARG RUST_VERSION=1.95
 # for the target, and musl-tools provides the native one.
 FROM rust:${RUST_VERSION}-bookworm AS build
 ARG TARGETARCH
+# `keyward version` and keyward_build_info name it (build.rs; .git is not in the context).
+ARG VERSION=dev
+ENV KEYWARD_BUILD_VERSION=${VERSION}
 # musl-tools is a build-only tool from the pinned Debian release; nothing from apt ships.
 # hadolint ignore=DL3008
 RUN apt-get update \

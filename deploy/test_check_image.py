@@ -60,7 +60,7 @@ class CheckImage(unittest.TestCase):
         self.assertEqual(
             problems,
             [
-                f"line 32: webhooks/src/profile/load.rs includes '../../profiles/{name}.yaml', which is not in the stage (.dockerignore or a COPY left it out)"
+                f"line 35: webhooks/src/profile/load.rs includes '../../profiles/{name}.yaml', which is not in the stage (.dockerignore or a COPY left it out)"
                 for name in ("lmeval", "kfp")
             ],
         )
@@ -73,7 +73,7 @@ class CheckImage(unittest.TestCase):
             f.write(text.replace("--bin keyward", "--bin keywrad"))
         problems, _ = check_image.check(self.dir)
         self.assertEqual(len(problems), 1)
-        self.assertTrue(problems[0].startswith("line 32: cargo build --bin keywrad: no such binary in the workspace"), problems[0])
+        self.assertTrue(problems[0].startswith("line 35: cargo build --bin keywrad: no such binary in the workspace"), problems[0])
 
 
 if __name__ == "__main__":

@@ -40,6 +40,8 @@ enum Command {
     /// Mint certificates for an install without cert-manager, or inspect them.
     #[command(subcommand)]
     Certs(crate::certs::CertsCommand),
+    /// Print the version, the commit it was built from and that commit's date.
+    Version,
 }
 
 #[derive(Debug, Subcommand)]
@@ -98,6 +100,10 @@ impl Cli {
                 Ok(ExitCode::SUCCESS)
             }
             Command::Certs(command) => crate::certs::run(command),
+            Command::Version => {
+                print!("{}", crate::build::describe());
+                Ok(ExitCode::SUCCESS)
+            }
             Command::CheckProfiles(args) => {
                 let source = args.source();
                 let profiles = source.load()?;

@@ -176,6 +176,7 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     };
     let issuing = issuing_profiles(&profiles);
     let metrics = Arc::new(Metrics::default());
+    metrics.set_build_info(crate::build::VERSION, crate::build::COMMIT);
     let ca_dir = match (&args.client_ca_dir, issuing.is_empty()) {
         (Some(dir), _) => dir.clone(),
         (None, true) => std::env::temp_dir().join("keyward-no-client-ca"),

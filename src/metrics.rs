@@ -54,6 +54,12 @@ pub struct Metrics {
     profile_names: RwLock<HashMap<String, &'static str>>,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: &'static str,
+    commit: &'static str,
+}
+
 impl std::fmt::Debug for Metrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Metrics").finish_non_exhaustive()
@@ -124,6 +130,13 @@ impl Default for Metrics {
             "Admission decisions being computed now (bodies read, answers not yet sent)",
             decisions_running.clone(),
         );
+        let build_info = Family::<BuildLabels, Gauge>::default();
+        registry.register(
+            "build_info",
+            "Always 1; the labels say which keyward this is (version, and the commit it was built from)",
+            build_info.clone(),
+        );
+        build_info.get_or_create(&BuildLabels { version: crate::build::VERSION, commit: crate::build::COMMIT }).set(1);
         let in_flight = Family::<ListenerLabels, Gauge>::default();
         registry.register("requests_in_flight", "Requests being answered now, by listener", in_flight.clone());
         Self {

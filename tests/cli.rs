@@ -356,3 +356,21 @@ fn serve_without_tls_dir_where_it_cannot_write_says_what_to_mount() {
         "{err}"
     );
 }
+
+#[test]
+fn version_names_the_commit_it_was_built_from() {
+    let out = keyward(&["version"], None);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert_eq!(lines[0], format!("keyward {}", env!("CARGO_PKG_VERSION")));
+    let git = |args: &[&str]| {
+        let out = std::process::Command::new("git").args(args).output().unwrap();
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    };
+    // Built from this checkout: the same commit (dirty or not when it was built).
+    let commit = lines[1].strip_prefix("commit: ").unwrap();
+    assert_eq!(commit.trim_end_matches("-dirty"), git(&["describe", "--tags", "--always"]));
+    assert_eq!(lines[2], format!("commit date: {}", git(&["log", "-1", "--format=%cI"])));
+}

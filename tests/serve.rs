@@ -171,6 +171,12 @@ async fn keep_alive_serves_many_requests_on_one_connection() {
     );
     assert!(metrics.contains("keyward_certificate_reloads_total{result=\"loaded\"} 1"), "{metrics}");
     assert!(metrics.contains("keyward_certificate_not_after_timestamp_seconds "), "{metrics}");
+    // Which keyward this is: the same as `keyward version` says.
+    let version = std::process::Command::new(env!("CARGO_BIN_EXE_keyward")).arg("version").output().unwrap();
+    let version = String::from_utf8(version.stdout).unwrap();
+    let commit = version.lines().nth(1).unwrap().strip_prefix("commit: ").unwrap();
+    let info = format!("keyward_build_info{{version=\"{}\",commit=\"{commit}\"}} 1", env!("CARGO_PKG_VERSION"));
+    assert!(metrics.contains(&info), "{info} not in {metrics}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -112,6 +112,13 @@ pub struct Metrics {
     refused: Family<ResultLabels, Counter>,
     serving_changes: Family<ResultLabels, Counter>,
     serving_expiry: Family<ResultLabels, Gauge>,
+    build_info: Family<BuildLabels, Gauge>,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: &'static str,
+    commit: &'static str,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -179,8 +186,15 @@ impl Default for Metrics {
             "When the self-managed serving certificate expires, by result (leaf|ca), in Unix seconds",
             serving_expiry.clone(),
         );
+        let build_info = Family::<BuildLabels, Gauge>::default();
+        registry.register(
+            "build_info",
+            "Always 1; the labels say which keyward this is (version, and the commit it was built from)",
+            build_info.clone(),
+        );
         Self {
             registry: Mutex::new(registry),
+            build_info,
             serving_changes,
             serving_expiry,
             objects,
@@ -253,6 +267,11 @@ impl Metrics {
     /// When the serving `leaf` or `ca` expires.
     pub fn set_serving_expiry(&self, what: &'static str, unix_seconds: i64) {
         self.serving_expiry.get_or_create(&ResultLabels { result: what }).set(unix_seconds);
+    }
+
+    /// Which keyward this is (the binary knows; this crate does not).
+    pub fn set_build_info(&self, version: &'static str, commit: &'static str) {
+        self.build_info.get_or_create(&BuildLabels { version, commit }).set(1);
     }
 
     /// Everything, in the text exposition format.

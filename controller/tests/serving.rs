@@ -119,6 +119,11 @@ async fn the_first_start_makes_the_secret_after_the_bundle_trusts_its_ca_and_the
     )
     .unwrap();
     assert_eq!(r.metrics().serving_change_count("client-ca-created"), 1);
+    r.metrics().set_build_info("1.2.3", "v1.2.3-4-gabcdef0");
+    assert!(r
+        .metrics()
+        .render()
+        .contains("keyward_controller_build_info{version=\"1.2.3\",commit=\"v1.2.3-4-gabcdef0\"} 1"));
     assert_eq!(r.metrics().serving_change_count("created"), 1);
 
     // Again: valid, so nothing is written.
