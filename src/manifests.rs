@@ -62,6 +62,11 @@ pub fn webhook(profiles: &ProfileSet, options: &WebhookOptions) -> Value {
                     {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", options.namespace]}
                 ]
             },
+            // A pod labelled keyward.io/inject=disabled is never sent: for workloads that must
+            // not depend on the webhook (objectSelector is checked before matchConditions).
+            "objectSelector": {
+                "matchExpressions": [{"key": OPT_IN_LABEL, "operator": "NotIn", "values": ["disabled"]}]
+            },
             "matchConditions": [{
                 "name": "selected-by-a-keyward-profile",
                 "expression": match_expression(profiles)

@@ -139,6 +139,11 @@ fn the_webhook_is_create_only_side_effect_free_and_scoped() {
         w["rules"],
         json!([{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"], "scope": "Namespaced"}])
     );
+    // The pod opt-out: a pod labelled keyward.io/inject=disabled is never sent.
+    assert_eq!(
+        w["objectSelector"],
+        json!({"matchExpressions": [{"key": "keyward.io/inject", "operator": "NotIn", "values": ["disabled"]}]})
+    );
     assert_eq!(
         w["clientConfig"]["service"],
         json!({"name": "keyward", "namespace": "keyward-system", "path": "/mutate", "port": 443})

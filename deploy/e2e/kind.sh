@@ -159,6 +159,10 @@ expect_contains "lmeval audit annotation" "$(dry_create "$LMEVAL_USER" "$WORK/lm
 # The admission attestation the controller checks before it issues (the key is the Secret
 # keyward-attestation, which the controller created and the webhook mounts).
 expect_contains "lmeval admission attestation" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.metadata.annotations.keyward\.io/attestation}')" 'v1.'
+# The pod opt-out: labelled keyward.io/inject=disabled, it is never sent to keyward.
+sed 's#labels: {app.kubernetes.io/name: fms-lm-eval-service}#labels: {app.kubernetes.io/name: fms-lm-eval-service, keyward.io/inject: disabled}#' \
+  "$WORK/lmeval.yaml" > "$WORK/lmeval-opted-out.yaml"
+expect "opted-out pod not injected" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval-opted-out.yaml" '{.metadata.annotations}')" ""
 if out="$("${K[@]}" create --dry-run=server -n "$NS" -f "$WORK/lmeval.yaml" 2>&1)"; then
   fail "a user copying the operator's labels was admitted: $out"
 fi
