@@ -71,3 +71,16 @@ async fn the_readme_names_every_field_of_the_decision_log_line() {
     let documented = backticked(between(&readme, "one line per admission decision with", "; one per"));
     assert_eq!(documented, fields, "README's fields of the decision log line");
 }
+
+#[test]
+fn every_path_the_architecture_map_names_exists() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let map = std::fs::read_to_string(format!("{root}/ARCHITECTURE.md")).unwrap();
+    let tops = ["src/", "webhooks/", "certs/", "controller/", "deploy/", "tests/", "benches/", "scripts/"];
+    // Every backticked word, parentheses included (paths are often named in them).
+    let paths: Vec<&str> =
+        map.split('`').skip(1).step_by(2).filter(|p| tops.iter().any(|t| p.starts_with(t))).collect();
+    assert!(paths.len() > 20, "{paths:?}");
+    let missing: Vec<&&str> = paths.iter().filter(|p| !std::path::Path::new(root).join(p).exists()).collect();
+    assert!(missing.is_empty(), "ARCHITECTURE.md names paths that do not exist: {missing:?}");
+}
