@@ -26,8 +26,9 @@ fmt: ## format the code
 lint: ## clippy, warnings as errors
 	cargo clippy --workspace --all-targets --locked -- -D warnings
 
-manifests: ## regenerate deploy/base/webhook.yaml from the profiles
+manifests: ## regenerate deploy/base/webhook.yaml from the profiles (and the one-file installs)
 	cargo run -q -- manifests webhook > deploy/base/webhook.yaml
+	$(MAKE) -s install-files
 
 install-files: ## regenerate the one-file installs deploy/keyward.yaml and deploy/keyward-self-managed.yaml from their overlays
 	{ echo "$(ONE_FILE_HEADER)"; kubectl kustomize deploy/overlays/cert-manager; } > deploy/keyward.yaml
