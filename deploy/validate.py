@@ -2,8 +2,8 @@
 """Validates rendered manifests against real schemas, strictly (unknown fields fail).
 
 Kubernetes kinds: kubernetes-validate --strict, for the Kubernetes version keyward supports.
-cert-manager kinds: cert-manager's CRD schemas, as the cloudcoil models generated from them,
-with unknown fields forbidden. A kind with no schema fails: nothing is skipped.
+cert-manager and Prometheus Operator kinds: their CRD schemas, as the cloudcoil models generated
+from them, with unknown fields forbidden. A kind with no schema fails: nothing is skipped.
 
 Usage: kubectl kustomize deploy/overlays/cert-manager | python3 deploy/validate.py -
 """
@@ -14,6 +14,7 @@ import kubernetes_validate
 import pydantic
 import yaml
 from cloudcoil.models.cert_manager import v1 as cert_manager_v1
+from cloudcoil.models.prometheus_operator import v1 as prometheus_operator_v1
 
 KUBERNETES_VERSION = "1.32.0"
 
@@ -33,8 +34,13 @@ def strict_models(module):
 
 
 CERT_MANAGER = strict_models(cert_manager_v1)
+PROMETHEUS_OPERATOR = strict_models(prometheus_operator_v1)
 CUSTOM = {
-    ("cert-manager.io/v1", kind): CERT_MANAGER[kind] for kind in ("Certificate", "Issuer", "ClusterIssuer")
+    **{("cert-manager.io/v1", kind): CERT_MANAGER[kind] for kind in ("Certificate", "Issuer", "ClusterIssuer")},
+    **{
+        ("monitoring.coreos.com/v1", kind): PROMETHEUS_OPERATOR[kind]
+        for kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule")
+    },
 }
 
 

@@ -186,10 +186,13 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         ),
     };
     let observer = metrics.clone();
-    let client_ca = Arc::new(
-        keyward_controller::identity::client_ca_store(&ca_dir)
-            .with_observer(move |o| observer.client_ca_reload(o.as_str())),
-    );
+    let client_ca = Arc::new(keyward_controller::identity::client_ca_store(&ca_dir).with_observer(move |o| {
+        observer.client_ca_reload(o.as_str());
+        if let keyward_certs::ReloadOutcome::Loaded(info) = o {
+            let at = info.not_after.duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs();
+            observer.set_client_ca_not_after(i64::try_from(at).unwrap_or(i64::MAX));
+        }
+    }));
     if args.client_ca_dir.is_some() {
         client_ca.reload(Trigger::Startup);
     }

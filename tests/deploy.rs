@@ -402,3 +402,35 @@ fn the_openshift_install_runs_under_restricted_v2_and_takes_its_certificate_from
         json!([{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["keyward-client-ca"], "verbs": ["get", "list", "watch", "update"]}])
     );
 }
+
+#[test]
+fn every_metric_an_alert_uses_is_one_keyward_exports() {
+    // The names registered in the two registries (prefix keyward_ and keyward_controller_), as
+    // the text format exposes them (counters with _total, histograms with _bucket).
+    let mut exported = std::collections::BTreeSet::new();
+    for (file, prefix) in [("src/metrics.rs", "keyward_"), ("controller/src/metrics.rs", "keyward_controller_")] {
+        let source = std::fs::read_to_string(format!("{}/{file}", root())).unwrap();
+        for part in source.split("register(").skip(1) {
+            let name = part.trim_start().trim_start_matches('"').split('"').next().unwrap();
+            for suffix in ["", "_total", "_bucket", "_sum", "_count"] {
+                exported.insert(format!("{prefix}{name}{suffix}"));
+            }
+        }
+    }
+    let rules = std::fs::read_to_string(format!("{}/deploy/components/monitoring/rules.yaml", root())).unwrap();
+    let rules = &keyward_engine::yaml::documents(&rules).unwrap()[0].value;
+    let mut used = Vec::new();
+    for rule in rules["spec"]["groups"][0]["rules"].as_array().unwrap() {
+        let expr = rule["expr"].as_str().unwrap();
+        let mut rest = expr;
+        while let Some(at) = rest.find("keyward_") {
+            let name: String =
+                rest[at..].chars().take_while(|c| c.is_ascii_lowercase() || *c == '_' || c.is_ascii_digit()).collect();
+            used.push((rule["alert"].as_str().unwrap().to_string(), name.clone()));
+            rest = &rest[at + name.len()..];
+        }
+    }
+    assert!(used.len() >= 8, "{used:?}");
+    let unknown: Vec<_> = used.iter().filter(|(_, m)| !exported.contains(m)).collect();
+    assert!(unknown.is_empty(), "alerts on metrics keyward does not export: {unknown:?}");
+}

@@ -113,6 +113,7 @@ pub struct Metrics {
     serving_changes: Family<ResultLabels, Counter>,
     serving_expiry: Family<ResultLabels, Gauge>,
     build_info: Family<BuildLabels, Gauge>,
+    client_ca_not_after: Gauge,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -192,9 +193,16 @@ impl Default for Metrics {
             "Always 1; the labels say which keyward this is (version, and the commit it was built from)",
             build_info.clone(),
         );
+        let client_ca_not_after = Gauge::default();
+        registry.register(
+            "client_ca_not_after_timestamp_seconds",
+            "notAfter of the client CA loaded from --client-ca-dir, as a Unix timestamp",
+            client_ca_not_after.clone(),
+        );
         Self {
             registry: Mutex::new(registry),
             build_info,
+            client_ca_not_after,
             serving_changes,
             serving_expiry,
             objects,
@@ -267,6 +275,11 @@ impl Metrics {
     /// When the serving `leaf` or `ca` expires.
     pub fn set_serving_expiry(&self, what: &'static str, unix_seconds: i64) {
         self.serving_expiry.get_or_create(&ResultLabels { result: what }).set(unix_seconds);
+    }
+
+    /// When the client CA now loaded expires (Unix seconds).
+    pub fn set_client_ca_not_after(&self, unix_seconds: i64) {
+        self.client_ca_not_after.set(unix_seconds);
     }
 
     /// Which keyward this is (the binary knows; this crate does not).
