@@ -10,7 +10,8 @@ use anyhow::{bail, Context};
 use clap::{Args, Subcommand, ValueEnum};
 use keyward_certs::inspect::{Certificate, Check, Inspection};
 use keyward_certs::pki::{write_file, Ca, Minted};
-use keyward_certs::{DnType, CA_FILE, CERT_FILE, KEY_FILE};
+use keyward_certs::{rfc3339, CA_FILE, CERT_FILE, KEY_FILE};
+use keyward_controller::desired::{trust_domain_problem, Owner};
 use keyward_engine::names::{is_dns1123_label, is_dns1123_subdomain};
 use serde_json::{json, Value};
 
@@ -125,14 +126,11 @@ fn mint(args: &MintArgs, now: SystemTime) -> anyhow::Result<()> {
         plan.push((dir.join(CA_FILE), ca.cert_pem().to_string(), false));
     };
     leaf("serving", ca.issue_serving(&args.dns_names, now, args.validity)?);
-    if let (Some(id), Some(subject)) = (&args.client_identity, client) {
-        let subject = [
-            (DnType::OrganizationName, subject.0),
-            (DnType::OrganizationalUnitName, subject.1),
-            (DnType::CommonName, subject.2),
-        ];
-        let subject: Vec<(DnType, &str)> = subject.iter().map(|(k, v)| (k.clone(), v.as_str())).collect();
-        leaf("client", ca.issue_client_identity(&subject, id, now, args.validity)?);
+    if let (Some(id), Some((namespace, kind, name))) = (&args.client_identity, client) {
+        // Issued by the controller's own code, so it is exactly what the controller issues.
+        let owner = Owner { api_version: String::new(), kind, name, uid: String::new() };
+        let issued = keyward_controller::identity::issue(&ca, &namespace, &owner, id, now, args.validity)?;
+        leaf("client", Minted { cert_pem: issued.cert_pem, key_pem: issued.key_pem });
     }
     // Refuse before writing anything: a half-replaced directory would pair a new key with an
     // old certificate.
@@ -180,8 +178,8 @@ fn spiffe_subject(id: &str) -> anyhow::Result<(String, String, String)> {
     let [domain, "ns", namespace, kind, name] = parts[..] else {
         bail!("--client-identity {id:?} is not in keyward's form: {form}");
     };
-    if !is_dns1123_subdomain(domain) {
-        bail!("--client-identity {id:?}: the trust domain {domain:?} must be lower-case letters, digits, '-' and '.'");
+    if let Some(problem) = trust_domain_problem(domain) {
+        bail!("--client-identity {id:?}: the trust domain {problem}");
     }
     if !is_dns1123_label(namespace) {
         bail!("--client-identity {id:?}: {namespace:?} is not a namespace name (a DNS-1123 label)");
@@ -197,10 +195,6 @@ fn spiffe_subject(id: &str) -> anyhow::Result<(String, String, String)> {
 
 // === inspect ===
 
-fn rfc3339(t: SystemTime) -> String {
-    k8s_openapi::jiff::Timestamp::try_from(t).map_or_else(|_| format!("{t:?}"), |ts| ts.to_string())
-}
-
 fn list<T: ToString>(items: &[T]) -> String {
     if items.is_empty() {
         "-".into()
@@ -215,17 +209,17 @@ fn text(found: &Inspection) -> String {
     for (i, c) in found.certificates.iter().enumerate() {
         out.push_str(&format!("{}: certificate {} of {count}\n", found.cert_file.display(), i + 1));
         let rows: [(&str, String); 12] = [
-            ("subject", c.subject.clone()),
-            ("issuer", c.issuer.clone()),
-            ("serial", c.serial.clone()),
-            ("sha256", c.sha256.clone()),
-            ("valid", format!("{} to {}", rfc3339(c.not_before), rfc3339(c.not_after))),
+            ("subject", c.info.subject.clone()),
+            ("issuer", c.info.issuer.clone()),
+            ("serial", c.info.serial.clone()),
+            ("sha256", c.info.sha256.clone()),
+            ("valid", format!("{} to {}", rfc3339(c.info.not_before), rfc3339(c.info.not_after))),
             ("key", c.key_type.clone()),
-            ("CA", if c.is_ca { "yes" } else { "no" }.into()),
+            ("CA", if c.info.is_ca { "yes" } else { "no" }.into()),
             ("usages", list(&c.usages)),
-            ("DNS names", list(&c.dns_names)),
-            ("IPs", list(&c.ip_addresses)),
-            ("URIs", list(&c.uris)),
+            ("DNS names", list(&c.info.dns_names)),
+            ("IPs", list(&c.info.ip_addresses)),
+            ("URIs", list(&c.info.uris)),
             ("SPIFFE ID", c.spiffe_id.clone().unwrap_or_else(|| "-".into())),
         ];
         for (label, value) in rows {
@@ -255,11 +249,11 @@ fn text(found: &Inspection) -> String {
 fn to_json(found: &Inspection) -> Value {
     let cert = |c: &Certificate| {
         json!({
-            "subject": c.subject, "issuer": c.issuer, "serial": c.serial, "sha256": c.sha256,
-            "notBefore": rfc3339(c.not_before), "notAfter": rfc3339(c.not_after),
-            "keyType": c.key_type, "isCA": c.is_ca, "usages": c.usages,
-            "dnsNames": c.dns_names, "ipAddresses": c.ip_addresses.iter().map(ToString::to_string).collect::<Vec<_>>(),
-            "uris": c.uris, "spiffeID": c.spiffe_id,
+            "subject": c.info.subject, "issuer": c.info.issuer, "serial": c.info.serial, "sha256": c.info.sha256,
+            "notBefore": rfc3339(c.info.not_before), "notAfter": rfc3339(c.info.not_after),
+            "keyType": c.key_type, "isCA": c.info.is_ca, "usages": c.usages,
+            "dnsNames": c.info.dns_names, "ipAddresses": c.info.ip_addresses.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "uris": c.info.uris, "spiffeID": c.spiffe_id,
         })
     };
     let check = |c: &Check| {
@@ -368,8 +362,8 @@ checks:
             let against = json["checks"][check]["against"].as_str().unwrap().replace(&format!("{FIXTURES}/"), "");
             json["checks"][check]["against"] = against.into();
         }
-        let sha256 = found.certificates[0].sha256.clone();
-        let serial = found.certificates[0].serial.clone();
+        let sha256 = found.certificates[0].info.sha256.clone();
+        let serial = found.certificates[0].info.serial.clone();
         assert_eq!(
             json,
             json!({

@@ -36,7 +36,7 @@ pub enum Error {
 }
 
 /// RFC 3339 in UTC, for messages.
-pub(crate) fn rfc3339(t: SystemTime) -> String {
+pub fn rfc3339(t: SystemTime) -> String {
     let dt = time::OffsetDateTime::from(t);
     dt.format(&time::format_description::well_known::Rfc3339).unwrap_or_else(|_| format!("{dt}"))
 }

@@ -16,6 +16,7 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use x509_parser::prelude::{FromDer, X509Certificate};
 
 use crate::error::Error;
+use crate::pem::CertInfo;
 use crate::{CA_FILE, CERT_FILE, KEY_FILE};
 
 // === Inspection ===
@@ -47,21 +48,12 @@ impl Inspection {
 /// One certificate, as an admin wants to read it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Certificate {
-    pub subject: String,
-    pub issuer: String,
-    pub serial: String,
-    /// SHA-256 of the DER, hex, as `openssl x509 -fingerprint -sha256` prints it (without colons).
-    pub sha256: String,
-    pub not_before: SystemTime,
-    pub not_after: SystemTime,
+    /// Subject, issuer, serial, SHA-256, validity, names, CA or not (`chain_len` is 1).
+    pub info: CertInfo,
     /// e.g. `ECDSA P-256`, `RSA 2048`, `Ed25519`.
     pub key_type: String,
-    pub is_ca: bool,
     /// Extended key usages: `serverAuth`, `clientAuth`, … (empty: none stated).
     pub usages: Vec<String>,
-    pub dns_names: Vec<String>,
-    pub ip_addresses: Vec<IpAddr>,
-    pub uris: Vec<String>,
     /// The first `spiffe://` URI name: the workload identity a keyward client certificate carries.
     pub spiffe_id: Option<String>,
 }
@@ -90,7 +82,7 @@ pub fn inspect(path: &Path, ca: Option<&Path>, now: SystemTime) -> Result<Inspec
     let certificates =
         ders.iter().enumerate().map(|(i, der)| describe(der, &cert_file, i)).collect::<Result<Vec<_>, _>>()?;
     let first = &certificates[0];
-    let time = Check { against: PathBuf::new(), result: valid_at(first, now) };
+    let time = Check { against: PathBuf::new(), result: valid_at(&first.info, now) };
     let key = match key_file {
         Some(file) => Some(Check { result: key_matches(&text, &read(&file)?, &file), against: file }),
         None => None,
@@ -128,7 +120,6 @@ fn describe(der: &CertificateDer<'_>, path: &Path, index: usize) -> Result<Certi
         path: path.to_path_buf(),
         reason: format!("certificate {} is not valid X.509: {e}", index + 1),
     })?;
-    let (dns_names, ip_addresses, uris) = crate::pem::alt_names(&cert);
     let mut usages = Vec::new();
     if let Ok(Some(eku)) = cert.extended_key_usage() {
         let eku = eku.value;
@@ -147,21 +138,12 @@ fn describe(der: &CertificateDer<'_>, path: &Path, index: usize) -> Result<Certi
         }
         usages.extend(eku.other.iter().map(|oid| oid.to_id_string()));
     }
-    let validity = cert.validity();
+    let info = crate::pem::info_of(&cert, der);
     Ok(Certificate {
-        subject: cert.subject().to_string(),
-        issuer: cert.issuer().to_string(),
-        serial: cert.raw_serial_as_string(),
-        sha256: crate::pem::hex(ring::digest::digest(&ring::digest::SHA256, der.as_ref()).as_ref()),
-        not_before: crate::pem::to_system_time(validity.not_before.timestamp()),
-        not_after: crate::pem::to_system_time(validity.not_after.timestamp()),
         key_type: key_type(&cert),
-        is_ca: cert.is_ca(),
         usages,
-        spiffe_id: uris.iter().find(|u| u.starts_with("spiffe://")).cloned(),
-        dns_names,
-        ip_addresses,
-        uris,
+        spiffe_id: info.uris.iter().find(|u| u.starts_with("spiffe://")).cloned(),
+        info,
     })
 }
 
@@ -194,7 +176,7 @@ fn key_type(cert: &X509Certificate<'_>) -> String {
 
 // === Checks ===
 
-fn valid_at(cert: &Certificate, now: SystemTime) -> Result<String, String> {
+fn valid_at(cert: &CertInfo, now: SystemTime) -> Result<String, String> {
     let at = crate::error::rfc3339;
     if now < cert.not_before {
         Err(format!("not valid yet: valid from {}", at(cert.not_before)))
@@ -228,56 +210,81 @@ fn verify(
     roots: &[CertificateDer<'static>],
     now: SystemTime,
 ) -> Result<String, String> {
-    if leaf.is_ca {
+    if leaf.info.is_ca {
         return if roots.contains(&chain[0]) {
             Ok("certificate 1 is one of the trusted CA certificates".into())
         } else {
             Err("certificate 1 is a CA certificate that is not among the trusted ones".into())
         };
     }
-    let mut store = rustls::RootCertStore::empty();
-    for root in roots {
-        store.add(root.clone()).map_err(|e| format!("cannot trust a certificate of the CA bundle: {e}"))?;
-    }
-    let store = Arc::new(store);
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let since = now.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let at = UnixTime::since_unix_epoch(since);
-    let (end_entity, intermediates) = (&chain[0], &chain[1..]);
-    let server_name = leaf.dns_names.first().cloned().or_else(|| leaf.ip_addresses.first().map(IpAddr::to_string));
+    let server_name =
+        leaf.info.dns_names.first().cloned().or_else(|| leaf.info.ip_addresses.first().map(IpAddr::to_string));
     let server = leaf.usages.iter().any(|u| u == "serverAuth" || u == "any");
     match server_name.filter(|_| server || leaf.usages.is_empty()) {
-        Some(name) => {
-            use rustls::client::danger::ServerCertVerifier;
-            let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(store, provider)
-                .build()
-                .map_err(|e| e.to_string())?;
-            let server_name = ServerName::try_from(name.clone()).map_err(|e| format!("{name}: {e}"))?;
-            verifier
-                .verify_server_cert(end_entity, intermediates, &server_name, &[], at)
-                .map(|_| format!("a TLS client that trusts the CA bundle accepts it as the server {name}"))
-                .map_err(|e| {
-                    format!(
-                        "a TLS client that trusts the CA bundle refuses it as the server {name}: {e}{}",
-                        hint(&e, leaf)
-                    )
-                })
-        }
-        None => {
-            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(store, provider)
-                .build()
-                .map_err(|e| e.to_string())?;
-            verifier
-                .verify_client_cert(end_entity, intermediates, at)
-                .map(|_| "a TLS server that trusts the CA bundle accepts it as a client certificate".into())
-                .map_err(|e| {
-                    format!(
-                        "a TLS server that trusts the CA bundle refuses it as a client certificate: {e}{}",
-                        hint(&e, leaf)
-                    )
-                })
-        }
+        Some(name) => accepted_as_server(chain, roots, &name, now)
+            .map(|()| format!("a TLS client that trusts the CA bundle accepts it as the server {name}"))
+            .map_err(|e| {
+                format!("a TLS client that trusts the CA bundle refuses it as the server {name}: {e}{}", hint(&e, leaf))
+            }),
+        None => accepted_as_client(chain, roots, now)
+            .map(|()| "a TLS server that trusts the CA bundle accepts it as a client certificate".into())
+            .map_err(|e| {
+                format!(
+                    "a TLS server that trusts the CA bundle refuses it as a client certificate: {e}{}",
+                    hint(&e, leaf)
+                )
+            }),
     }
+}
+
+/// Whether a TLS client that trusts `roots` accepts `chain` (leaf first) as the server `name`
+/// at `now`: rustls's WebPKI verifier, as keyward's own peers check it.
+pub fn accepted_as_server(
+    chain: &[CertificateDer<'_>],
+    roots: &[CertificateDer<'_>],
+    name: &str,
+    now: SystemTime,
+) -> Result<(), rustls::Error> {
+    use rustls::client::danger::ServerCertVerifier;
+    let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(root_store(roots)?, provider())
+        .build()
+        .map_err(|e| rustls::Error::General(e.to_string()))?;
+    let server_name =
+        ServerName::try_from(name.to_string()).map_err(|e| rustls::Error::General(format!("{name}: {e}")))?;
+    let (leaf, intermediates) = chain.split_first().ok_or(rustls::Error::NoCertificatesPresented)?;
+    verifier.verify_server_cert(leaf, intermediates, &server_name, &[], unix_time(now)).map(|_| ())
+}
+
+/// Whether a TLS server that trusts `roots` accepts `chain` (leaf first) as a client
+/// certificate at `now`.
+pub fn accepted_as_client(
+    chain: &[CertificateDer<'_>],
+    roots: &[CertificateDer<'_>],
+    now: SystemTime,
+) -> Result<(), rustls::Error> {
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(root_store(roots)?, provider())
+        .build()
+        .map_err(|e| rustls::Error::General(e.to_string()))?;
+    let (leaf, intermediates) = chain.split_first().ok_or(rustls::Error::NoCertificatesPresented)?;
+    verifier.verify_client_cert(leaf, intermediates, unix_time(now)).map(|_| ())
+}
+
+fn root_store(roots: &[CertificateDer<'_>]) -> Result<Arc<rustls::RootCertStore>, rustls::Error> {
+    let mut store = rustls::RootCertStore::empty();
+    for root in roots {
+        store
+            .add(root.clone().into_owned())
+            .map_err(|e| rustls::Error::General(format!("cannot trust a certificate of the CA bundle: {e}")))?;
+    }
+    Ok(Arc::new(store))
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn unix_time(now: SystemTime) -> UnixTime {
+    UnixTime::since_unix_epoch(now.duration_since(UNIX_EPOCH).unwrap_or_default())
 }
 
 /// What the two refusals an admin meets most often mean.
@@ -285,11 +292,11 @@ fn hint(e: &rustls::Error, leaf: &Certificate) -> String {
     use rustls::{CertificateError, Error};
     match e {
         Error::InvalidCertificate(CertificateError::UnknownIssuer) => {
-            format!(" (the bundle does not hold its issuer, {})", leaf.issuer)
+            format!(" (the bundle does not hold its issuer, {})", leaf.info.issuer)
         }
         Error::InvalidCertificate(CertificateError::BadSignature) => format!(
             " (the bundle holds a CA named {} but with another key: the CA was replaced after this certificate was issued)",
-            leaf.issuer
+            leaf.info.issuer
         ),
         _ => String::new(),
     }

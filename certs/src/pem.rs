@@ -296,25 +296,30 @@ fn inspect_chain(chain: &[CertificateDer<'_>], path: &Path) -> Result<CertInfo, 
             });
         }
     }
-    let (dns_names, ip_addresses, uris) = alt_names(&leaf);
-    let validity = leaf.validity();
-    Ok(CertInfo {
-        subject: leaf.subject().to_string(),
-        issuer: leaf.issuer().to_string(),
-        serial: leaf.raw_serial_as_string(),
-        sha256: hex(ring::digest::digest(&ring::digest::SHA256, chain[0].as_ref()).as_ref()),
+    Ok(CertInfo { chain_len: chain.len(), ..info_of(&leaf, &chain[0]) })
+}
+
+/// What one certificate says (`chain_len` 1), from its parsed form and its DER.
+pub(crate) fn info_of(cert: &X509Certificate<'_>, der: &CertificateDer<'_>) -> CertInfo {
+    let (dns_names, ip_addresses, uris) = alt_names(cert);
+    let validity = cert.validity();
+    CertInfo {
+        subject: cert.subject().to_string(),
+        issuer: cert.issuer().to_string(),
+        serial: cert.raw_serial_as_string(),
+        sha256: hex(ring::digest::digest(&ring::digest::SHA256, der.as_ref()).as_ref()),
         not_before: to_system_time(validity.not_before.timestamp()),
         not_after: to_system_time(validity.not_after.timestamp()),
         dns_names,
         ip_addresses,
         uris,
-        is_ca: leaf.is_ca(),
-        chain_len: chain.len(),
-    })
+        is_ca: cert.is_ca(),
+        chain_len: 1,
+    }
 }
 
 /// A certificate's subject alternative names: DNS names, IP addresses, URIs.
-pub(crate) fn alt_names(cert: &X509Certificate<'_>) -> (Vec<String>, Vec<IpAddr>, Vec<String>) {
+fn alt_names(cert: &X509Certificate<'_>) -> (Vec<String>, Vec<IpAddr>, Vec<String>) {
     let (mut dns_names, mut ip_addresses, mut uris) = (Vec::new(), Vec::new(), Vec::new());
     if let Ok(Some(san)) = cert.subject_alternative_name() {
         for name in &san.value.general_names {
@@ -335,7 +340,7 @@ pub(crate) fn alt_names(cert: &X509Certificate<'_>) -> (Vec<String>, Vec<IpAddr>
     (dns_names, ip_addresses, uris)
 }
 
-pub(crate) fn to_system_time(unix: i64) -> SystemTime {
+fn to_system_time(unix: i64) -> SystemTime {
     if unix >= 0 {
         UNIX_EPOCH + Duration::from_secs(unix.unsigned_abs())
     } else {
@@ -343,6 +348,6 @@ pub(crate) fn to_system_time(unix: i64) -> SystemTime {
     }
 }
 
-pub(crate) fn hex(bytes: &[u8]) -> String {
+fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

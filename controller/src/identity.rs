@@ -102,22 +102,13 @@ pub fn renewal(
 /// mTLS server checks it: keyward signed it (a Secret's own `ca.crt` proves nothing).
 pub fn issued_by(cert_pem: &[u8], ca: &Ca) -> bool {
     use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, UnixTime};
+    use rustls::pki_types::CertificateDer;
     let (Ok(leaf), Ok(root)) =
         (CertificateDer::from_pem_slice(cert_pem), CertificateDer::from_pem_slice(ca.cert_pem().as_bytes()))
     else {
         return false;
     };
-    let mut roots = rustls::RootCertStore::empty();
-    if roots.add(root).is_err() {
-        return false;
-    }
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let Ok(verifier) = rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), provider).build()
-    else {
-        return false;
-    };
-    verifier.verify_client_cert(&leaf, &[], UnixTime::now()).is_ok()
+    keyward_certs::inspect::accepted_as_client(&[leaf], &[root], SystemTime::now()).is_ok()
 }
 
 /// When a certificate is due for renewal: two thirds into its life.
