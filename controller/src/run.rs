@@ -186,23 +186,8 @@ pub async fn run(
     // The namespaces the client CA is published to: one that is created gets it at once.
     for ns in reconciler.settings().publish_client_ca_to.clone() {
         let fields = format!("metadata.name={ns}");
-        let stream = watcher(Api::<Namespace>::all(client.clone()), watcher::Config::default().fields(&fields))
-            .default_backoff()
-            .touched_objects();
-        let tx = tx.clone();
-        tasks.spawn(async move {
-            futures::pin_mut!(stream);
-            while let Some(event) = stream.next().await {
-                match event {
-                    Ok(_) => {
-                        let _ = tx.send(Key::PublishClientCa);
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, namespace = %ns, "namespace watch failed; retrying with backoff")
-                    }
-                }
-            }
-        });
+        let stream = watcher(Api::<Namespace>::all(client.clone()), watcher::Config::default().fields(&fields));
+        touch(stream, Key::PublishClientCa, &tx, &mut tasks);
     }
 
     // The self-managed serving certificate and client CA: their Secrets and the webhook

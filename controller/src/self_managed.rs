@@ -82,11 +82,11 @@ pub async fn reconcile(
             reason: "not found: install keyward's webhook configuration, or name it with --webhook-config".into(),
         });
     };
-    let webhooks = config.webhooks.clone().unwrap_or_default();
-    let bundle = webhooks.first().and_then(|w| w.client_config.ca_bundle.as_ref()).map(|b| b.0.clone());
+    let webhooks = config.webhooks.as_deref().unwrap_or_default();
+    let bundle =
+        webhooks.first().and_then(|w| w.client_config.ca_bundle.as_ref()).map(|b| b.0.clone()).unwrap_or_default();
 
-    let files: BTreeMap<String, Vec<u8>> =
-        existing.as_ref().and_then(|s| s.data.clone()).unwrap_or_default().into_iter().map(|(k, v)| (k, v.0)).collect();
+    let files = existing.as_ref().map(files_of).unwrap_or_default();
     let next_since = existing
         .as_ref()
         .and_then(|s| s.metadata.annotations.as_ref()?.get(NEXT_SINCE).cloned())
@@ -102,7 +102,7 @@ pub async fn reconcile(
     let observed = Observed {
         files,
         next_since,
-        bundle: bundle.clone().unwrap_or_default(),
+        bundle,
         replicas_serve_current,
         renew_requested: annotated(serving::RENEW),
         rotate_requested: annotated(serving::ROTATE_CA),
@@ -165,22 +165,40 @@ async fn write_secret(
     files: &BTreeMap<String, Vec<u8>>,
     plan: &Plan,
 ) -> Result<(), kube::Error> {
-    let mut metadata = objects::meta(namespace, name, None, Scope::Serving, None);
-    metadata.annotations = plan.next_since.map(|t| {
+    let annotations = plan.next_since.map(|t| {
         let t = time::OffsetDateTime::from(t);
         BTreeMap::from([(
             NEXT_SINCE.to_string(),
             t.format(&time::format_description::well_known::Rfc3339).unwrap_or_default(),
         )])
     });
+    put(api, name, existing, tls_secret(namespace, name, annotations, files)).await
+}
+
+/// A Secret's data, as files.
+fn files_of(secret: &Secret) -> BTreeMap<String, Vec<u8>> {
+    secret.data.iter().flatten().map(|(k, v)| (k.clone(), v.0.clone())).collect()
+}
+
+/// A `kubernetes.io/tls` Secret keyward manages, holding `files`.
+fn tls_secret(
+    namespace: &str,
+    name: &str,
+    annotations: Option<BTreeMap<String, String>>,
+    files: &BTreeMap<String, Vec<u8>>,
+) -> Secret {
+    let mut metadata = objects::meta(namespace, name, None, Scope::Serving, None);
+    metadata.annotations = annotations;
     let data = files.iter().map(|(k, v)| (k.clone(), ByteString(v.clone()))).collect();
-    let mut secret =
-        Secret { metadata, type_: Some("kubernetes.io/tls".into()), data: Some(data), ..Secret::default() };
+    Secret { metadata, type_: Some("kubernetes.io/tls".into()), data: Some(data), ..Secret::default() }
+}
+
+/// Creates `secret`, or replaces `existing` with it whole, at the version read: keys no longer
+/// wanted go, and a write by anyone else in between is a conflict, never overwritten.
+async fn put(api: &Api<Secret>, name: &str, existing: Option<&Secret>, mut secret: Secret) -> Result<(), kube::Error> {
     match existing {
         None => api.create(&PostParams::default(), &secret).await.map(|_| ()),
         Some(current) => {
-            // Replaced whole, at the version read: keys the plan dropped go, and a write by
-            // anyone else in between is a conflict, never overwritten.
             secret.metadata.resource_version = current.metadata.resource_version.clone();
             api.replace(name, &PostParams::default(), &secret).await.map(|_| ())
         }
@@ -205,52 +223,21 @@ pub async fn client_ca(
         None => None,
         Some(secret) if !is_managed(&secret.metadata) => return Ok(()),
         Some(secret) => {
-            let file = |f: &str| {
-                secret.data.as_ref().and_then(|d| d.get(f)).map(|b| String::from_utf8_lossy(&b.0).into_owned())
-            };
-            match (file(serving::TLS_CRT), file(serving::TLS_KEY)) {
-                (Some(cert), Some(key)) => {
-                    let usable = keyward_certs::pem::cert_info(cert.as_bytes(), serving::TLS_CRT.as_ref())
-                        .and_then(|info| info.check_valid_at(serving::TLS_CRT.as_ref(), SystemTime::now()))
-                        .and_then(|()| {
-                            keyward_certs::pki::Ca::from_pem(
-                                &cert,
-                                &key,
-                                serving::TLS_CRT.as_ref(),
-                                serving::TLS_KEY.as_ref(),
-                            )
-                        });
-                    match usable {
-                        Ok(_) => return Ok(()),
-                        Err(e) => Some(e.to_string()),
-                    }
-                }
-                _ => Some("tls.crt or tls.key is missing".to_string()),
+            match serving::ca_pair(&files_of(secret), serving::TLS_CRT, serving::TLS_KEY, SystemTime::now()) {
+                Ok(_) => return Ok(()),
+                Err(why) => Some(why),
             }
         }
     };
     let ca = keyward_certs::pki::Ca::mint(&format!("keyward client CA ({namespace})"), SystemTime::now(), validity)?;
-    let data = BTreeMap::from([
-        (serving::TLS_CRT.to_string(), ByteString(ca.cert_pem().as_bytes().to_vec())),
-        (serving::TLS_KEY.to_string(), ByteString(ca.key_pem().into_bytes())),
-        (serving::CA_CRT.to_string(), ByteString(ca.cert_pem().as_bytes().to_vec())),
+    let files = BTreeMap::from([
+        (serving::TLS_CRT.to_string(), ca.cert_pem().as_bytes().to_vec()),
+        (serving::TLS_KEY.to_string(), ca.key_pem().into_bytes()),
+        (serving::CA_CRT.to_string(), ca.cert_pem().as_bytes().to_vec()),
     ]);
-    let mut secret = Secret {
-        metadata: objects::meta(namespace, name, None, Scope::Serving, None),
-        type_: Some("kubernetes.io/tls".into()),
-        data: Some(data),
-        ..Secret::default()
-    };
     leader.check()?;
-    let written = match &existing {
-        None => api.create(&PostParams::default(), &secret).await,
-        Some(current) => {
-            secret.metadata.resource_version = current.metadata.resource_version.clone();
-            api.replace(name, &PostParams::default(), &secret).await
-        }
-    };
-    match written {
-        Ok(_) => {}
+    match put(&api, name, existing.as_ref(), tls_secret(namespace, name, None, &files)).await {
+        Ok(()) => {}
         // Written by someone else meanwhile: read again at the next pass.
         Err(kube::Error::Api(s)) if s.is_conflict() || s.is_already_exists() => return Ok(()),
         Err(e) => return Err(e.into()),

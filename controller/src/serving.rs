@@ -23,7 +23,7 @@ use std::time::{Duration, SystemTime};
 use keyward_certs::pem::{self, CertInfo};
 use keyward_certs::pki::Ca;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::pki_types::CertificateDer;
 
 use crate::error::Error;
 
@@ -177,7 +177,7 @@ pub fn plan(settings: &Settings, observed: &Observed, now: SystemTime) -> Result
     let mut next_since = observed.next_since;
 
     // The signing CA: used as is, or everything starts again.
-    let ca = match ca_pair(&files, CA_CRT, CA_KEY, now) {
+    let mut ca = match ca_pair(&files, CA_CRT, CA_KEY, now) {
         Ok(ca) => ca,
         Err(why) => {
             let replaced = (!files.is_empty()).then_some(why);
@@ -195,7 +195,7 @@ pub fn plan(settings: &Settings, observed: &Observed, now: SystemTime) -> Result
             ca
         }
     };
-    let mut ca = ca;
+    let created = !changes.is_empty();
 
     // A rotation's other CAs, when usable.
     if files.contains_key(CA_NEXT_CRT) || files.contains_key(CA_NEXT_KEY) {
@@ -218,7 +218,7 @@ pub fn plan(settings: &Settings, observed: &Observed, now: SystemTime) -> Result
     // 1. introduce a new CA at two thirds of the current one's life.
     let ca_renew_at = renew_at(ca.cert_pem().as_bytes());
     let rotating = files.contains_key(CA_NEXT_CRT) || files.contains_key(CA_PREVIOUS_CRT);
-    if !rotating && !created_before_rotation(&changes) && (now >= ca_renew_at || observed.rotate_requested) {
+    if !rotating && !created && (now >= ca_renew_at || observed.rotate_requested) {
         let next = Ca::mint(&settings.ca_common_name, now, settings.ca_validity)?;
         write_ca(&mut files, CA_NEXT_CRT, CA_NEXT_KEY, &next);
         next_since = Some(now);
@@ -243,9 +243,8 @@ pub fn plan(settings: &Settings, observed: &Observed, now: SystemTime) -> Result
         }
     }
     // 3. retire the previous CA once no replica serves a leaf it signed.
-    let switched_now = changes.contains(&Change::CaSwitched);
-    let created_now = changes.iter().any(|c| matches!(c, Change::Created { .. }));
-    if files.contains_key(CA_PREVIOUS_CRT) && observed.replicas_serve_current && !switched_now && !created_now {
+    let switched = changes.contains(&Change::CaSwitched);
+    if files.contains_key(CA_PREVIOUS_CRT) && observed.replicas_serve_current && !switched && !created {
         files.remove(CA_PREVIOUS_CRT);
         changes.push(Change::CaRetired);
     }
@@ -258,7 +257,7 @@ pub fn plan(settings: &Settings, observed: &Observed, now: SystemTime) -> Result
         let leaf = ca.issue_serving(&settings.names, now, settings.leaf_validity)?;
         files.insert(TLS_CRT.into(), leaf.cert_pem.into_bytes());
         files.insert(TLS_KEY.into(), leaf.key_pem.into_bytes());
-        if !created_now {
+        if !created {
             changes.push(Change::LeafRenewed { why });
         }
     }
@@ -287,14 +286,10 @@ pub fn plan(settings: &Settings, observed: &Observed, now: SystemTime) -> Result
     Ok(Plan { files, next_since, bundle, bundle_first: gains, changes, next: next.max(now + Duration::from_secs(1)) })
 }
 
-/// A CA just made from nothing is not rotated in the same pass.
-fn created_before_rotation(changes: &[Change]) -> bool {
-    changes.iter().any(|c| matches!(c, Change::Created { .. }))
-}
-
 // === reading the Secret ===
 
-fn ca_pair(files: &BTreeMap<String, Vec<u8>>, crt: &str, key: &str, now: SystemTime) -> Result<Ca, String> {
+/// The CA in `crt` and `key` of `files`, if it is one, valid at `now`, that can sign.
+pub(crate) fn ca_pair(files: &BTreeMap<String, Vec<u8>>, crt: &str, key: &str, now: SystemTime) -> Result<Ca, String> {
     let (Some(cert), Some(key_pem)) = (files.get(crt), files.get(key)) else {
         return Err(format!("{crt} or {key} is missing"));
     };
@@ -313,12 +308,10 @@ fn write_ca(files: &mut BTreeMap<String, Vec<u8>>, crt: &str, key: &str, ca: &Ca
     files.insert(key.into(), ca.key_pem().into_bytes());
 }
 
-/// Two thirds into the life of the first certificate of `pem` (now, for anything unreadable).
+/// Two thirds into the life of the first certificate of `pem` (at once, for anything
+/// unreadable).
 fn renew_at(pem: &[u8]) -> SystemTime {
-    match pem::cert_info(pem, TLS_CRT.as_ref()) {
-        Ok(info) => info.not_before + info.not_after.duration_since(info.not_before).unwrap_or_default() * 2 / 3,
-        Err(_) => SystemTime::UNIX_EPOCH,
-    }
+    crate::identity::renew_at(Some(pem)).unwrap_or(SystemTime::UNIX_EPOCH)
 }
 
 /// Why the leaf must be issued again, if it must.
@@ -345,21 +338,11 @@ fn leaf_problem(settings: &Settings, files: &BTreeMap<String, Vec<u8>>, ca: &Ca,
     None
 }
 
-/// Whether a TLS client that trusts `ca_pem` accepts `leaf_pem` as the server `name` at `now`.
+/// Whether a TLS client that trusts `ca_pem` accepts the leaf of `leaf_pem` as the server `name`
+/// at `now`.
 pub fn served_as(leaf_pem: &[u8], ca_pem: &[u8], name: &str, now: SystemTime) -> Result<(), String> {
-    use rustls::client::danger::ServerCertVerifier;
     let leaf = CertificateDer::from_pem_slice(leaf_pem).map_err(|e| e.to_string())?;
-    let mut roots = rustls::RootCertStore::empty();
-    for root in certificates(ca_pem) {
-        roots.add(root).map_err(|e| e.to_string())?;
-    }
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(roots.into(), provider)
-        .build()
-        .map_err(|e| e.to_string())?;
-    let name = ServerName::try_from(name.to_string()).map_err(|e| e.to_string())?;
-    let at = UnixTime::since_unix_epoch(now.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default());
-    verifier.verify_server_cert(&leaf, &[], &name, &[], at).map(|_| ()).map_err(|e| e.to_string())
+    keyward_certs::inspect::accepted_as_server(&[leaf], &certificates(ca_pem), name, now).map_err(|e| e.to_string())
 }
 
 fn certificates(pem: &[u8]) -> Vec<CertificateDer<'static>> {
