@@ -68,6 +68,7 @@ async fn a_matching_pod_gets_the_patch_and_others_pass_untouched() {
     expected["metadata"]["annotations"]["keyward.io/injected"] = json!(
         r#"{"profile":"lmeval","injected":[{"kind":"clientCertificate","secret":"evaljob-sample-lmeval-client","volume":"keyward-client-cert","mountPath":"/var/run/secrets/keyward/lmeval-client"},{"kind":"serverCA","configMap":"keyward-lmeval-server-ca","volume":"keyward-server-ca","mountPath":"/var/run/secrets/keyward/lmeval-server-ca"},{"kind":"apiToken","apiToken":"remove"}],"containers":["main"]}"#
     );
+    expected["metadata"]["labels"]["keyward.io/profile"] = json!("lmeval");
     let mut without_attestation = pod.clone();
     let attestation =
         without_attestation["metadata"]["annotations"].as_object_mut().unwrap().remove("keyward.io/attestation");

@@ -6,6 +6,9 @@ use crate::inject::AuditItem;
 
 /// The annotation holding the [`AuditRecord`] as compact JSON.
 pub const ANNOTATION_INJECTED: &str = "keyward.io/injected";
+/// The label on every pod keyward injected, naming the profile: `kubectl get pods -l
+/// keyward.io/profile` lists them. A listing aid, never a proof (anyone may set it).
+pub const LABEL_PROFILE: &str = "keyward.io/profile";
 /// The apiserver's limit on the total size of a pod's annotations (keys and values).
 pub const TOTAL_ANNOTATION_SIZE_LIMIT: usize = 256 * 1024;
 /// The service account the pod asked for, when keyward swapped it.

@@ -12,7 +12,8 @@ use serde_json::value::RawValue;
 
 use crate::attest::{self, Attestor, ANNOTATION_ATTESTATION};
 use crate::audit::{
-    AuditRecord, ContainerScope, ANNOTATION_INJECTED, ANNOTATION_ORIGINAL_SA, TOTAL_ANNOTATION_SIZE_LIMIT,
+    AuditRecord, ContainerScope, ANNOTATION_INJECTED, ANNOTATION_ORIGINAL_SA, LABEL_PROFILE,
+    TOTAL_ANNOTATION_SIZE_LIMIT,
 };
 use crate::check::violations;
 use crate::inject::{ApiToken, Injection, Requirement};
@@ -564,6 +565,19 @@ fn inject(
             annotations_there = true;
         }
     }
+    // The listing label. Pods admitted before keyward set it lack it and are otherwise whole:
+    // that alone is not a change to their injection (see `reason` below).
+    let labelled = meta.labels.get(LABEL_PROFILE).is_some_and(|v| v.as_ref() == profile.name.as_str());
+    let mut label_op = false;
+    if !labelled {
+        // `add` replaces a key that is there; with no labels at all, the whole map is added.
+        planned.ops.push(if meta.labels.is_empty() {
+            PatchOp::add(Path::Labels(None), OpValue::Map(LABEL_PROFILE, profile.name.clone()))
+        } else {
+            PatchOp::add(Path::Labels(Some(LABEL_PROFILE)), OpValue::Str(profile.name.clone()))
+        });
+        label_op = true;
+    }
 
     if !planned.ops.is_empty() {
         let broken = violations(&spec, &planned.changes, annotation_bytes);
@@ -584,7 +598,7 @@ fn inject(
     if let Some(original) = original_service_account {
         audit_annotations.insert("original-service-account".into(), original);
     }
-    let reason = if ops.is_empty() { Reason::AlreadyInjected } else { Reason::Injected };
+    let reason = if ops.len() == usize::from(label_op) { Reason::AlreadyInjected } else { Reason::Injected };
     let mutation =
         Mutation { ops, injections, audit: Some((profile.name.clone(), containers)), new_dependencies: used };
     let mut d = Decision::new(reason, Ok(mutation));

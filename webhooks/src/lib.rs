@@ -34,7 +34,8 @@ pub mod yaml;
 
 pub use attest::{Attestor, ANNOTATION_ATTESTATION};
 pub use audit::{
-    AuditRecord, ContainerScope, ANNOTATION_INJECTED, ANNOTATION_ORIGINAL_SA, TOTAL_ANNOTATION_SIZE_LIMIT,
+    AuditRecord, ContainerScope, ANNOTATION_INJECTED, ANNOTATION_ORIGINAL_SA, LABEL_PROFILE,
+    TOTAL_ANNOTATION_SIZE_LIMIT,
 };
 pub use engine::{
     decide, explain, Decision, Denial, Explanation, Mutation, ProfileTrace, Reason, RequestFacts, Requester,

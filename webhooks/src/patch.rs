@@ -38,6 +38,8 @@ pub enum Path {
     Container { list: ContainerList, index: usize, field: ContainerField, item: Item },
     /// `/metadata/annotations`, or one key under it
     Annotations(Option<&'static str>),
+    /// `/metadata/labels`, or one key under it
+    Labels(Option<&'static str>),
 }
 
 /// Where in an array.
@@ -137,8 +139,12 @@ impl fmt::Display for Path {
                 };
                 write!(f, "/spec/{}/{index}/{field}{item}", list.field())
             }
-            Self::Annotations(key) => {
-                f.write_str("/metadata/annotations")?;
+            Self::Annotations(key) | Self::Labels(key) => {
+                f.write_str(if matches!(self, Self::Labels(_)) {
+                    "/metadata/labels"
+                } else {
+                    "/metadata/annotations"
+                })?;
                 match key {
                     Some(key) => token(f, key),
                     None => Ok(()),

@@ -53,6 +53,8 @@ fn lmeval_driver_pod_gets_the_exact_patch() {
     expected.push(
         json!({"op": "add", "path": "/metadata/annotations/keyward.io~1original-service-account", "value": "default"}),
     );
+    // The listing label (`kubectl get pods -l keyward.io/profile`); the pod has labels.
+    expected.push(json!({"op": "add", "path": "/metadata/labels/keyward.io~1profile", "value": "lmeval-job"}));
     assert_eq!(patch_json(&decision), Value::Array(expected));
 
     // The resulting pod, field by field.
@@ -318,7 +320,8 @@ fn bare_pod_gets_whole_arrays_and_maps() {
             {"op": "add", "path": "/spec/containers/0/volumeMounts", "value": [{"name": "keyward-token", "mountPath": "/var/run/secrets/keyward/token", "readOnly": true}]},
             {"op": "add", "path": "/spec/containers/0/env", "value": [{"name": "API_KEY_FILE", "value": "/var/run/secrets/keyward/token/api-key"}]},
             {"op": "add", "path": "/spec/containers/0/env/-", "value": {"name": "API_KEY", "valueFrom": {"secretKeyRef": {"name": "blue-api-key", "key": "api-key"}}}},
-            {"op": "add", "path": "/metadata/annotations", "value": {"keyward.io/injected": audit}}
+            {"op": "add", "path": "/metadata/annotations", "value": {"keyward.io/injected": audit}},
+            {"op": "add", "path": "/metadata/labels/keyward.io~1profile", "value": "minimal"}
         ])
     );
 }
@@ -336,7 +339,8 @@ fn annotation_keys_are_escaped_in_patch_paths() {
     });
     let (d, after) = admit(&create("default", "ci-bot"), &pod, &profiles(MINIMAL_PROFILE));
     let ops = patch_json(&d);
-    let last = ops.as_array().unwrap().last().unwrap();
+    let ops = ops.as_array().unwrap();
+    let last = &ops[ops.len() - 2]; // before the label
     assert_eq!(last["op"], "add");
     assert_eq!(last["path"], "/metadata/annotations/keyward.io~1injected");
     assert_eq!(after["metadata"]["annotations"]["a~b/c"], "x", "the pod's own key is untouched");
@@ -706,4 +710,66 @@ fn a_huge_pod_is_answered_in_linear_time_and_bounded_work() {
         .iter()
         .all(|c| { c["volumeMounts"].as_array().unwrap().iter().all(|m| m["name"] != "kube-api-access-7xq2m") }));
     assert_eq!(after["spec"]["volumes"].as_array().unwrap().len(), 100_001 + 3);
+}
+
+#[test]
+fn injected_pods_carry_the_profile_label_whatever_labels_they_had() {
+    let annotated = r#"
+apiVersion: keyward.io/v1alpha1
+kind: InjectionProfile
+metadata: {name: by-annotation}
+spec:
+  annotationSelector: {matchAnnotations: {example.com/credentials: "true"}}
+  requesters: {usernames: [ci-bot]}
+  inject: {apiToken: remove}
+"#;
+    // No labels at all (an annotation-only selector): the whole map is added.
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p", "annotations": {"example.com/credentials": "true"}},
+        "spec": {"automountServiceAccountToken": false, "containers": [{"name": "c", "image": "busybox"}]}
+    });
+    let (d, after) = admit(&create("default", "ci-bot"), &pod, &profiles(annotated));
+    let ops = patch_json(&d);
+    assert_eq!(
+        ops.as_array().unwrap().last().unwrap(),
+        &json!({"op": "add", "path": "/metadata/labels", "value": {"keyward.io/profile": "by-annotation"}})
+    );
+    assert_eq!(after["metadata"]["labels"], json!({"keyward.io/profile": "by-annotation"}));
+
+    // A label the creator set to another profile's name is overwritten: it lists, it proves nothing.
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p", "labels": {"app": "minimal", "team": "blue", "keyward.io/profile": "lmeval"}},
+        "spec": {"automountServiceAccountToken": false, "containers": [{"name": "c", "image": "busybox"}]}
+    });
+    let (_, after) = admit(&create("default", "ci-bot"), &pod, &profiles(MINIMAL_PROFILE));
+    assert_eq!(after["metadata"]["labels"], json!({"app": "minimal", "team": "blue", "keyward.io/profile": "minimal"}));
+
+    // A pod injected before keyward set the label is otherwise whole: re-deciding on it adds the
+    // label and nothing else, and still counts as already injected (the controller re-plans
+    // live pods and issues only for those).
+    let mut unlabelled = after.clone();
+    unlabelled["metadata"]["labels"].as_object_mut().unwrap().remove("keyward.io/profile");
+    let again = decide(&create("default", "ci-bot"), &unlabelled, &profiles(MINIMAL_PROFILE));
+    assert_eq!(again.reason, Reason::AlreadyInjected);
+    assert_eq!(
+        patch_json(&again),
+        json!([{"op": "add", "path": "/metadata/labels/keyward.io~1profile", "value": "minimal"}])
+    );
+    let whole = decide(&create("default", "ci-bot"), &after, &profiles(MINIMAL_PROFILE));
+    assert_eq!((whole.reason, whole.patch().len()), (Reason::AlreadyInjected, 0));
+}
+
+#[test]
+fn a_profile_name_longer_than_a_label_value_is_refused() {
+    let name = "a".repeat(64);
+    let yaml = MINIMAL_PROFILE.replace("name: minimal", &format!("name: {name}"));
+    let err = keyward_engine::ProfileSet::from_sources([("p.yaml".to_string(), yaml)]).unwrap_err().to_string();
+    assert!(
+        err.contains(
+            "metadata.name: is 64 characters; at most 63, since it becomes the value of the keyward.io/profile label"
+        ),
+        "{err}"
+    );
 }

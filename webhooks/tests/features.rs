@@ -104,11 +104,11 @@ fn a_token_for_the_same_audience_and_path_already_mounted_counts_as_injected() {
         d.warnings,
         ["keyward: profile \"demo\" serviceAccountToken: container \"app\" already gets a token for audience \"api.example\" as \"t\" at \"/var/run/secrets/example\" (volume \"own-token\"); keyward counts it as injected and adds no other"]
     );
-    // Only the audit record is added; the pod's volumes and mounts are as they were.
+    // Only the audit record and the label are added; the pod's volumes and mounts are as they were.
     assert_eq!(after["spec"], pod["spec"]);
     let patch = patch_json(&d);
     let ops: Vec<&str> = patch.as_array().unwrap().iter().map(|op| op["path"].as_str().unwrap()).collect();
-    assert_eq!(ops, ["/metadata/annotations/keyward.io~1injected"]);
+    assert_eq!(ops, ["/metadata/annotations/keyward.io~1injected", "/metadata/labels/keyward.io~1profile"]);
     assert_eq!(d.outcome.as_ref().unwrap().requires().count(), 0);
 }
 
@@ -187,7 +187,8 @@ fn plain_env_and_api_token_removal_keep_the_account() {
             {"op": "remove", "path": "/spec/volumes/0"},
             {"op": "add", "path": "/spec/containers/0/env/-", "value": {"name": "AUTH_MODE", "value": "token"}},
             {"op": "add", "path": "/metadata/annotations/keyward.io~1injected",
-             "value": r#"{"profile":"demo","injected":[{"kind":"env","names":"AUTH_MODE"},{"kind":"apiToken","apiToken":"remove"}],"containers":"all"}"#}
+             "value": r#"{"profile":"demo","injected":[{"kind":"env","names":"AUTH_MODE"},{"kind":"apiToken","apiToken":"remove"}],"containers":"all"}"#},
+            {"op": "add", "path": "/metadata/labels/keyward.io~1profile", "value": "demo"}
         ])
     );
     assert_eq!(after["spec"]["serviceAccountName"], "default");

@@ -14,6 +14,9 @@ use crate::names::{
     is_dns1123_subdomain, is_label_value, is_qualified_name, service_account_pattern, DNS1123_SUBDOMAIN_RULE,
 };
 
+/// The longest profile name: a label value's limit.
+pub(super) const MAX_PROFILE_NAME: usize = 63;
+
 /// Checks one profile and returns it validated, or records every problem found.
 pub(super) fn validate(source: &str, doc: ProfileDocument, errors: &mut Vec<ProfileError>) -> Option<Profile> {
     let before = errors.len();
@@ -35,6 +38,15 @@ pub(super) fn validate(source: &str, doc: ProfileDocument, errors: &mut Vec<Prof
     }
     if !is_dns1123_subdomain(&name) {
         problem("metadata.name", format!("must be a DNS-1123 subdomain ({DNS1123_SUBDOMAIN_RULE})"));
+    } else if name.len() > MAX_PROFILE_NAME {
+        // The name is the value of the `keyward.io/profile` label on the pods it injects.
+        problem(
+            "metadata.name",
+            format!(
+                "is {} characters; at most {MAX_PROFILE_NAME}, since it becomes the value of the keyward.io/profile label on the pods it injects",
+                name.len()
+            ),
+        );
     }
 
     let spec = &doc.spec;
