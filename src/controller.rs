@@ -22,7 +22,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::logging::LogFormat;
-use crate::profiles::ProfileArgs;
+use crate::profiles::{ProfileArgs, ProfileStore};
 use crate::serve::config::parse_duration;
 
 #[derive(Debug, Args)]
@@ -130,7 +130,6 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     // kube's client builds its TLS from rustls' process-wide provider: ring, the only one
     // compiled in. Already installed is fine.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let profiles = Arc::new(args.profiles.source().load()?);
     if let Some(problem) = keyward_controller::desired::trust_domain_problem(&args.trust_domain) {
         bail!("--trust-domain {problem}");
     }
@@ -167,6 +166,25 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
             Some(serving)
         }
     };
+    let metrics = Arc::new(Metrics::default());
+    metrics.set_build_info(crate::build::VERSION, crate::build::COMMIT);
+    // What every set must allow here, at start and on each reload: a profile that issues
+    // client certificates needs the client CA this process was started with.
+    let has_client_ca = args.client_ca_dir.is_some();
+    let observer = metrics.clone();
+    let store = ProfileStore::load(args.profiles.source(), move |set| {
+        let issuing = issuing_profiles(set);
+        if issuing.is_empty() || has_client_ca {
+            return Ok(());
+        }
+        Err(format!(
+            "profiles {} issue client certificates: give --client-ca-dir, the directory where the keyward-client-ca Secret is mounted (tls.crt, tls.key)",
+            issuing.join(", ")
+        ))
+    })?
+    .with_observer(move |outcome| observer.profile_reload(outcome.as_str()));
+    let store = Arc::new(store);
+    let profiles = store.profiles().current_arc();
     let identity = match args.identity.clone() {
         Some(id) if !id.is_empty() => id,
         _ => std::env::var("HOSTNAME")
@@ -175,16 +193,8 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
             .context("--identity: give this replica's name (the pod's name), or set HOSTNAME")?,
     };
     let issuing = issuing_profiles(&profiles);
-    let metrics = Arc::new(Metrics::default());
-    metrics.set_build_info(crate::build::VERSION, crate::build::COMMIT);
-    let ca_dir = match (&args.client_ca_dir, issuing.is_empty()) {
-        (Some(dir), _) => dir.clone(),
-        (None, true) => std::env::temp_dir().join("keyward-no-client-ca"),
-        (None, false) => bail!(
-            "profiles {} issue client certificates: give --client-ca-dir, the directory where the keyward-client-ca Secret is mounted (tls.crt, tls.key)",
-            issuing.join(", ")
-        ),
-    };
+    // Without --client-ca-dir no set that issues is accepted (above), so nothing reads this.
+    let ca_dir = args.client_ca_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("keyward-no-client-ca"));
     let observer = metrics.clone();
     let client_ca = Arc::new(keyward_controller::identity::client_ca_store(&ca_dir).with_observer(move |o| {
         observer.client_ca_reload(o.as_str());
@@ -200,6 +210,8 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         Some(_) => Some(keyward_certs::watch(client_ca.clone(), args.cert_poll_interval)?),
         None => None,
     };
+    let _profile_watch =
+        if store.reloads() { Some(keyward_certs::watch(store.clone(), args.cert_poll_interval)?) } else { None };
 
     let client = kube_client(args.api_timeout).await?;
     let lease = LeaseConfig::new(&args.lease_name, &args.namespace, &identity);
@@ -225,15 +237,21 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         serving,
         client_ca_secret: (args.client_ca == Source::SelfManaged).then(|| args.client_ca_secret.clone()),
     };
-    let reconciler = Arc::new(Reconciler::new(
-        client.clone(),
-        profiles.clone(),
-        settings,
-        client_ca.clone(),
-        leadership.clone(),
-        metrics.clone(),
-        identity.clone(),
-    ));
+    let reconciler_for = {
+        let (client, client_ca, leadership, metrics, identity) =
+            (client.clone(), client_ca.clone(), leadership.clone(), metrics.clone(), identity.clone());
+        move |profiles| {
+            Arc::new(Reconciler::new(
+                client.clone(),
+                profiles,
+                settings.clone(),
+                client_ca.clone(),
+                leadership.clone(),
+                metrics.clone(),
+                identity.clone(),
+            ))
+        }
+    };
     tracing::info!(
         %identity,
         namespace = %args.namespace,
@@ -251,17 +269,17 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
             .metrics_listen
             .parse()
             .with_context(|| format!("--metrics-listen {}: not HOST:PORT or off", args.metrics_listen))?;
-        let needs_ca = !issuing.is_empty();
+        // A set that issues may arrive by reload, and only with a client CA given.
+        let needs_ca = has_client_ca;
         let server = health_server(addr, metrics.clone(), status.clone(), client_ca.clone(), needs_ca, stop_rx).await?;
         tokio::spawn(server);
     }
-    let reloads = client_ca.subscribe();
     let shutdown = async {
         crate::serve::wait_for_signal().await;
         tracing::info!("shutting down: releasing the Lease");
     };
     let loop_settings = run::LoopSettings { resync: args.resync_interval, workers: args.workers };
-    run::run(client, reconciler, leadership, loop_settings, status, reloads, shutdown).await;
+    run::run_reloading(client, store.subscribe(), reconciler_for, leadership, loop_settings, status, shutdown).await;
     let _ = stop_tx.send(true);
     // The elector releases the Lease (bounded by the renew deadline) and ends.
     let _ = stop_election.send(());

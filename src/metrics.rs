@@ -12,6 +12,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+use crate::profiles::ProfileReload;
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
     profile: &'static str,
@@ -43,6 +45,7 @@ pub struct Metrics {
     bad_requests: Counter,
     cert_not_after: Gauge,
     cert_reloads: Family<ReloadLabels, Counter>,
+    profile_reloads: Family<ReloadLabels, Counter>,
     open_connections: Family<ListenerLabels, Gauge>,
     closed_connections: Family<ClosedLabels, Counter>,
     refused_connections: Family<ListenerLabels, Counter>,
@@ -100,6 +103,12 @@ impl Default for Metrics {
             "Serving certificate reload attempts, by result (loaded|unchanged|failed)",
             cert_reloads.clone(),
         );
+        let profile_reloads = Family::<ReloadLabels, Counter>::default();
+        registry.register(
+            "profile_reloads",
+            "Attempts to reload the profiles from --profiles, by result (loaded|unchanged|failed)",
+            profile_reloads.clone(),
+        );
         let open_connections = Family::<ListenerLabels, Gauge>::default();
         registry.register(
             "open_connections",
@@ -146,6 +155,7 @@ impl Default for Metrics {
             bad_requests,
             cert_not_after,
             cert_reloads,
+            profile_reloads,
             open_connections,
             closed_connections,
             refused_connections,
@@ -185,6 +195,10 @@ impl Metrics {
         if let ReloadOutcome::Loaded(info) = outcome {
             self.cert_not_after.set(unix_seconds(info.not_after));
         }
+    }
+
+    pub fn observe_profile_reload(&self, outcome: &ProfileReload) {
+        self.profile_reloads.get_or_create(&ReloadLabels { result: outcome.as_str() }).inc();
     }
 
     pub fn set_open_connections(&self, listener: &'static str, open: usize) {

@@ -1,10 +1,16 @@
-//! Where the profiles come from: the built-in set, a directory, or both.
+//! Where the profiles come from (the built-in set, a directory, or both), and the set of the
+//! moment, reloaded when `--profiles` changes.
 
+use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context};
+use arc_swap::ArcSwap;
 use clap::Args;
+use keyward_certs::Trigger;
 use keyward_engine::ProfileSet;
+use tokio::sync::watch;
 
 #[derive(Debug, Args)]
 /// The flags that say which profiles to load, shared by every subcommand.
@@ -60,10 +66,19 @@ pub struct ProfileSource {
 
 impl ProfileSource {
     pub fn load(&self) -> anyhow::Result<ProfileSet> {
+        let files = match &self.dir {
+            Some(dir) => read_sources(dir)?,
+            None => Vec::new(),
+        };
+        self.build(&files)
+    }
+
+    /// The set from the files read from `--profiles`, over the built-ins, with the pins.
+    fn build(&self, files: &[(String, String)]) -> anyhow::Result<ProfileSet> {
         let builtin = if self.with_builtin { ProfileSet::builtin()? } else { ProfileSet::default() };
         let mut set = match &self.dir {
             None => builtin,
-            Some(dir) => builtin.overlay(ProfileSet::from_sources(read_sources(dir)?)?)?,
+            Some(_) => builtin.overlay(ProfileSet::from_sources(files.iter().cloned())?)?,
         };
         for (profile, namespace) in &self.operator_namespaces {
             set.pin_operator_namespace(profile, namespace)
@@ -81,35 +96,385 @@ impl ProfileSource {
     }
 }
 
-/// Reads one profile file, or every `*.yaml` / `*.yml` in a directory, sorted by name. Entries
-/// starting with `..` are the kubelet's own (`..data`, `..2024_…`) when the directory is a
-/// mounted ConfigMap; they are skipped, and the top-level symlinks into them are read.
-fn read_sources(dir: &Path) -> anyhow::Result<Vec<(String, String)>> {
-    if dir.is_file() {
+/// Reads one profile file, or every `*.yaml` / `*.yml` in a directory, sorted by name.
+///
+/// A mounted ConfigMap is a directory whose `..data` symlink points at the generation of the
+/// moment (`..2026_…`), with a top-level symlink through it per key; the kubelet updates it by
+/// writing a new generation and swapping `..data`. The files are read from the one generation
+/// `..data` names, and read again if it moved meanwhile, so a set never mixes two versions.
+fn read_sources(path: &Path) -> anyhow::Result<Vec<(String, String)>> {
+    if path.is_file() {
         let text =
-            std::fs::read_to_string(dir).with_context(|| format!("--profiles {}: cannot read", dir.display()))?;
-        return Ok(vec![(dir.display().to_string(), text)]);
+            std::fs::read_to_string(path).with_context(|| format!("--profiles {}: cannot read", path.display()))?;
+        return Ok(vec![(path.display().to_string(), text)]);
     }
-    let entries =
-        std::fs::read_dir(dir).with_context(|| format!("--profiles {}: cannot read the directory", dir.display()))?;
-    let mut paths = Vec::new();
-    for entry in entries {
-        let path = entry.with_context(|| format!("--profiles {}: cannot list the directory", dir.display()))?.path();
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-        let is_yaml = name.ends_with(".yaml") || name.ends_with(".yml");
-        if is_yaml && !name.starts_with("..") && path.is_file() {
-            paths.push(path);
+    let data = path.join("..data");
+    for _ in 0..5 {
+        let Ok(generation) = std::fs::read_link(&data) else { return read_dir(path, path) };
+        let read = read_dir(&path.join(&generation), path);
+        if std::fs::read_link(&data).ok().as_ref() == Some(&generation) {
+            return read;
         }
     }
-    if paths.is_empty() {
-        bail!("--profiles {}: no *.yaml or *.yml files in the directory", dir.display());
+    bail!(
+        "--profiles {}: the ConfigMap volume changed five times while it was read; the next change or poll reads it again",
+        path.display()
+    )
+}
+
+/// The `*.yaml` / `*.yml` files of `dir`, named as if in `shown` (the directory the user gave,
+/// not the kubelet's generation). Entries starting with `..` are the kubelet's own.
+fn read_dir(dir: &Path, shown: &Path) -> anyhow::Result<Vec<(String, String)>> {
+    let entries =
+        std::fs::read_dir(dir).with_context(|| format!("--profiles {}: cannot read the directory", shown.display()))?;
+    let mut names = Vec::new();
+    for entry in entries {
+        let entry = entry.with_context(|| format!("--profiles {}: cannot list the directory", shown.display()))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let is_yaml = name.ends_with(".yaml") || name.ends_with(".yml");
+        if is_yaml && !name.starts_with("..") && dir.join(&name).is_file() {
+            names.push(name);
+        }
     }
-    paths.sort();
-    paths
+    if names.is_empty() {
+        bail!("--profiles {}: no *.yaml or *.yml files in the directory", shown.display());
+    }
+    names.sort();
+    names
         .into_iter()
-        .map(|p| {
-            let text = std::fs::read_to_string(&p).with_context(|| format!("{}: cannot read", p.display()))?;
-            Ok((p.display().to_string(), text))
+        .map(|name| {
+            let shown = shown.join(&name);
+            let text = std::fs::read_to_string(dir.join(&name))
+                .with_context(|| format!("{}: cannot read", shown.display()))?;
+            Ok((shown.display().to_string(), text))
         })
         .collect()
+}
+
+// === impl ProfileStore ===
+
+/// The profile set the webhook (or the controller) works with now, shared by every request: a
+/// reload swaps the whole set at once, so a decision sees the old set or the new, never a mix.
+#[derive(Debug, Clone)]
+pub struct Profiles(Arc<ArcSwap<ProfileSet>>);
+
+impl Profiles {
+    /// A set that never changes.
+    #[cfg(test)]
+    pub fn fixed(set: ProfileSet) -> Self {
+        Self(Arc::new(ArcSwap::from_pointee(set)))
+    }
+
+    /// The set of the moment; hold it for one decision.
+    pub fn current(&self) -> arc_swap::Guard<Arc<ProfileSet>> {
+        self.0.load()
+    }
+
+    /// The set of the moment, to keep.
+    pub fn current_arc(&self) -> Arc<ProfileSet> {
+        self.0.load_full()
+    }
+}
+
+/// What one reload attempt did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProfileReload {
+    /// A new set now serves.
+    Loaded,
+    /// The files hold the set already served.
+    Unchanged,
+    /// Refused, with every problem; the last good set keeps serving.
+    Failed(String),
+}
+
+impl ProfileReload {
+    /// `loaded`, `unchanged` or `failed`: a metrics label.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Loaded => "loaded",
+            Self::Unchanged => "unchanged",
+            Self::Failed(_) => "failed",
+        }
+    }
+}
+
+type SetCheck = Box<dyn Fn(&ProfileSet) -> Result<(), String> + Send + Sync>;
+type ReloadObserver = Box<dyn Fn(&ProfileReload) + Send + Sync>;
+
+/// `--profiles DIR` kept current: [`keyward_certs::watch`] calls [`ProfileStore::reload`] on
+/// each change in the directory and on each poll. A new set is read whole from one generation
+/// of a ConfigMap volume, validated whole (the profiles, the `--operator-namespace` pins, and
+/// what this process can serve), and only then swapped in.
+pub struct ProfileStore {
+    source: ProfileSource,
+    /// What is watched: the directory, or the directory holding the file.
+    watched: PathBuf,
+    profiles: Profiles,
+    /// The files of the set now served, to tell a change from a poll.
+    files: Mutex<Vec<(String, String)>>,
+    last_error: Mutex<Option<String>>,
+    check: Option<SetCheck>,
+    observer: Option<ReloadObserver>,
+    changes: watch::Sender<Arc<ProfileSet>>,
+}
+
+impl fmt::Debug for ProfileStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProfileStore").field("source", &self.source).finish_non_exhaustive()
+    }
+}
+
+impl ProfileStore {
+    /// Loads the set now; a bad set is an error (start-up stops on it). `check` is what this
+    /// process also needs of any set (a key, a CA), applied at start-up and to every reload.
+    pub fn load(
+        source: ProfileSource,
+        check: impl Fn(&ProfileSet) -> Result<(), String> + Send + Sync + 'static,
+    ) -> anyhow::Result<Self> {
+        let files = match &source.dir {
+            Some(dir) => read_sources(dir)?,
+            None => Vec::new(),
+        };
+        let set = source.build(&files)?;
+        check(&set).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let watched = match &source.dir {
+            Some(p) if p.is_file() => p.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf),
+            Some(p) => p.clone(),
+            None => PathBuf::new(),
+        };
+        let set = Arc::new(set);
+        Ok(Self {
+            source,
+            watched,
+            profiles: Profiles(Arc::new(ArcSwap::new(set.clone()))),
+            files: Mutex::new(files),
+            last_error: Mutex::new(None),
+            check: Some(Box::new(check)),
+            observer: None,
+            changes: watch::channel(set).0,
+        })
+    }
+
+    /// Calls `observer` after every reload attempt (for metrics).
+    pub fn with_observer(mut self, observer: impl Fn(&ProfileReload) + Send + Sync + 'static) -> Self {
+        self.observer = Some(Box::new(observer));
+        self
+    }
+
+    /// Whether there is anything to reload (`--profiles` was given).
+    pub fn reloads(&self) -> bool {
+        self.source.dir.is_some()
+    }
+
+    pub fn profiles(&self) -> Profiles {
+        self.profiles.clone()
+    }
+
+    /// Every set swapped in from now on (the latest only).
+    pub fn subscribe(&self) -> watch::Receiver<Arc<ProfileSet>> {
+        self.changes.subscribe()
+    }
+
+    /// Reads, validates and (if new and valid) swaps in the set on disk.
+    pub fn reload(&self, trigger: Trigger) -> ProfileReload {
+        let outcome = self.try_reload();
+        self.log(trigger, &outcome);
+        if let Some(observer) = &self.observer {
+            observer(&outcome);
+        }
+        outcome
+    }
+
+    fn try_reload(&self) -> ProfileReload {
+        let Some(dir) = &self.source.dir else { return ProfileReload::Unchanged };
+        let files = match read_sources(dir) {
+            Ok(files) => files,
+            Err(e) => return ProfileReload::Failed(format!("{e:#}")),
+        };
+        if *lock(&self.files) == files {
+            return ProfileReload::Unchanged;
+        }
+        let set = match self.source.build(&files) {
+            Ok(set) => set,
+            Err(e) => return ProfileReload::Failed(format!("{e:#}")),
+        };
+        if let Some(Err(e)) = self.check.as_ref().map(|check| check(&set)) {
+            return ProfileReload::Failed(e);
+        }
+        let set = Arc::new(set);
+        self.profiles.0.store(set.clone());
+        *lock(&self.files) = files;
+        self.changes.send_replace(set);
+        ProfileReload::Loaded
+    }
+
+    fn log(&self, trigger: Trigger, outcome: &ProfileReload) {
+        let mut last = lock(&self.last_error);
+        match outcome {
+            ProfileReload::Loaded => {
+                *last = None;
+                let set = self.profiles.current();
+                tracing::info!(
+                    ?trigger,
+                    source = %self.source.describe(),
+                    count = set.len(),
+                    profiles = ?set.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
+                    "profiles reloaded"
+                );
+            }
+            ProfileReload::Unchanged => {
+                *last = None;
+                tracing::debug!(?trigger, "profiles unchanged");
+            }
+            ProfileReload::Failed(error) => {
+                // Said once per distinct error; every attempt is counted in metrics.
+                if last.as_deref() != Some(error.as_str()) {
+                    let set = self.profiles.current();
+                    tracing::error!(
+                        ?trigger,
+                        source = %self.source.describe(),
+                        %error,
+                        still_serving = ?set.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
+                        "profiles refused; keeping the last good set (fix the files, or the ConfigMap mounted there)"
+                    );
+                }
+                *last = Some(error.clone());
+            }
+        }
+    }
+}
+
+impl keyward_certs::ReloadSource for ProfileStore {
+    fn dir(&self) -> &Path {
+        &self.watched
+    }
+
+    fn reload(&self, trigger: Trigger) {
+        ProfileStore::reload(self, trigger);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use keyward_certs::testing::KubeletVolume;
+
+    fn profile(name: &str, value: &str) -> String {
+        format!(
+            "apiVersion: keyward.io/v1alpha1\nkind: InjectionProfile\nmetadata: {{name: {name}}}\nspec:\n  selector: {{matchLabels: {{app: {name}}}}}\n  requesters: {{usernames: [bot]}}\n  inject:\n    env:\n      - {{name: GENERATION, value: \"{value}\"}}\n"
+        )
+    }
+
+    fn source(dir: &Path) -> ProfileSource {
+        ProfileSource { dir: Some(dir.to_path_buf()), with_builtin: false, operator_namespaces: vec![] }
+    }
+
+    fn names(set: &ProfileSet) -> Vec<String> {
+        set.iter().map(|p| p.name.clone()).collect()
+    }
+
+    fn env_value(set: &ProfileSet, name: &str) -> String {
+        let p = set.iter().find(|p| p.name == name).unwrap();
+        serde_json::to_value(&p.spec.inject).unwrap()["env"][0]["value"].as_str().unwrap().to_string()
+    }
+
+    #[test]
+    fn a_configmap_update_swaps_the_whole_set_and_a_bad_one_keeps_the_last_good() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (a1, b1) = (profile("a", "1"), profile("b", "1"));
+        let mut volume = KubeletVolume::new(tmp.path(), &[("a.yaml", a1.as_bytes()), ("b.yaml", b1.as_bytes())]);
+        let outcomes = Arc::new(Mutex::new(Vec::new()));
+        let seen = outcomes.clone();
+        let store = ProfileStore::load(source(tmp.path()), |_| Ok(()))
+            .unwrap()
+            .with_observer(move |o| lock(&seen).push(o.as_str()));
+        let mut changes = store.subscribe();
+        let profiles = store.profiles();
+        assert_eq!(names(&profiles.current()), ["a", "b"]);
+        // The names are the user's directory, not the kubelet's generation.
+        assert_eq!(profiles.current().iter().next().unwrap().source, tmp.path().join("a.yaml").display().to_string());
+
+        // A poll with nothing new.
+        assert_eq!(store.reload(Trigger::Poll), ProfileReload::Unchanged);
+        assert!(!changes.has_changed().unwrap());
+
+        // One key changed, one removed, one added: all at once.
+        let (a2, c2) = (profile("a", "2"), profile("c", "2"));
+        volume.rotate(&[("a.yaml", a2.as_bytes()), ("c.yaml", c2.as_bytes())]);
+        assert_eq!(store.reload(Trigger::Watch), ProfileReload::Loaded);
+        assert_eq!(names(&profiles.current()), ["a", "c"]);
+        assert_eq!(env_value(&profiles.current(), "a"), "2");
+        assert!(changes.has_changed().unwrap());
+        assert_eq!(names(&changes.borrow_and_update()), ["a", "c"]);
+
+        // Two problems in two files: refused with both, the last good set serving.
+        let broken = profile("a", "3").replace("name: GENERATION", "name: \"1BAD\"");
+        let empty_selector = profile("d", "3").replace("  selector: {matchLabels: {app: d}}\n", "");
+        volume.rotate(&[("a.yaml", broken.as_bytes()), ("d.yaml", empty_selector.as_bytes())]);
+        let ProfileReload::Failed(error) = store.reload(Trigger::Watch) else { panic!("accepted") };
+        assert!(error.contains("a.yaml") && error.contains("1BAD"), "{error}");
+        assert!(error.contains("d.yaml") && error.contains("spec.selector"), "{error}");
+        assert_eq!(names(&profiles.current()), ["a", "c"]);
+        assert_eq!(env_value(&profiles.current(), "a"), "2");
+        assert!(!changes.has_changed().unwrap());
+        // Polled again while still bad: still refused (and counted), nothing swapped.
+        assert!(matches!(store.reload(Trigger::Poll), ProfileReload::Failed(_)));
+
+        // Fixed: taken.
+        volume.rotate(&[("a.yaml", profile("a", "4").as_bytes())]);
+        assert_eq!(store.reload(Trigger::Poll), ProfileReload::Loaded);
+        assert_eq!(names(&profiles.current()), ["a"]);
+        assert_eq!(*lock(&outcomes), ["unchanged", "loaded", "failed", "failed", "loaded"]);
+    }
+
+    #[test]
+    fn what_the_process_needs_of_a_set_is_checked_at_start_and_on_every_reload() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut volume = KubeletVolume::new(tmp.path(), &[("a.yaml", profile("a", "1").as_bytes())]);
+        let check = |set: &ProfileSet| match set.iter().any(|p| p.name == "forbidden") {
+            true => Err("profile forbidden needs a restart with --flag".to_string()),
+            false => Ok(()),
+        };
+        let store = ProfileStore::load(source(tmp.path()), check).unwrap();
+        volume.rotate(&[("a.yaml", profile("a", "1").as_bytes()), ("f.yaml", profile("forbidden", "1").as_bytes())]);
+        assert_eq!(
+            store.reload(Trigger::Watch),
+            ProfileReload::Failed("profile forbidden needs a restart with --flag".into())
+        );
+        assert_eq!(names(&store.profiles().current()), ["a"]);
+        // And at start-up, the same check stops it.
+        let err = ProfileStore::load(source(tmp.path()), check).unwrap_err().to_string();
+        assert_eq!(err, "profile forbidden needs a restart with --flag");
+    }
+
+    #[test]
+    fn an_operator_namespace_pin_that_no_longer_names_a_profile_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let pinnable =
+            |name: &str| profile(name, "1").replace("usernames: [bot]", "usernames: [\"system:serviceaccount:*:op\"]");
+        let mut volume = KubeletVolume::new(tmp.path(), &[("a.yaml", pinnable("a").as_bytes())]);
+        let mut source = source(tmp.path());
+        source.operator_namespaces = vec![("a".into(), "ops".into())];
+        let store = ProfileStore::load(source, |_| Ok(())).unwrap();
+        volume.rotate(&[("b.yaml", pinnable("b").as_bytes())]);
+        let ProfileReload::Failed(error) = store.reload(Trigger::Watch) else { panic!("accepted") };
+        assert!(error.starts_with("--operator-namespace a=ops: no profile named \"a\""), "{error}");
+        assert_eq!(names(&store.profiles().current()), ["a"]);
+    }
+
+    #[test]
+    fn without_a_directory_there_is_nothing_to_reload() {
+        let store = ProfileStore::load(
+            ProfileSource { dir: None, with_builtin: true, operator_namespaces: vec![] },
+            |_| Ok(()),
+        )
+        .unwrap();
+        assert!(!store.reloads());
+        assert_eq!(store.reload(Trigger::Poll), ProfileReload::Unchanged);
+        assert_eq!(store.profiles().current().len(), ProfileSet::builtin().unwrap().len());
+    }
 }

@@ -534,3 +534,108 @@ async fn huge_pods_being_decided_do_not_hold_up_the_health_endpoints() {
         assert!(message.ends_with("keyward refuses rather than build a patch that large"), "{message}");
     }
 }
+
+/// A profile for the fms driver pods that the operator's account creates, numbered so each
+/// reload is told apart: its name and the value it injects.
+fn numbered_profile(n: u32) -> String {
+    format!(
+        "apiVersion: keyward.io/v1alpha1\nkind: InjectionProfile\nmetadata: {{name: gen-{n}}}\nspec:\n  selector: {{matchLabels: {{app.kubernetes.io/name: fms-lm-eval-service}}}}\n  requesters: {{usernames: [\"system:serviceaccount:lm-eval:trustyai-service-operator-controller-manager\"]}}\n  inject:\n    env:\n      - {{name: GENERATION, value: \"{n}\"}}\n"
+    )
+}
+
+/// The generation a response injected: its profile's number, checked against the env var.
+fn generation_of(response: &Value) -> Result<u32, String> {
+    let r = &response["response"];
+    let profile = r["auditAnnotations"]["profile"].as_str().ok_or_else(|| format!("not injected: {r}"))?;
+    let n: u32 =
+        profile.strip_prefix("gen-").and_then(|n| n.parse().ok()).ok_or_else(|| format!("profile {profile}"))?;
+    let patch = decode_patch(response);
+    let env = patch.as_array().unwrap().iter().find(|op| op["value"]["name"] == "GENERATION");
+    match env {
+        Some(op) if op["value"]["value"].as_str() == Some(n.to_string().as_str()) => Ok(n),
+        _ => Err(format!("profile gen-{n} with another GENERATION: {patch}")),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn profile_changes_take_effect_on_the_next_admission_and_fail_no_request_under_load() {
+    let tls = TlsDir::new();
+    let dir = tempfile::tempdir().unwrap();
+    let mut volume = KubeletVolume::new(dir.path(), &[("profile.yaml", numbered_profile(0).as_bytes())]);
+    let mut server =
+        tls.start(&["--no-default-profiles", "--profiles", dir.path().to_str().unwrap(), "--cert-poll-interval", "1h"]);
+    let review = Arc::new(review_of(
+        "lmeval-fms-driver-pod.json",
+        "team-a",
+        "system:serviceaccount:lm-eval:trustyai-service-operator-controller-manager",
+        "u-1",
+    ));
+    let stop = Arc::new(AtomicBool::new(false));
+    let ok = Arc::new(AtomicU64::new(0));
+
+    // Two clients, one on a kept-alive connection and one on a new connection per request.
+    // Each sees generations that never go back: a set is swapped whole, never mixed.
+    let mut clients = Vec::new();
+    for fresh_connections in [false, true] {
+        let (review, stop, ok, target) = (review.clone(), stop.clone(), ok.clone(), server.endpoint.clone());
+        clients.push(tokio::spawn(async move {
+            let mut failures = Vec::new();
+            let (mut conn, mut last) = (None, 0);
+            while !stop.load(Ordering::Relaxed) {
+                if conn.is_none() || fresh_connections {
+                    match target.connect().await {
+                        Ok((c, _)) => conn = Some(c),
+                        Err(e) => {
+                            failures.push(e);
+                            continue;
+                        }
+                    }
+                }
+                let Some(client) = conn.as_mut() else { continue };
+                match client.mutate(&review).await.and_then(|r| generation_of(&r)) {
+                    Ok(n) if n >= last => {
+                        last = n;
+                        ok.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(n) => failures.push(format!("generation {n} after {last}")),
+                    Err(e) => failures.push(e),
+                }
+            }
+            failures
+        }));
+    }
+
+    let (mut client, _) = server.connect().await.unwrap();
+    assert_eq!(generation_of(&client.mutate(&review).await.unwrap()), Ok(0));
+    for n in 1..=10 {
+        volume.rotate(&[("profile.yaml", numbered_profile(n).as_bytes())]);
+        let name = format!("gen-{n}");
+        server.wait_log(|v| {
+            v["message"] == "profiles reloaded" && v["profiles"].as_str() == Some(&format!("[{name:?}]"))
+        });
+        // The next admission, on a connection opened before the change, has the new set.
+        assert_eq!(generation_of(&client.mutate(&review).await.unwrap()), Ok(n));
+    }
+
+    // A bad set (a profile with an empty selector, next to a good one): refused whole, said
+    // once with every problem, counted; the last good set serves and the webhook stays ready.
+    let bad =
+        numbered_profile(11).replace("  selector: {matchLabels: {app.kubernetes.io/name: fms-lm-eval-service}}\n", "");
+    volume.rotate(&[("good.yaml", numbered_profile(12).as_bytes()), ("profile.yaml", bad.as_bytes())]);
+    let refused = server.wait_log(|v| v["message"].as_str().is_some_and(|m| m.starts_with("profiles refused")));
+    let error = refused["error"].as_str().unwrap();
+    assert!(error.contains("profile.yaml") && error.contains("spec.selector: must not be empty"), "{error}");
+    assert_eq!(refused["still_serving"], "[\"gen-10\"]");
+    assert_eq!(generation_of(&client.mutate(&review).await.unwrap()), Ok(10));
+    assert_eq!(client.request("GET", "/readyz", Vec::new()).await.unwrap().0, 200);
+    server.wait_metric("keyward_profile_reloads_total{result=\"failed\"}", 1.0).await;
+    assert_eq!(server.metric("keyward_profile_reloads_total{result=\"loaded\"}").await, 10.0);
+
+    stop.store(true, Ordering::Relaxed);
+    let mut failures = Vec::new();
+    for c in clients {
+        failures.extend(c.await.unwrap());
+    }
+    assert!(failures.is_empty(), "{} failed requests, e.g. {:?}", failures.len(), &failures[..failures.len().min(5)]);
+    assert!(ok.load(Ordering::Relaxed) >= 10, "too few requests ran during the reloads");
+}

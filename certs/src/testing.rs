@@ -16,15 +16,18 @@ impl KubeletVolume {
     pub fn new(dir: &Path, files: &[(&str, &[u8])]) -> Self {
         let mut v = Self { dir: dir.to_path_buf(), generation: 0 };
         v.rotate(files);
-        for (name, _) in files {
-            std::os::unix::fs::symlink(format!("..data/{name}"), dir.join(name)).unwrap();
-        }
         v
     }
 
     /// Writes a new timestamped directory, points `..data_tmp` at it, renames it over
-    /// `..data`, and removes the old directory: the kubelet's atomic writer.
+    /// `..data`, removes the old directory, then adds the top-level symlink of each new key and
+    /// removes those of keys gone: the kubelet's atomic writer.
     pub fn rotate(&mut self, files: &[(&str, &[u8])]) {
+        let before: Vec<String> = std::fs::read_dir(&self.dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.starts_with(".."))
+            .collect();
         self.generation += 1;
         let ts = format!("..2026_11_30_08_00_00.{:09}", self.generation);
         let new = self.dir.join(&ts);
@@ -37,6 +40,14 @@ impl KubeletVolume {
         std::fs::rename(self.dir.join("..data_tmp"), self.dir.join("..data")).unwrap();
         if let Some(old) = old {
             std::fs::remove_dir_all(self.dir.join(old)).unwrap();
+        }
+        for (name, _) in files {
+            if !before.iter().any(|b| b == name) {
+                std::os::unix::fs::symlink(format!("..data/{name}"), self.dir.join(name)).unwrap();
+            }
+        }
+        for gone in before.iter().filter(|b| !files.iter().any(|(name, _)| name == b)) {
+            std::fs::remove_file(self.dir.join(gone)).unwrap();
         }
     }
 }

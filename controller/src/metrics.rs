@@ -107,6 +107,7 @@ pub struct Metrics {
     leader: Gauge,
     next_expiry: Gauge,
     client_ca_reloads: Family<ResultLabels, Counter>,
+    profile_reloads: Family<ResultLabels, Counter>,
     reconcile_errors: Family<ResultLabels, Counter>,
     conditions: Family<ConditionLabels, Gauge>,
     refused: Family<ResultLabels, Counter>,
@@ -150,6 +151,12 @@ impl Default for Metrics {
             "client_ca_reloads",
             "Attempts to load the client CA from --client-ca-dir, by result (loaded|unchanged|failed)",
             client_ca_reloads.clone(),
+        );
+        let profile_reloads = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "profile_reloads",
+            "Attempts to reload the profiles from --profiles, by result (loaded|unchanged|failed)",
+            profile_reloads.clone(),
         );
         let reconcile_errors = Family::<ResultLabels, Counter>::default();
         registry.register(
@@ -209,6 +216,7 @@ impl Default for Metrics {
             leader,
             next_expiry,
             client_ca_reloads,
+            profile_reloads,
             reconcile_errors,
             conditions,
             refused,
@@ -238,6 +246,10 @@ impl Metrics {
 
     pub fn client_ca_reload(&self, result: &'static str) {
         self.client_ca_reloads.get_or_create(&ResultLabels { result }).inc();
+    }
+
+    pub fn profile_reload(&self, result: &'static str) {
+        self.profile_reloads.get_or_create(&ResultLabels { result }).inc();
     }
 
     pub fn reconcile_error(&self, what: &'static str) {

@@ -174,6 +174,11 @@ impl Reconciler {
         &self.settings
     }
 
+    /// The client CA it issues with (hot-reloaded).
+    pub fn client_ca(&self) -> &Arc<CertStore> {
+        &self.client_ca
+    }
+
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
     }

@@ -30,6 +30,7 @@ use crate::index::{OwnerKey, PodIndex, PodKey};
 use crate::leader::Leadership;
 use crate::queue::{Outcome, Queue, QueueKey};
 use crate::reconcile::{Reconciler, Stores};
+use keyward_engine::ProfileSet;
 
 /// One unit of work; equal keys queued twice are done once.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -119,6 +120,41 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// Runs the loop with the profile set of the moment until `shutdown` resolves. A new set (one
+/// the caller validated whole) ends the loop and starts it again with the reconciler
+/// `reconciler_for` makes for it: the watches, the pod selectors and every desired object
+/// derive from the profiles, so starting over is how none is left stale. The Lease, the
+/// metrics and readiness carry across; a leader reconciles everything again at once.
+pub async fn run_reloading(
+    client: Client,
+    mut profiles: tokio::sync::watch::Receiver<Arc<ProfileSet>>,
+    reconciler_for: impl Fn(Arc<ProfileSet>) -> Arc<Reconciler>,
+    leadership: Leadership,
+    settings: LoopSettings,
+    status: Arc<Status>,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    futures::pin_mut!(shutdown);
+    loop {
+        let set = profiles.borrow_and_update().clone();
+        let reconciler = reconciler_for(set);
+        let reloads = reconciler.client_ca().subscribe();
+        let mut changed = false;
+        let stop = async {
+            tokio::select! {
+                () = &mut shutdown => {}
+                // A dropped sender means no more reloads: wait for shutdown alone.
+                Ok(()) = profiles.changed() => changed = true,
+            }
+        };
+        run(client.clone(), reconciler, leadership.clone(), settings.clone(), status.clone(), reloads, stop).await;
+        if !changed {
+            return;
+        }
+        tracing::info!("profiles changed: the controller's loop starts again with the new set");
+    }
+}
+
 /// Runs until `shutdown` resolves.
 pub async fn run(
     client: Client,
@@ -140,11 +176,18 @@ pub async fn run(
         .default_backoff()
         .reflect(writer);
     tasks.spawn(namespace_events(stream, tx.clone(), index.clone(), reconciler.clone()));
+    // One waiter on the store's readiness, fanned out: kube-runtime's `wait_until_ready` wakes
+    // only the task that polled it last (a oneshot underneath), so with several waiters the
+    // others would wait for ever (readiness never reported, pod watches never started).
+    let (listed_tx, listed) = tokio::sync::watch::channel(false);
     let ready = namespaces.clone();
     let ns_status = status.clone();
     tasks.spawn(async move {
         if ready.wait_until_ready().await.is_ok() {
             ns_status.namespaces_synced.store(true, Ordering::Relaxed);
+            let _ = listed_tx.send(true);
+            // Held, so the waiters never see a closed channel.
+            std::future::pending::<()>().await;
         }
     });
 
@@ -155,8 +198,9 @@ pub async fn run(
         let stream =
             watcher(Api::<Pod>::all(client.clone()), watcher::Config::default().labels(selector)).default_backoff();
         let (tx, index, namespaces, reconciler) = (tx.clone(), index.clone(), namespaces.clone(), reconciler.clone());
+        let mut listed = listed.clone();
         tasks.spawn(async move {
-            if namespaces.wait_until_ready().await.is_ok() {
+            if listed.wait_for(|done| *done).await.is_ok() {
                 pod_events(stream_id, stream, tx, index, namespaces, reconciler).await;
             }
         });

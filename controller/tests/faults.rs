@@ -457,3 +457,135 @@ fn builtins_and_account() -> ProfileSet {
         .overlay(ProfileSet::from_sources([("r.yaml".to_string(), ACCOUNT_PROFILE.to_string())]).unwrap())
         .unwrap()
 }
+
+// === profile reloads ===
+
+const ROUTER_PROFILE: &str = r#"
+apiVersion: keyward.io/v1alpha1
+kind: InjectionProfile
+metadata: {name: router}
+spec:
+  selector: {matchLabels: {app: router}}
+  requesters: {usernames: [router-operator]}
+  inject:
+    serviceAccount:
+      name: keyward-router
+      provider: keyward
+"#;
+
+#[tokio::test]
+async fn a_new_profile_set_takes_effect_in_the_running_loop_and_a_removed_profile_is_cleaned_up() {
+    let fake = FakeApi::default();
+    fake.seed(opted_in("team-a"));
+    let ca = client_ca();
+    let builtin = ProfileSet::builtin().unwrap();
+    let with_router = builtin
+        .clone()
+        .overlay(ProfileSet::from_sources([("router.yaml".to_string(), ROUTER_PROFILE.to_string())]).unwrap())
+        .unwrap();
+    let (profiles_tx, profiles_rx) = tokio::sync::watch::channel(std::sync::Arc::new(builtin.clone()));
+    let client = fake.client("keyward");
+    let reconciler_for = {
+        let (client, store) = (client.clone(), ca.store.clone());
+        move |profiles| {
+            std::sync::Arc::new(keyward_controller::Reconciler::new(
+                client.clone(),
+                profiles,
+                settings(),
+                store.clone(),
+                Leadership::always(),
+                std::sync::Arc::new(keyward_controller::Metrics::default()),
+                "keyward".into(),
+            ))
+        }
+    };
+    let status = std::sync::Arc::new(run::Status::default());
+    let task = tokio::spawn(run::run_reloading(
+        client,
+        profiles_rx,
+        reconciler_for,
+        Leadership::always(),
+        run::LoopSettings { resync: Duration::from_secs(3600), workers: 4 },
+        status.clone(),
+        std::future::pending(),
+    ));
+    let account = |f: &FakeApi| f.get("v1", "ServiceAccount", "team-a", "keyward-router");
+    // The loop runs with the built-ins: nothing of the router's.
+    // (The leader's first writes: the attestation key.)
+    fake.until(LIMIT, |f| (!f.writes().is_empty()).then_some(())).await;
+    assert!(account(&fake).is_none());
+
+    // A set with the router profile: its account appears in the opted-in namespace.
+    profiles_tx.send(std::sync::Arc::new(with_router)).unwrap();
+    let sa = fake.until(LIMIT, account).await;
+    assert_eq!(sa["metadata"]["annotations"], json!({"keyward.io/profile": "router"}));
+
+    // Back to the built-ins: the account no profile wants any more is removed.
+    profiles_tx.send(std::sync::Arc::new(builtin)).unwrap();
+    fake.until(LIMIT, |f| account(f).is_none().then_some(())).await;
+    assert!(!task.is_finished(), "the loop keeps running");
+    task.abort();
+}
+
+const TOKEN_PROFILE: &str = r#"
+apiVersion: keyward.io/v1alpha1
+kind: InjectionProfile
+metadata: {name: job-token}
+spec:
+  selector: {matchLabels: {app: token-job}}
+  controllerOwners: [{apiGroup: batch, kind: Job}]
+  requesters: {usernames: ["system:serviceaccount:kube-system:job-controller"]}
+  inject:
+    token: {secretName: "{owner.name}-token", provider: keyward, mountPath: /var/run/secrets/example/token}
+"#;
+
+/// Several tasks wait for the namespace watch's first list (readiness, and one pod watch per
+/// profile selector). kube-runtime's `Store::wait_until_ready` wakes only the last task that
+/// polled it, so each waiting on it directly left readiness unreported for ever and all pod
+/// watches but one unstarted; the loop now waits once and fans out.
+#[tokio::test]
+async fn readiness_and_every_pod_watch_follow_the_first_namespace_list() {
+    let fake = FakeApi::default();
+    fake.seed(opted_in("team-a"));
+    let ca = client_ca();
+    let two_selectors = ProfileSet::builtin()
+        .unwrap()
+        .overlay(ProfileSet::from_sources([("t.yaml".to_string(), TOKEN_PROFILE.to_string())]).unwrap())
+        .unwrap();
+    let r = reconciler(&fake, "keyward", two_selectors, &ca, Leadership::always());
+    let status = std::sync::Arc::new(run::Status::default());
+    let (client, loop_status, reloads) = (fake.client("keyward"), status.clone(), ca.store.subscribe());
+    let task = tokio::spawn(async move {
+        run::run(
+            client,
+            r,
+            Leadership::always(),
+            run::LoopSettings::default(),
+            loop_status,
+            reloads,
+            std::future::pending(),
+        )
+        .await
+    });
+    // Both pod watches list (after the namespaces did), each with its own selector.
+    let pod_lists = |f: &FakeApi| {
+        let selectors: BTreeSet<String> = f
+            .calls()
+            .iter()
+            .filter(|c| {
+                c.resource == "/v1/pods" && c.query.contains("labelSelector") && !c.query.contains("watch=true")
+            })
+            .map(|c| c.query.clone())
+            .collect();
+        (selectors.len() == 2).then_some(selectors)
+    };
+    let selectors = fake.until(LIMIT, pod_lists).await;
+    assert!(selectors.iter().any(|q| q.contains("token-job")), "{selectors:?}");
+    // Readiness is a flag, not an API call: wait on it with the same limit.
+    let deadline = Instant::now() + LIMIT;
+    while status.ready().is_err() {
+        assert!(Instant::now() < deadline, "never ready: {:?}", status.ready());
+        tokio::task::yield_now().await;
+    }
+    task.abort();
+}

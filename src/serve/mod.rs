@@ -1,8 +1,9 @@
 //! `keyward serve`: the HTTPS webhook.
 //!
-//! Start-up: load and validate the profiles (a bad profile stops start-up), find or mint the
-//! serving certificate, load it, watch its directory, then listen. Not ready until a valid
-//! certificate is served. On SIGTERM or SIGINT, report not ready for `--shutdown-delay` while
+//! Start-up: find or mint the serving certificate, load and validate the profiles (a bad set
+//! stops start-up), load the certificate, watch its directory and the profiles', then listen.
+//! Not ready until a valid certificate is served; a refused profile reload changes nothing,
+//! readiness included. On SIGTERM or SIGINT, report not ready for `--shutdown-delay` while
 //! still serving, then stop accepting and let in-flight requests finish.
 
 pub(crate) mod config;
@@ -25,6 +26,7 @@ use tokio_rustls::TlsAcceptor;
 pub use config::{ServeArgs, ServeConfig, TlsSource};
 
 use crate::metrics::Metrics;
+use crate::profiles::ProfileStore;
 use connections::{ConnectionLimits, Connections, Transport};
 use routes::{AppState, KeyAttestor};
 
@@ -38,14 +40,6 @@ pub fn run(config: ServeConfig) -> anyhow::Result<()> {
 }
 
 async fn serve(config: ServeConfig) -> anyhow::Result<()> {
-    let profiles = Arc::new(config.profiles.load()?);
-    tracing::info!(
-        count = profiles.len(),
-        source = %config.profiles.describe(),
-        profiles = ?profiles.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
-        "profiles loaded"
-    );
-
     let tls_dir = match &config.tls {
         TlsSource::Dir(dir) => {
             if !dir.is_dir() {
@@ -84,13 +78,31 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         }
     };
 
-    let attestor = attestation(&config, &profiles)?;
+    let metrics = Arc::new(Metrics::default());
+    // What every set must allow here, at start and on each reload: a profile that issues
+    // per-owner credentials needs the attestation key this process was started with.
+    let attests = config.attestation_key_dir.is_some() || matches!(config.tls, TlsSource::Dev { .. });
+    let observer = metrics.clone();
+    let store = ProfileStore::load(config.profiles.clone(), move |set| attestable(set, attests))?
+        .with_observer(move |outcome| observer.observe_profile_reload(outcome));
+    let store = Arc::new(store);
+    let profiles = store.profiles().current();
+    tracing::info!(
+        count = profiles.len(),
+        source = %config.profiles.describe(),
+        profiles = ?profiles.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
+        reloads = store.reloads(),
+        "profiles loaded"
+    );
+
+    let attestor = attestation(&config)?;
     let _attestation_watch = match &attestor {
         Some(a) => Some(keyward_certs::watch(a.0.clone(), config.cert_poll_interval)?),
         None => None,
     };
 
-    let metrics = Arc::new(Metrics::default());
+    let _profile_watch =
+        if store.reloads() { Some(keyward_certs::watch(store.clone(), config.cert_poll_interval)?) } else { None };
     let observer = metrics.clone();
     let certs = Arc::new(CertStore::new(&tls_dir).with_observer(move |o| observer.observe_reload(o)));
     certs.reload(Trigger::Startup);
@@ -116,7 +128,7 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     });
 
     let state = AppState {
-        profiles,
+        profiles: store.profiles(),
         certs: certs.clone(),
         metrics: metrics.clone(),
         draining,
@@ -149,11 +161,25 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The attestation keys, when a profile issues per-owner credentials (its pods must carry the
-/// admission attestation the controller checks): from `--attestation-key-dir`, or, in
-/// development, a key kept beside the development certificate.
-fn attestation(config: &ServeConfig, profiles: &ProfileSet) -> anyhow::Result<Option<Arc<KeyAttestor>>> {
-    let issuing: Vec<&str> = profiles.iter().filter(|p| p.issues_per_owner).map(|p| p.name.as_str()).collect();
+/// Whether `set` can be served: its profiles that issue per-owner credentials need the
+/// attestation key (`attests`: one is loaded). A reload cannot add the key: that needs
+/// `--attestation-key-dir` and a restart.
+fn attestable(set: &ProfileSet, attests: bool) -> Result<(), String> {
+    let issuing: Vec<&str> = set.iter().filter(|p| p.issues_per_owner).map(|p| p.name.as_str()).collect();
+    if issuing.is_empty() || attests {
+        return Ok(());
+    }
+    Err(format!(
+        "profiles {} issue per-owner credentials, so their pods carry keyward's admission attestation: give --attestation-key-dir, where the Secret keyward-attestation (which keyward controller creates) is mounted",
+        issuing.join(", ")
+    ))
+}
+
+/// The attestation keys the webhook signs with: from `--attestation-key-dir`, or, in
+/// development, a key kept beside the development certificate (made whatever the profiles, so
+/// that a reload may add one that issues per-owner credentials). Without either, a set that
+/// needs them is refused (`attestable`).
+fn attestation(config: &ServeConfig) -> anyhow::Result<Option<Arc<KeyAttestor>>> {
     let dir = match (&config.attestation_key_dir, &config.tls) {
         (Some(dir), _) => {
             if !dir.is_dir() {
@@ -164,16 +190,12 @@ fn attestation(config: &ServeConfig, profiles: &ProfileSet) -> anyhow::Result<Op
             }
             dir.clone()
         }
-        (None, _) if issuing.is_empty() => return Ok(None),
         (None, TlsSource::Dev { dir, .. }) => {
             let dir = dir.join("attestation");
             keyward_certs::attestation::ensure_dev_key(&dir)?;
             dir
         }
-        (None, TlsSource::Dir(_)) => anyhow::bail!(
-            "profiles {} issue per-owner credentials, so their pods carry keyward's admission attestation: give --attestation-key-dir, where the Secret keyward-attestation (which keyward controller creates) is mounted",
-            issuing.join(", ")
-        ),
+        (None, TlsSource::Dir(_)) => return Ok(None),
     };
     let store = Arc::new(KeyStore::new(&dir));
     keyward_certs::ReloadSource::reload(&*store, Trigger::Startup);

@@ -21,16 +21,18 @@ use keyward_certs::CertStore;
 use keyward_engine::engine::decide_object;
 use keyward_engine::review::{self, AdmissionRequest};
 use keyward_engine::text::clip;
-use keyward_engine::{Attestor, Decision, ProfileSet};
+use keyward_engine::{Attestor, Decision};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::metrics::Metrics;
+use crate::profiles::Profiles;
 use crate::serve::connections::RequestProgress;
 
 /// What the handlers share.
 #[derive(Debug, Clone)]
 pub struct AppState {
-    pub profiles: Arc<ProfileSet>,
+    /// The profile set of the moment (reloaded when `--profiles` changes).
+    pub profiles: Profiles,
     pub certs: Arc<CertStore>,
     pub metrics: Arc<Metrics>,
     /// Set on SIGTERM: /readyz fails so endpoints drop this pod, while it still serves.
@@ -220,7 +222,9 @@ async fn read_body(
 /// Parses, decides and answers one admission (on a blocking thread).
 fn answer(state: &AppState, body: &[u8]) -> Response {
     let started = Instant::now();
-    let request = match review::read_request(body, state.profiles.annotations_read()) {
+    // One set for the whole decision, whatever a reload does meanwhile.
+    let profiles = state.profiles.current();
+    let request = match review::read_request(body, profiles.annotations_read()) {
         Ok(r) => r,
         Err(e) => return refuse(state, StatusCode::BAD_REQUEST, e.to_string()),
     };
@@ -228,7 +232,7 @@ fn answer(state: &AppState, body: &[u8]) -> Response {
         Some(attestor) => request.facts().attested_by(attestor.as_ref()),
         None => request.facts(),
     };
-    let decision = decide_object(&facts, &request.object, &state.profiles);
+    let decision = decide_object(&facts, &request.object, &profiles);
     let took = started.elapsed();
     state.metrics.observe_decision(decision.profile.as_deref(), decision.allowed(), decision.reason.as_str(), took);
     log_decision(&request, &decision, took);
@@ -266,12 +270,13 @@ mod tests {
     use super::*;
     use axum::body::Body;
     use http_body_util::BodyExt;
+    use keyward_engine::ProfileSet;
     use serde_json::Value;
     use tower::ServiceExt;
 
     fn state() -> AppState {
         AppState {
-            profiles: Arc::new(ProfileSet::builtin().unwrap()),
+            profiles: Profiles::fixed(ProfileSet::builtin().unwrap()),
             certs: Arc::new(CertStore::new("/nonexistent")),
             metrics: Arc::new(Metrics::default()),
             draining: Arc::new(AtomicBool::new(false)),
