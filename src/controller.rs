@@ -88,9 +88,15 @@ pub struct ControllerArgs {
     /// The Secret in --namespace holding the self-managed CA and serving certificate.
     #[arg(long, env = "KEYWARD_SERVING_SECRET", default_value = "keyward-serving")]
     serving_secret: String,
-    /// The MutatingWebhookConfiguration whose caBundle keyward keeps (self-managed).
+    /// The MutatingWebhookConfiguration whose matchConditions (and, self-managed, caBundle)
+    /// keyward keeps.
     #[arg(long, env = "KEYWARD_WEBHOOK_CONFIG", default_value = "keyward")]
     webhook_config: String,
+    /// Who keeps the webhook configuration's matchConditions equal to the profiles: `managed`
+    /// (keyward's leader patches them, and only them, when they differ) or `external` (you
+    /// apply `keyward manifests webhook` yourself, e.g. from GitOps).
+    #[arg(long, env = "KEYWARD_WEBHOOK_MATCH_CONDITIONS", value_enum, default_value_t = Keeper::Managed)]
+    webhook_match_conditions: Keeper,
     /// The webhook's Service in --namespace: its DNS names go into the serving certificate,
     /// and its endpoints are asked which certificate they serve (self-managed).
     #[arg(long, env = "KEYWARD_SERVICE", default_value = "keyward")]
@@ -115,6 +121,12 @@ pub struct ControllerArgs {
 enum Source {
     External,
     SelfManaged,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Keeper {
+    Managed,
+    External,
 }
 
 pub fn run(args: ControllerArgs) -> anyhow::Result<()> {
@@ -236,6 +248,7 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         attestation_rotation: args.attestation_key_rotation,
         serving,
         client_ca_secret: (args.client_ca == Source::SelfManaged).then(|| args.client_ca_secret.clone()),
+        match_conditions_of: (args.webhook_match_conditions == Keeper::Managed).then(|| args.webhook_config.clone()),
     };
     let reconciler_for = {
         let (client, client_ca, leadership, metrics, identity) =

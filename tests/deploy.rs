@@ -240,6 +240,17 @@ fn the_controller_is_leader_elected_least_privileged_and_mounts_the_client_ca() 
     }
     assert_eq!(rule_for("namespaces"), json!(["get", "list", "watch"]));
     assert_eq!(rule_for("lmevaljobs"), json!(["get"]), "owners are only checked");
+    // The one webhook configuration whose matchConditions it keeps, by name, and no other verb.
+    let config_role = find(&docs, "ClusterRole", "keyward-controller-webhook-config");
+    let config_name = find(&docs, "MutatingWebhookConfiguration", "keyward")["metadata"]["name"].clone();
+    assert_eq!(
+        config_role["rules"],
+        json!([{"apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingwebhookconfigurations"], "resourceNames": [config_name], "verbs": ["get", "list", "watch", "patch"]}])
+    );
+    assert_eq!(
+        find(&docs, "ClusterRoleBinding", "keyward-controller-webhook-config")["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "keyward-controller", "namespace": "keyward-system"}])
+    );
     let lease = find(&docs, "Role", "keyward-controller-lease");
     assert_eq!(lease["metadata"]["namespace"], "keyward-system");
     assert_eq!(lease["rules"][1]["resourceNames"], json!(["keyward-controller"]));
@@ -331,7 +342,7 @@ fn the_self_managed_install_needs_no_cert_manager_and_never_mounts_a_ca_key_in_t
     let role = find(&docs, "Role", "keyward-controller-certificates");
     assert_eq!(role["rules"][0]["resourceNames"], json!(["keyward-serving", "keyward-client-ca"]));
     assert_eq!(role["rules"][0]["verbs"], json!(["get", "list", "watch", "update"]));
-    let cluster_role = find(&docs, "ClusterRole", "keyward-controller-webhook-ca");
+    let cluster_role = find(&docs, "ClusterRole", "keyward-controller-webhook-config");
     assert_eq!(
         cluster_role["rules"],
         json!([{"apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingwebhookconfigurations"], "resourceNames": ["keyward"], "verbs": ["get", "list", "watch", "patch"]}])

@@ -112,9 +112,15 @@ pub struct Metrics {
     conditions: Family<ConditionLabels, Gauge>,
     refused: Family<ResultLabels, Counter>,
     serving_changes: Family<ResultLabels, Counter>,
+    webhook_config_repairs: Family<FieldLabels, Counter>,
     serving_expiry: Family<ResultLabels, Gauge>,
     build_info: Family<BuildLabels, Gauge>,
     client_ca_not_after: Gauge,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FieldLabels {
+    field: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -188,6 +194,13 @@ impl Default for Metrics {
             "Changes to the self-managed serving certificate and the webhook's caBundle, by result (created|leaf-renewed|ca-introduced|ca-switched|ca-retired|dropped|ca-bundle-repaired|client-ca-created)",
             serving_changes.clone(),
         );
+        let webhook_config_repairs = Family::<FieldLabels, Counter>::default();
+        registry.register(
+            "webhook_config_repairs",
+            "Times the webhook configuration was found to differ from the profiles and was repaired, by field (matchConditions)",
+            webhook_config_repairs.clone(),
+        );
+        let _ = webhook_config_repairs.get_or_create(&FieldLabels { field: "matchConditions" });
         let serving_expiry = Family::<ResultLabels, Gauge>::default();
         registry.register(
             "serving_expiry_timestamp_seconds",
@@ -211,6 +224,7 @@ impl Default for Metrics {
             build_info,
             client_ca_not_after,
             serving_changes,
+            webhook_config_repairs,
             serving_expiry,
             objects,
             leader,
@@ -273,6 +287,10 @@ impl Metrics {
     /// How many were refused for `refusal` (tests).
     pub fn refused_count(&self, refusal: Refusal) -> u64 {
         self.refused.get_or_create(&ResultLabels { result: refusal.as_str() }).get()
+    }
+
+    pub fn webhook_config_repair(&self, field: &'static str) {
+        self.webhook_config_repairs.get_or_create(&FieldLabels { field }).inc();
     }
 
     pub fn serving_change(&self, what: &'static str) {

@@ -65,6 +65,9 @@ pub struct Settings {
     pub serving: Option<crate::self_managed::SelfManaged>,
     /// `--client-ca self-managed`: keyward makes the client CA in this Secret (in `namespace`).
     pub client_ca_secret: Option<String>,
+    /// The MutatingWebhookConfiguration whose `matchConditions` keyward keeps equal to the
+    /// profiles (`None`: `--webhook-match-conditions external`).
+    pub match_conditions_of: Option<String>,
 }
 
 impl Default for Settings {
@@ -80,6 +83,7 @@ impl Default for Settings {
             attestation_rotation: Duration::from_secs(7 * 24 * 3600),
             serving: None,
             client_ca_secret: None,
+            match_conditions_of: None,
         }
     }
 }
@@ -904,6 +908,16 @@ impl Reconciler {
         match &self.settings.serving {
             Some(serving) => {
                 crate::self_managed::reconcile(&self.client, &self.leader, &self.metrics, ns, serving).await
+            }
+            None => Ok(Outcome::Done),
+        }
+    }
+
+    /// The webhook configuration's `matchConditions`, when keyward keeps them.
+    pub async fn match_conditions(&self) -> Result<Outcome, Error> {
+        match &self.settings.match_conditions_of {
+            Some(name) => {
+                crate::webhook_config::reconcile(&self.client, &self.leader, &self.metrics, name, &self.profiles).await
             }
             None => Ok(Outcome::Done),
         }

@@ -54,12 +54,21 @@ pub enum Key {
     AttestationKey,
     /// The self-managed serving certificate Secret and the webhook's `caBundle`.
     ServingCert,
+    /// The webhook configuration's `matchConditions`.
+    MatchConditions,
 }
 
 impl Key {
     /// What the periodic resync, and a replica that becomes leader, queue.
-    pub const EVERYTHING: [Key; 6] =
-        [Key::ServingCert, Key::AttestationKey, Key::Sources, Key::AllNamespaces, Key::Sweep, Key::PublishClientCa];
+    pub const EVERYTHING: [Key; 7] = [
+        Key::ServingCert,
+        Key::MatchConditions,
+        Key::AttestationKey,
+        Key::Sources,
+        Key::AllNamespaces,
+        Key::Sweep,
+        Key::PublishClientCa,
+    ];
 }
 
 impl QueueKey for Key {
@@ -231,7 +240,7 @@ pub async fn run(
     for ns in reconciler.settings().publish_client_ca_to.clone() {
         let fields = format!("metadata.name={ns}");
         let stream = watcher(Api::<Namespace>::all(client.clone()), watcher::Config::default().fields(&fields));
-        touch(stream, Key::PublishClientCa, &tx, &mut tasks);
+        touch(stream, &[Key::PublishClientCa], &tx, &mut tasks);
     }
 
     // The self-managed serving certificate and client CA: their Secrets and the webhook
@@ -242,19 +251,21 @@ pub async fn run(
     for name in secrets {
         let fields = format!("metadata.name={name}");
         let api = Api::<Secret>::namespaced(client.clone(), &own.namespace);
-        touch(watcher(api, watcher::Config::default().fields(&fields)), Key::ServingCert, &tx, &mut tasks);
+        touch(watcher(api, watcher::Config::default().fields(&fields)), &[Key::ServingCert], &tx, &mut tasks);
     }
-    if let Some(serving) = own.serving.clone() {
-        let config = format!("metadata.name={}", serving.webhook_config);
-        touch(
-            watcher(
-                Api::<MutatingWebhookConfiguration>::all(client.clone()),
-                watcher::Config::default().fields(&config),
-            ),
-            Key::ServingCert,
-            &tx,
-            &mut tasks,
-        );
+    // The webhook configuration, by name: a wiped caBundle or drifted matchConditions is
+    // repaired at once. (Both name the same configuration, --webhook-config.)
+    let config_keys: Vec<Key> =
+        [(own.serving.is_some(), Key::ServingCert), (own.match_conditions_of.is_some(), Key::MatchConditions)]
+            .into_iter()
+            .filter_map(|(on, key)| on.then_some(key))
+            .collect();
+    let config_name =
+        own.serving.as_ref().map(|s| s.webhook_config.clone()).or_else(|| own.match_conditions_of.clone());
+    if let Some(name) = config_name {
+        let fields = format!("metadata.name={name}");
+        let api = Api::<MutatingWebhookConfiguration>::all(client.clone());
+        touch(watcher(api, watcher::Config::default().fields(&fields)), &config_keys, &tx, &mut tasks);
     }
 
     // The periodic resync.
@@ -350,25 +361,27 @@ pub async fn run(
     tasks.abort_all();
 }
 
-/// Queues `key` whenever the watch sees a change.
+/// Queues `keys` whenever the watch sees a change.
 fn touch<K>(
     stream: impl Stream<Item = watcher::Result<Event<K>>> + Send + 'static,
-    key: Key,
+    keys: &[Key],
     tx: &mpsc::UnboundedSender<Key>,
     tasks: &mut JoinSet<()>,
 ) where
     K: Resource + Clone + std::fmt::Debug + Send + 'static,
 {
-    let tx = tx.clone();
+    let (tx, keys) = (tx.clone(), keys.to_vec());
     tasks.spawn(async move {
         let stream = stream.default_backoff().touched_objects();
         futures::pin_mut!(stream);
         while let Some(event) = stream.next().await {
             match event {
                 Ok(_) => {
-                    let _ = tx.send(key.clone());
+                    for key in &keys {
+                        let _ = tx.send(key.clone());
+                    }
                 }
-                Err(e) => tracing::warn!(error = %e, ?key, "watch failed; retrying with backoff"),
+                Err(e) => tracing::warn!(error = %e, ?keys, "watch failed; retrying with backoff"),
             }
         }
     });
@@ -580,6 +593,7 @@ fn key_label(key: &Key) -> &'static str {
         Key::Sources => "sources",
         Key::AttestationKey => "attestation-key",
         Key::ServingCert => "serving-cert",
+        Key::MatchConditions => "match-conditions",
     }
 }
 
@@ -641,6 +655,7 @@ async fn work(
         },
         Key::AttestationKey => reconciler.attestation_key().await,
         Key::ServingCert => reconciler.serving_cert().await,
+        Key::MatchConditions => reconciler.match_conditions().await,
     };
     match result {
         Ok(outcome) => outcome,

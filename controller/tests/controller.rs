@@ -602,3 +602,17 @@ async fn only_ca_certificates_are_ever_copied_from_a_source() {
     let note = copy_of(&many).await.unwrap_err();
     assert!(note.contains("holds 17 certificates, more than the 16 a trust bundle may have"), "{note}");
 }
+
+#[tokio::test]
+async fn a_pod_injected_before_the_profile_label_existed_is_still_claimed() {
+    let fake = FakeApi::default();
+    let ca = client_ca();
+    let r = reconciler(&fake, "keyward", ProfileSet::builtin().unwrap(), &ca, Leadership::always());
+    let keys = attestation_keys(&r).await;
+    let mut pod = attested_fms_pod(&keys);
+    assert_eq!(pod["metadata"]["labels"]["keyward.io/profile"], "lmeval");
+    pod["metadata"]["labels"].as_object_mut().unwrap().remove("keyward.io/profile");
+    // The re-plan adds only the label: not a change to the injection, so the owner is claimed.
+    let claimed = claims(&r, &pod);
+    assert_eq!(claimed[0].0.name, "evaljob-sample");
+}

@@ -1,6 +1,8 @@
 //! The controller's loop against the fake API when the API server misbehaves: a Lease request
 //! that hangs while others work, Lease renewals that fail, a holder that died, a GET that never
 //! answers, a flood of pods, 410 Gone and a restart; and what it costs when nothing changes.
+//! Also the loop's own duties that only the leader does: profile reloads, and the webhook
+//! configuration's `matchConditions` kept equal to the profiles.
 //! Each waits on events; a time appears only as the limit after which a test fails, or as a
 //! bound that a slow machine can only make easier to meet.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a panic is the test failure report
@@ -11,7 +13,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use keyward_controller::metrics::Refusal;
-use keyward_controller::{run, LeaderElector, Leadership, LeaseConfig};
+use keyward_controller::{run, LeaderElector, Leadership, LeaseConfig, Settings};
 use keyward_engine::ProfileSet;
 use serde_json::json;
 use support::*;
@@ -47,11 +49,15 @@ impl Drop for Replica {
 }
 
 fn replica(fake: &FakeApi, id: &str, ca: &ClientCa, deadline: Duration) -> Replica {
+    replica_with(fake, id, ca, deadline, settings())
+}
+
+fn replica_with(fake: &FakeApi, id: &str, ca: &ClientCa, deadline: Duration, settings: Settings) -> Replica {
     let client = fake.client_with_deadline(id, deadline);
     let elector = LeaderElector::new(client.clone(), fast_lease(id));
     let leadership = elector.leadership();
     let election = tokio::spawn(elector.run(std::future::pending()));
-    let r = reconciler_with(client.clone(), ProfileSet::builtin().unwrap(), ca, leadership.clone(), settings());
+    let r = reconciler_with(client.clone(), ProfileSet::builtin().unwrap(), ca, leadership.clone(), settings);
     let run = start_with(
         client,
         r.clone(),
@@ -483,6 +489,7 @@ async fn a_new_profile_set_takes_effect_in_the_running_loop_and_a_removed_profil
         .clone()
         .overlay(ProfileSet::from_sources([("router.yaml".to_string(), ROUTER_PROFILE.to_string())]).unwrap())
         .unwrap();
+    fake.seed(drifted_config("keyward"));
     let (profiles_tx, profiles_rx) = tokio::sync::watch::channel(std::sync::Arc::new(builtin.clone()));
     let client = fake.client("keyward");
     let reconciler_for = {
@@ -491,7 +498,7 @@ async fn a_new_profile_set_takes_effect_in_the_running_loop_and_a_removed_profil
             std::sync::Arc::new(keyward_controller::Reconciler::new(
                 client.clone(),
                 profiles,
-                settings(),
+                managed_conditions(),
                 store.clone(),
                 Leadership::always(),
                 std::sync::Arc::new(keyward_controller::Metrics::default()),
@@ -516,9 +523,14 @@ async fn a_new_profile_set_takes_effect_in_the_running_loop_and_a_removed_profil
     assert!(account(&fake).is_none());
 
     // A set with the router profile: its account appears in the opted-in namespace.
+    let with_router_copy = with_router.clone();
     profiles_tx.send(std::sync::Arc::new(with_router)).unwrap();
     let sa = fake.until(LIMIT, account).await;
     assert_eq!(sa["metadata"]["annotations"], json!({"keyward.io/profile": "router"}));
+    // And the webhook configuration sends the router's pods too.
+    let expression = keyward_engine::match_conditions::match_expression(&with_router_copy);
+    assert!(expression.contains("\"app\"] == \"router\""), "{expression}");
+    fake.until(LIMIT, |f| (conditions_of(f, "keyward")[0]["expression"] == expression.as_str()).then_some(())).await;
 
     // Back to the built-ins: the account no profile wants any more is removed.
     profiles_tx.send(std::sync::Arc::new(builtin)).unwrap();
@@ -588,4 +600,105 @@ async fn readiness_and_every_pod_watch_follow_the_first_namespace_list() {
         tokio::task::yield_now().await;
     }
     task.abort();
+}
+
+// === the webhook configuration's matchConditions ===
+
+const MWC: &str = "admissionregistration.k8s.io/v1";
+
+/// A webhook configuration as `deploy/base/webhook.yaml` installs it (with a caBundle someone
+/// injected), its matchConditions from an older set of profiles.
+fn drifted_config(name: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": MWC, "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "keyward"},
+            "annotations": {"cert-manager.io/inject-ca-from": "keyward-system/keyward-serving"}},
+        "webhooks": [{
+            "name": "pods.keyward.io",
+            "admissionReviewVersions": ["v1"], "sideEffects": "None", "failurePolicy": "Fail", "timeoutSeconds": 5,
+            "clientConfig": {"service": {"name": "keyward", "namespace": "keyward-system", "path": "/mutate", "port": 443}, "caBundle": "Y2E="},
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"], "scope": "Namespaced"}],
+            "namespaceSelector": {"matchExpressions": [{"key": "keyward.io/inject", "operator": "In", "values": ["enabled"]}]},
+            "objectSelector": {"matchExpressions": [{"key": "keyward.io/inject", "operator": "NotIn", "values": ["disabled"]}]},
+            "matchConditions": [{"name": "selected-by-a-keyward-profile", "expression": "has(object.metadata.labels) && 'app' in object.metadata.labels"}]
+        }]
+    })
+}
+
+fn managed_conditions() -> Settings {
+    Settings { match_conditions_of: Some("keyward".into()), ..settings() }
+}
+
+fn conditions_of(f: &FakeApi, name: &str) -> serde_json::Value {
+    f.get(MWC, "MutatingWebhookConfiguration", "", name).unwrap()["webhooks"][0]["matchConditions"].clone()
+}
+
+fn wanted_conditions() -> serde_json::Value {
+    let set = ProfileSet::builtin().unwrap();
+    json!([{"name": "selected-by-a-keyward-profile", "expression": keyward_engine::match_conditions::match_expression(&set)}])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_repairs_drifted_match_conditions_and_touches_nothing_else() {
+    let fake = FakeApi::default();
+    fake.seed(drifted_config("keyward"));
+    // Another configuration, with a webhook of keyward's name: not the one keyward manages.
+    fake.seed(drifted_config("someone-elses"));
+    let before = fake.get(MWC, "MutatingWebhookConfiguration", "", "keyward").unwrap();
+    let ca = client_ca();
+    let a = replica_with(&fake, "replica-a", &ca, Duration::from_secs(10), managed_conditions());
+    until_leading(&a.leadership).await;
+    let b = replica_with(&fake, "replica-b", &ca, Duration::from_secs(10), managed_conditions());
+
+    let wanted = wanted_conditions();
+    fake.until(LIMIT, |f| (conditions_of(f, "keyward") == wanted).then_some(())).await;
+    // Everything but matchConditions is as it was (resourceVersion aside).
+    let mut after = fake.get(MWC, "MutatingWebhookConfiguration", "", "keyward").unwrap();
+    after["webhooks"][0]["matchConditions"] = before["webhooks"][0]["matchConditions"].clone();
+    after["metadata"]["resourceVersion"] = before["metadata"]["resourceVersion"].clone();
+    assert_eq!(after, before);
+    // The patch tested the webhook's name at its index before replacing.
+    let patches: Vec<Call> =
+        fake.writes().into_iter().filter(|c| c.resource.ends_with("mutatingwebhookconfigurations")).collect();
+    assert_eq!(patches.len(), 1, "{patches:#?}");
+    assert_eq!(
+        (patches[0].client.as_str(), patches[0].method.as_str(), patches[0].name.as_str()),
+        ("replica-a", "PATCH", "keyward")
+    );
+    assert_eq!(
+        patches[0].body.as_ref().unwrap()[0],
+        json!({"op": "test", "path": "/webhooks/0/name", "value": "pods.keyward.io"})
+    );
+    assert_ne!(conditions_of(&fake, "someone-elses"), wanted, "another configuration is never touched");
+
+    // Re-applied from an old rendering (GitOps, by hand): the watch sees it and it is repaired
+    // again, by the leader only; then nothing more is written.
+    fake.seed(drifted_config("keyward"));
+    fake.until(LIMIT, |f| (conditions_of(f, "keyward") == wanted).then_some(())).await;
+    let patches: Vec<Call> =
+        fake.writes().into_iter().filter(|c| c.resource.ends_with("mutatingwebhookconfigurations")).collect();
+    assert_eq!(patches.iter().map(|c| c.client.as_str()).collect::<Vec<_>>(), ["replica-a", "replica-a"]);
+    assert!(fake.attempted_writes().iter().all(|c| c.client != "replica-b" || is_lease(c)), "a follower wrote");
+    // Counted after the patch returns, which may be just after the fake applied it.
+    let counted = "keyward_controller_webhook_config_repairs_total{field=\"matchConditions\"} 2";
+    let deadline = Instant::now() + LIMIT;
+    while !a.reconciler.metrics().render().contains(counted) {
+        assert!(Instant::now() < deadline, "{}", a.reconciler.metrics().render());
+        tokio::task::yield_now().await;
+    }
+    drop(b);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_match_conditions_kept_externally_the_configuration_is_never_read_or_written() {
+    let fake = FakeApi::default();
+    fake.seed(drifted_config("keyward"));
+    let ca = client_ca();
+    let a = replica(&fake, "replica-a", &ca, Duration::from_secs(10));
+    until_leading(&a.leadership).await;
+    // Everything a leader does at start has happened once the attestation key exists.
+    fake.until(LIMIT, |_| a.reconciler.attestation_keys()).await;
+    a.reconciler.match_conditions().await.unwrap();
+    assert!(fake.calls().iter().all(|c| !c.resource.ends_with("mutatingwebhookconfigurations")), "{:#?}", fake.calls());
+    assert_ne!(conditions_of(&fake, "keyward"), wanted_conditions());
 }

@@ -303,6 +303,8 @@ expect "client certificate owner" "$("${K[@]}" -n "$NS" get secret e2e-eval-lmev
 expect_contains "client certificate identity" \
   "$("${K[@]}" -n "$NS" get secret e2e-eval-lmeval-client -o jsonpath='{.data.tls\.crt}' | base64 -d | openssl x509 -noout -ext subjectAltName)" \
   "URI:spiffe://cluster.local/ns/$NS/lmevaljob/e2e-eval"
+expect "injected pods listed by their profile label" \
+  "$("${K[@]}" -n "$NS" get pods -l keyward.io/profile=lmeval -o jsonpath='{.items[*].metadata.name}')" "e2e-eval"
 
 say "renew the serving certificate; keyward reloads it without a restart"
 restarts_before="$("${K[@]}" -n keyward-system get pods -l "$WEBHOOK_PODS" -o jsonpath='{.items[*].status.containerStatuses[0].restartCount}')"

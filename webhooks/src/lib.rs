@@ -12,6 +12,7 @@
 //! - [`select`], `plan`, `check`, [`audit`], [`attest`]: selection, the patch, the self-check, the
 //!   record, and the admission attestation's payload.
 //! - [`engine`]: the decision; [`review`]: the AdmissionReview envelope.
+//! - [`match_conditions`]: the webhook configuration's CEL, from the profiles.
 
 #![warn(unreachable_pub)]
 
@@ -22,6 +23,7 @@ pub mod engine;
 mod error;
 pub mod inject;
 pub mod kinds;
+pub mod match_conditions;
 pub mod names;
 pub mod patch;
 mod plan;

@@ -351,22 +351,28 @@ impl FakeApi {
             // Never answered: the client's deadline is all that ends it.
             std::future::pending::<()>().await;
         }
-        let (status, response) = if watch {
-            (200, None)
-        } else {
-            self.respond(client, &method, &resource, &namespace, &name, &params, body.clone())
+        // The call is recorded under the same lock as its effect, so a test that sees an
+        // object also sees the call that wrote it.
+        let (status, response) = {
+            let mut state = self.state.lock().unwrap();
+            let (status, response) = if watch {
+                (200, None)
+            } else {
+                self.respond(&mut state, client, &method, &resource, &namespace, &name, &params, body.clone())
+            };
+            state.calls.push(Call {
+                client: client.to_string(),
+                method: method.clone(),
+                resource: resource.clone(),
+                namespace: namespace.clone(),
+                name: name.clone(),
+                query,
+                body,
+                status,
+                at: Instant::now(),
+            });
+            (status, response)
         };
-        self.state.lock().unwrap().calls.push(Call {
-            client: client.to_string(),
-            method: method.clone(),
-            resource: resource.clone(),
-            namespace: namespace.clone(),
-            name: name.clone(),
-            query,
-            body,
-            status,
-            at: Instant::now(),
-        });
         self.notify.notify_waiters();
         if watch {
             let since: u64 = params.get("resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);
@@ -383,6 +389,7 @@ impl FakeApi {
     #[allow(clippy::too_many_arguments)]
     fn respond(
         &self,
+        state: &mut State,
         client: &str,
         method: &str,
         resource: &str,
@@ -391,7 +398,6 @@ impl FakeApi {
         params: &BTreeMap<String, String>,
         body: Option<Value>,
     ) -> (u16, Option<Value>) {
-        let mut state = self.state.lock().unwrap();
         if let Some(f) = state.failures.iter_mut().find(|f| {
             f.times > 0
                 && f.method == method
