@@ -23,9 +23,9 @@ enum Command {
     ///
     /// Without --tls-dir it mints a development CA and certificate into --dev-cert-dir.
     Serve(Box<ServeArgs>),
-    /// Show what keyward would do with a Pod or an AdmissionReview, and why.
+    /// Show what keyward would do with a Pod, an AdmissionReview or a workload's pods, and why.
     ///
-    /// Exits 0 when the pod would be admitted, 3 when it would be refused, 1 on bad input.
+    /// Exits 0 when every pod would be admitted, 3 when one would be refused, 1 on bad input.
     Explain(ExplainArgs),
     /// Issue and provision what the profiles mark as provided by keyward: per-owner client
     /// certificates and tokens, per-namespace server CAs, accounts and role bindings.
@@ -66,14 +66,16 @@ struct ExplainArgs {
     /// The namespace the pod is created in (default: the pod's own, else `default`).
     #[arg(long, short = 'n', env = "KEYWARD_EXPLAIN_NAMESPACE")]
     namespace: Option<String>,
-    /// The requester (`request.userInfo.username`). Without it, a bare Pod is assumed to come
-    /// from a requester the profile allows.
-    #[arg(long, env = "KEYWARD_EXPLAIN_USER", value_name = "USERNAME")]
+    /// The requester (`request.userInfo.username`), like kubectl's `--as`. Without it, a
+    /// workload's pods come from its controller's service account, and a bare Pod from a
+    /// requester the profile allows.
+    #[arg(long, visible_alias = "as", env = "KEYWARD_EXPLAIN_USER", value_name = "USERNAME")]
     user: Option<String>,
     /// How to print the answer.
     #[arg(long, short = 'o', value_enum, default_value_t = OutputFormat::Text, env = "KEYWARD_EXPLAIN_OUTPUT")]
     output: OutputFormat,
-    /// A Pod or an AdmissionReview, in YAML or JSON; `-` reads standard input.
+    /// A Pod, an AdmissionReview, a Deployment, ReplicaSet, StatefulSet, DaemonSet, Job or
+    /// CronJob (its pods), a List of them, or several YAML documents; `-` reads standard input.
     file: PathBuf,
 }
 

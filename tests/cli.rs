@@ -165,8 +165,12 @@ fn a_pinned_operator_namespace_refuses_a_tenants_account_of_the_same_name() {
 fn explain_bad_input_is_one_clear_line() {
     assert_one_line_error(&keyward(&["explain", "-"], Some("key: [unclosed")), "<stdin>: not valid YAML or JSON");
     assert_one_line_error(
-        &keyward(&["explain", "-"], Some("apiVersion: apps/v1\nkind: Deployment\n")),
-        "<stdin>: kind Deployment is not a Pod or an AdmissionReview",
+        &keyward(&["explain", "-"], Some("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\n")),
+        "<stdin>: Deployment default/d has no spec.template",
+    );
+    assert_one_line_error(
+        &keyward(&["explain", "-"], Some("apiVersion: v1\nkind: Service\nmetadata: {name: s}\n")),
+        "<stdin>: kind Service is not a Pod, an AdmissionReview, a Deployment",
     );
     assert_one_line_error(&keyward(&["explain", "-"], Some("just a string")), "<stdin>: no `kind`");
     assert_one_line_error(&keyward(&["explain", "does-not-exist.yaml"], None), "does-not-exist.yaml: cannot read");
@@ -213,10 +217,15 @@ fn explain_names_every_field_the_apiserver_could_not_decode_where_it_is_in_the_f
         )
     );
 
-    assert_one_line_error(
-        &keyward(&["explain", "-"], Some(&format!("{pod}---\n{pod}"))),
-        "<stdin>: 2 documents; explain reads one Pod or AdmissionReview (e.g. kubectl get pod NAME -o yaml)",
-    );
+    // Several documents: the bad one is named, with lines counted in the whole file; nothing is
+    // explained from a file that cannot be read whole.
+    let valid = "apiVersion: v1\nkind: Pod\nmetadata: {name: ok}\nspec: {containers: [{name: c, image: x}]}\n";
+    let o = keyward(&["explain", "-"], Some(&format!("{valid}---\n{pod}")));
+    assert_eq!(o.status.code(), Some(1));
+    assert!(o.stdout.is_empty(), "{}", stdout(&o));
+    let err = stderr(&o);
+    assert!(err.starts_with("keyward: error: <stdin> (document 2): not a valid Pod"), "{err}");
+    assert!(err.contains("<stdin> (document 2): spec.containers[0].env (line 14 column 10)"), "{err}");
 }
 
 #[test]
@@ -373,4 +382,61 @@ fn version_names_the_commit_it_was_built_from() {
     let commit = lines[1].strip_prefix("commit: ").unwrap();
     assert_eq!(commit.trim_end_matches("-dirty"), git(&["describe", "--tags", "--always"]));
     assert_eq!(lines[2], format!("commit date: {}", git(&["log", "-1", "--format=%cI"])));
+}
+
+const KFP_DEPLOYMENT: &str = "tests/fixtures/kfp-persistenceagent-deployment-no-token.yaml";
+
+#[test]
+fn explain_a_deployment_explains_the_pods_its_replicaset_creates() {
+    let o = keyward(&["explain", "-o", "json", KFP_DEPLOYMENT], None);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(
+        v["subject"],
+        "Deployment kubeflow/ml-pipeline-persistenceagent (its pods, owned by ReplicaSet ml-pipeline-persistenceagent-pod-template-hash)"
+    );
+    // The ReplicaSet controller creates them, which the built-in lists as a requester.
+    assert_eq!(v["requester"], "system:serviceaccount:kube-system:replicaset-controller");
+    assert_eq!(
+        (v["namespace"].as_str(), v["profile"].as_str(), v["reason"].as_str()),
+        (Some("kubeflow"), Some("kfp-persistence-agent"), Some("injected"))
+    );
+    // The token the agent reads (backend/src/agent/persistence/main.go), on the pod it would get.
+    let pod = &v["pod"];
+    let volume =
+        pod["spec"]["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "persistenceagent-sa-token").unwrap();
+    assert_eq!(
+        volume["projected"]["sources"][0]["serviceAccountToken"],
+        json!({"audience": "pipelines.kubeflow.org", "expirationSeconds": 3600, "path": "persistenceagent-sa-token"})
+    );
+    assert_eq!(pod["metadata"]["labels"]["keyward.io/profile"], "kfp-persistence-agent");
+    // As anyone else (kubectl's --as): the profile skips the pod, with a warning.
+    let o = keyward(&["explain", "--as", "alice", "-o", "json", KFP_DEPLOYMENT], None);
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!((v["requester"].as_str(), v["reason"].as_str()), (Some("alice"), Some("requester-skipped")));
+}
+
+#[test]
+fn explain_several_documents_and_lists_one_report_each_and_exits_3_if_any_is_refused() {
+    let deployment = std::fs::read_to_string(KFP_DEPLOYMENT).unwrap();
+    let fms = std::fs::read_to_string(FMS_POD).unwrap();
+    let list = format!("apiVersion: v1\nkind: List\nitems:\n- {fms}\n");
+    let text = format!("{deployment}---\n{list}");
+    let o = keyward(&["explain", "-o", "json", "-"], Some(&text));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let subjects: Vec<&str> = v.as_array().unwrap().iter().map(|r| r["subject"].as_str().unwrap()).collect();
+    assert_eq!(subjects.len(), 2, "{subjects:?}");
+    assert!(subjects[0].starts_with("Deployment kubeflow/ml-pipeline-persistenceagent"), "{subjects:?}");
+    assert_eq!(subjects[1], "Pod team-a/evaljob-sample");
+    assert_eq!((v[0]["reason"].as_str(), v[1]["reason"].as_str()), (Some("injected"), Some("injected")));
+
+    // One requester for all: the lmeval pod is refused (otherwise: deny), the KFP one skipped.
+    let o = keyward(&["explain", "--user", "alice", "-"], Some(&text));
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("subject:    Deployment kubeflow/ml-pipeline-persistenceagent"), "{out}");
+    assert!(out.contains("subject:    Pod team-a/evaljob-sample"), "{out}");
+    assert!(out.contains("decision:   DENIED (requester-denied)"), "{out}");
+    assert!(out.contains("decision:   allowed (requester-skipped)"), "{out}");
 }

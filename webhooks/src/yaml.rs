@@ -67,11 +67,21 @@ impl Document {
         for key in keys {
             value = value.get(key)?;
         }
-        let prefix = keys.join(".");
+        Some(self.under(value, &keys.join(".")))
+    }
+
+    /// Item `index` of the list at `key` (`items` of a `List`) as a document of its own, like
+    /// [`Self::subtree`].
+    pub fn item(&self, key: &str, index: usize) -> Option<Document> {
+        let value = self.value.get(key)?.get(index)?;
+        Some(self.under(value, &format!("{key}[{index}]")))
+    }
+
+    fn under(&self, value: &Value, prefix: &str) -> Document {
         let relative = |map: &HashMap<String, Position>| -> HashMap<String, Position> {
             map.iter()
                 .filter_map(|(path, at)| {
-                    let rest = match path.strip_prefix(&prefix)? {
+                    let rest = match path.strip_prefix(prefix)? {
                         rest if rest.is_empty() || rest.starts_with('[') => rest,
                         rest => rest.strip_prefix('.')?,
                     };
@@ -80,7 +90,7 @@ impl Document {
                 .collect()
         };
         let positions = Positions { keys: relative(&self.positions.keys), values: relative(&self.positions.values) };
-        Some(Document { index: self.index, value: value.clone(), positions })
+        Document { index: self.index, value: value.clone(), positions }
     }
 }
 
