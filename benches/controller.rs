@@ -13,11 +13,9 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use http_body_util::BodyExt;
 use serde_json::json;
 use support::*;
 
@@ -47,33 +45,6 @@ fn by_kind(calls: &[Call]) -> BTreeMap<String, usize> {
         *out.entry(format!("{kind} {}", c.resource)).or_insert(0) += 1;
     }
     out
-}
-
-/// Serves the fake over HTTP/1.1 on loopback; returns its address.
-async fn serve(fake: FakeApi) -> std::net::SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((tcp, _)) = listener.accept().await else { continue };
-            let fake = fake.clone();
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                    let fake = fake.clone();
-                    async move {
-                        let (parts, body) = req.into_parts();
-                        let bytes = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
-                        let req = http::Request::from_parts(parts, kube::client::Body::from(bytes));
-                        Ok::<_, Infallible>(fake.serve("keyward", req).await)
-                    }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(tcp), service)
-                    .await;
-            });
-        }
-    });
-    addr
 }
 
 async fn wait_for_secrets(fake: &FakeApi, n: usize, limit: Duration) -> Duration {
@@ -118,7 +89,7 @@ async fn main() {
     }
     let existing = fake.count("/v1/secrets");
 
-    let addr = serve(fake.clone()).await;
+    let addr = fake.serve_http().await;
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("kubeconfig"), format!(
         "apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: \"http://{addr}\"}}}}]\nusers: [{{name: u, user: {{}}}}]\ncontexts: [{{name: c, context: {{cluster: fake, user: u, namespace: default}}}}]\ncurrent-context: c\n"

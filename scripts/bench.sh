@@ -16,3 +16,6 @@ cargo bench -q --bench load 2>/dev/null
 echo
 echo "## the controller at scale (cargo bench --bench controller)"
 cargo bench -q --bench controller 2>/dev/null
+echo
+echo "## keyward audit at 10,000 pods (cargo bench --bench audit)"
+cargo bench -q --bench audit 2>/dev/null

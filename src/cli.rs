@@ -32,6 +32,11 @@ enum Command {
     ///
     /// Runs in the cluster (or with KUBECONFIG), leader-elected on a Lease.
     Controller(Box<ControllerArgs>),
+    /// Audit a running cluster's pods and keyward's webhook configuration against the
+    /// profiles, read-only, with your kubeconfig.
+    ///
+    /// Exits 0 when nothing is found, 1 when anything is, 2 when the cluster cannot be read.
+    Audit(Box<crate::audit::AuditArgs>),
     /// Validate the profiles and list them; exits non-zero with every problem found.
     CheckProfiles(ProfileArgs),
     /// Print Kubernetes manifests generated from the profiles.
@@ -102,6 +107,7 @@ impl Cli {
                 Ok(ExitCode::SUCCESS)
             }
             Command::Certs(command) => crate::certs::run(command),
+            Command::Audit(args) => crate::audit::run(*args),
             Command::Version => {
                 print!("{}", crate::build::describe());
                 Ok(ExitCode::SUCCESS)

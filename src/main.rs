@@ -1,6 +1,7 @@
 //! keyward: a Kubernetes mutating admission webhook that hands operator pods the credentials
 //! they need to call back to their control plane.
 
+mod audit;
 mod build;
 mod certs;
 mod cli;

@@ -275,7 +275,7 @@ fn default_ca_key() -> String {
 }
 
 /// The kind of an object a pod depends on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub enum ObjectKind {
     Secret,
     ConfigMap,

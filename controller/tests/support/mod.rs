@@ -300,6 +300,36 @@ impl FakeApi {
         }
     }
 
+    /// Serves the fake over plain HTTP/1.1 on loopback (every request as client `keyward`'s),
+    /// for the real binary to reach through a kubeconfig; returns the address. Must run in a
+    /// tokio runtime that outlives the requests.
+    pub async fn serve_http(&self) -> std::net::SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let fake = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else { continue };
+                let fake = fake.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                        let fake = fake.clone();
+                        async move {
+                            let (parts, body) = req.into_parts();
+                            let bytes = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                            let req = Request::from_parts(parts, Body::from(bytes));
+                            Ok::<_, Infallible>(fake.serve("keyward", req).await)
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(tcp), service)
+                        .await;
+                });
+            }
+        });
+        addr
+    }
+
     /// Answers one request as `client`'s (for serving the fake over HTTP, in a benchmark).
     pub async fn serve(&self, client: &str, req: Request<Body>) -> Response<ResponseBody> {
         self.handle(client, req).await

@@ -1,0 +1,303 @@
+//! What `keyward audit` reads from the cluster, read-only: pods in pages (examined page by
+//! page, so memory follows the findings, not the pods), the namespaces, the webhook
+//! configuration, then each object the injected pods depend on, once.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::SystemTime;
+
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, ServiceAccount};
+use keyward_engine::inject::ObjectKind;
+use keyward_engine::ProfileSet;
+use kube::api::{ApiResource, DynamicObject, ListParams};
+use kube::core::GroupVersionKind;
+use kube::{Api, Client};
+use serde_json::Value;
+
+use super::findings::{self, Dependency, Examined, Finding, Kind, Lookups, NamespaceFacts, OwnerRef};
+
+/// Pods per LIST page (the apiserver's default chunk size for kubectl).
+pub const PAGE: u32 = 500;
+
+/// Where to look.
+#[derive(Debug, Clone)]
+pub struct Scope {
+    /// `None`: every namespace (`-A`).
+    pub namespace: Option<String>,
+    pub webhook_config: String,
+    /// keyward's namespace and Service (for the configuration it generates).
+    pub keyward_namespace: String,
+    pub service: String,
+    /// Read client certificates (`--no-secrets` turns it off).
+    pub secrets: bool,
+}
+
+/// What was read and found.
+#[derive(Debug, Default)]
+pub struct Gathered {
+    pub findings: Vec<Finding>,
+    pub pods_listed: usize,
+    pub pods_audited: usize,
+    pub namespaces: BTreeSet<String>,
+    pub pages: usize,
+    pub notes: Vec<String>,
+}
+
+/// Reading failed: which request, and the API's answer.
+#[derive(Debug, thiserror::Error)]
+pub enum AuditError {
+    #[error("forbidden: {what}; keyward audit needs the read-only ClusterRole in deploy/audit/rbac.yaml (bound to you), or at least that permission")]
+    Forbidden { what: String },
+    #[error("{what}: {source}")]
+    Api { what: String, source: kube::Error },
+}
+
+fn api_error(what: impl Into<String>) -> impl FnOnce(kube::Error) -> AuditError {
+    let what = what.into();
+    move |source| match &source {
+        kube::Error::Api(s) if s.code == 403 => AuditError::Forbidden { what },
+        _ => AuditError::Api { what, source },
+    }
+}
+
+pub async fn gather(
+    client: &Client,
+    scope: &Scope,
+    profiles: &ProfileSet,
+    now: SystemTime,
+    warning: std::time::Duration,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Gathered, AuditError> {
+    let mut out = Gathered::default();
+    let where_ = scope.namespace.as_deref().map_or("in any namespace".to_string(), |n| format!("in namespace {n}"));
+
+    // The webhook configuration: compared with what the profiles generate, and its age.
+    let configs = Api::<MutatingWebhookConfiguration>::all(client.clone());
+    let config = configs
+        .get_opt(&scope.webhook_config)
+        .await
+        .map_err(api_error(format!("get mutatingwebhookconfigurations/{}", scope.webhook_config)))?;
+    let installed = config.as_ref().and_then(|c| c.metadata.creation_timestamp.as_ref()).map(|t| t.0.to_string());
+    out.findings.extend(check_config(config.as_ref(), scope, profiles));
+
+    // The namespaces (their opt-in label).
+    let namespaces: BTreeMap<String, NamespaceFacts> = match &scope.namespace {
+        Some(ns) => {
+            let api = Api::<Namespace>::all(client.clone());
+            let found = api.get_opt(ns).await.map_err(api_error(format!("get namespaces/{ns}")))?;
+            found.into_iter().map(|n| (ns.clone(), facts_of(&n))).collect()
+        }
+        None => {
+            let api = Api::<Namespace>::all(client.clone());
+            let mut all = BTreeMap::new();
+            let mut params = ListParams::default().limit(PAGE);
+            loop {
+                let page = api.list(&params).await.map_err(api_error("list namespaces"))?;
+                for n in &page.items {
+                    all.insert(n.metadata.name.clone().unwrap_or_default(), facts_of(n));
+                }
+                match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                    Some(token) => params = params.continue_token(&token),
+                    None => break,
+                }
+            }
+            all
+        }
+    };
+
+    // The pods, a page at a time.
+    let pods = match &scope.namespace {
+        Some(ns) => Api::<Pod>::namespaced(client.clone(), ns),
+        None => Api::<Pod>::all(client.clone()),
+    };
+    let mut examined: Vec<Examined> = Vec::new();
+    let mut params = ListParams::default().limit(PAGE);
+    loop {
+        let page = pods.list(&params).await.map_err(api_error(format!("list pods {where_}")))?;
+        out.pages += 1;
+        for pod in &page.items {
+            out.pods_listed += 1;
+            let Ok(value) = serde_json::to_value(pod) else { continue };
+            let ns = pod.metadata.namespace.clone().unwrap_or_default();
+            let e = findings::examine(&value, &ns, namespaces.get(&ns), profiles, installed.as_deref());
+            if e.relevant {
+                out.pods_audited += 1;
+                out.namespaces.insert(ns);
+                examined.push(e);
+            }
+        }
+        progress(out.pods_listed, out.pages);
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => break,
+        }
+    }
+
+    // Each dependency, certificate and owner once.
+    let mut lookups = Lookups::default();
+    if scope.secrets {
+        let certificates: BTreeSet<Dependency> = examined.iter().filter_map(|e| e.certificate.clone()).collect();
+        for c in certificates {
+            let secret = Api::<Secret>::namespaced(client.clone(), &c.namespace)
+                .get_opt(&c.name)
+                .await
+                .map_err(api_error(format!("get secrets/{} in namespace {}", c.name, c.namespace)))?;
+            // Read once: it also says whether the Secret exists.
+            lookups.exists.insert(c.clone(), secret.is_some());
+            let not_after = secret
+                .and_then(|s| s.data)
+                .and_then(|d| d.get("tls.crt").map(|b| b.0.clone()))
+                .and_then(|pem| keyward_certs::pem::cert_info(&pem, "tls.crt".as_ref()).ok())
+                .map(|info| info.not_after);
+            lookups.not_after.insert(c, not_after);
+        }
+    }
+    let dependencies: BTreeSet<Dependency> = examined
+        .iter()
+        .flat_map(|e| e.dependencies.iter().cloned())
+        .filter(|d| !lookups.exists.contains_key(d))
+        .collect();
+    for d in dependencies {
+        let what = format!("get {}/{} in namespace {}", plural(d.kind), d.name, d.namespace);
+        let exists = match d.kind {
+            ObjectKind::Secret if !scope.secrets => continue,
+            ObjectKind::Secret => {
+                Api::<Secret>::namespaced(client.clone(), &d.namespace).get_opt(&d.name).await.map(|o| o.is_some())
+            }
+            ObjectKind::ConfigMap => {
+                Api::<ConfigMap>::namespaced(client.clone(), &d.namespace).get_opt(&d.name).await.map(|o| o.is_some())
+            }
+            ObjectKind::ServiceAccount => Api::<ServiceAccount>::namespaced(client.clone(), &d.namespace)
+                .get_opt(&d.name)
+                .await
+                .map(|o| o.is_some()),
+        }
+        .map_err(api_error(what))?;
+        lookups.exists.insert(d, exists);
+    }
+    if !scope.secrets {
+        out.notes.push(
+            "--no-secrets: Secrets were not read, so missing Secrets and expiring client certificates are not reported"
+                .into(),
+        );
+    }
+    let owners: BTreeSet<OwnerRef> = examined.iter().filter_map(|e| e.owner.clone()).collect();
+    for o in owners {
+        let uid = owner_uid(client, &o).await?;
+        lookups.owners.insert(o, uid);
+    }
+
+    for e in examined {
+        out.findings.extend(e.conclude(&lookups, now, warning));
+    }
+    out.findings.sort();
+    Ok(out)
+}
+
+fn facts_of(n: &Namespace) -> NamespaceFacts {
+    NamespaceFacts { labels: n.metadata.labels.clone().unwrap_or_default() }
+}
+
+fn plural(kind: ObjectKind) -> &'static str {
+    match kind {
+        ObjectKind::Secret => "secrets",
+        ObjectKind::ConfigMap => "configmaps",
+        ObjectKind::ServiceAccount => "serviceaccounts",
+    }
+}
+
+/// The owner's UID now, or `None` when it does not exist. Its resource is found from its kind
+/// as Kubernetes names resources (lowercase, plural): no discovery round trip per kind.
+async fn owner_uid(client: &Client, o: &OwnerRef) -> Result<Option<String>, AuditError> {
+    let (group, version) = match o.api_version.split_once('/') {
+        Some((g, v)) => (g, v),
+        None => ("", o.api_version.as_str()),
+    };
+    let gvk = GroupVersionKind::gvk(group, version, &o.kind);
+    let resource = ApiResource::from_gvk_with_plural(&gvk, &resource_plural(&o.kind));
+    let api = Api::<DynamicObject>::namespaced_with(client.clone(), &o.namespace, &resource);
+    let found = api
+        .get_opt(&o.name)
+        .await
+        .map_err(api_error(format!("get {}/{} in namespace {}", resource.plural, o.name, o.namespace)))?;
+    Ok(found.map(|d| d.metadata.uid.unwrap_or_default()))
+}
+
+/// A kind's resource name, as the apiserver's default RESTMapper guesses it.
+fn resource_plural(kind: &str) -> String {
+    let k = kind.to_ascii_lowercase();
+    if k.ends_with('s') || k.ends_with('x') || k.ends_with("ch") || k.ends_with("sh") {
+        format!("{k}es")
+    } else if let Some(stem) = k.strip_suffix('y').filter(|s| !s.ends_with(['a', 'e', 'i', 'o', 'u'])) {
+        format!("{stem}ies")
+    } else {
+        format!("{k}s")
+    }
+}
+
+/// The cluster's configuration against what the profiles generate: the fields that decide
+/// which pods reach keyward and what happens when it is down.
+fn check_config(config: Option<&MutatingWebhookConfiguration>, scope: &Scope, profiles: &ProfileSet) -> Vec<Finding> {
+    let cluster = |detail: String| Finding {
+        namespace: String::new(),
+        pod: String::new(),
+        finding: Kind::WebhookConfig,
+        profile: None,
+        detail,
+    };
+    let Some(config) = config else {
+        return vec![cluster(format!(
+            "the MutatingWebhookConfiguration {} does not exist: no pod is sent to keyward; apply the install (or keyward manifests webhook)",
+            scope.webhook_config
+        ))];
+    };
+    let options =
+        crate::manifests::WebhookOptions { namespace: scope.keyward_namespace.clone(), service: scope.service.clone() };
+    let wanted = crate::manifests::webhook(profiles, &options);
+    let wanted = &wanted["webhooks"][0];
+    let name = wanted["name"].as_str().unwrap_or_default();
+    let Ok(actual) = serde_json::to_value(config) else { return Vec::new() };
+    let Some(actual) = actual["webhooks"].as_array().and_then(|w| w.iter().find(|w| w["name"] == name)) else {
+        return vec![cluster(format!(
+            "the MutatingWebhookConfiguration {} has no webhook named {name}",
+            scope.webhook_config
+        ))];
+    };
+    let mut out = Vec::new();
+    for field in ["rules", "namespaceSelector", "objectSelector", "failurePolicy", "sideEffects", "matchConditions"] {
+        if normalized(&actual[field]) != normalized(&wanted[field]) {
+            out.push(cluster(format!(
+                "webhook {name} {field} differs from what the profiles generate: the cluster has {}, keyward manifests webhook gives {}",
+                actual[field], wanted[field]
+            )));
+        }
+    }
+    out
+}
+
+/// Absent and empty are the same to the apiserver.
+fn normalized(v: &Value) -> Value {
+    match v {
+        Value::Object(m) if m.is_empty() => Value::Null,
+        other => other.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plurals_follow_the_apiservers_rules() {
+        for (kind, plural) in [
+            ("LMEvalJob", "lmevaljobs"),
+            ("ReplicaSet", "replicasets"),
+            ("Job", "jobs"),
+            ("Ingress", "ingresses"),
+            ("NetworkPolicy", "networkpolicies"),
+            ("Gateway", "gateways"),
+        ] {
+            assert_eq!(resource_plural(kind), plural);
+        }
+    }
+}

@@ -1,0 +1,401 @@
+//! What `keyward audit` finds, decided from what was read (pure): each pod is re-decided by the
+//! engine as the webhook would decide it now, and compared with what keyward recorded on it.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
+
+use keyward_engine::engine::decide_object;
+use keyward_engine::inject::{ObjectKind, Provision};
+use keyward_engine::pod;
+use keyward_engine::review::Object;
+use keyward_engine::{ProfileSet, Reason, RequestFacts, Requester, ANNOTATION_INJECTED, LABEL_PROFILE};
+use serde::Serialize;
+use serde_json::Value;
+
+/// The namespace label that opts a namespace in, and the pod label that opts a pod out.
+const OPT_IN: (&str, &str) = ("keyward.io/inject", "enabled");
+const OPT_OUT: (&str, &str) = ("keyward.io/inject", "disabled");
+
+/// What is wrong, one per finding; the names are the JSON output's (stable).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Kind {
+    NotInjected,
+    ClaimMismatch,
+    Stale,
+    MissingDependency,
+    Expiring,
+    OwnerGone,
+    WebhookConfig,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NotInjected => "not-injected",
+            Self::ClaimMismatch => "claim-mismatch",
+            Self::Stale => "stale",
+            Self::MissingDependency => "missing-dependency",
+            Self::Expiring => "expiring",
+            Self::OwnerGone => "owner-gone",
+            Self::WebhookConfig => "webhook-config",
+        }
+    }
+}
+
+/// One finding.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct Finding {
+    /// The pod's namespace; empty for a cluster finding.
+    pub namespace: String,
+    /// The pod; empty for a cluster finding.
+    pub pod: String,
+    pub finding: Kind,
+    /// The profile concerned, if any.
+    pub profile: Option<String>,
+    /// What exactly, and what to do.
+    pub detail: String,
+}
+
+/// An object a pod needs that must be looked up in the cluster.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Dependency {
+    pub kind: ObjectKind,
+    pub namespace: String,
+    pub name: String,
+}
+
+/// A pod's controller owner, to look up.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct OwnerRef {
+    pub namespace: String,
+    pub api_version: String,
+    pub kind: String,
+    pub name: String,
+    pub uid: String,
+}
+
+/// A pod after the first look: findings already certain, and what to look up for the rest.
+#[derive(Debug, Clone, Default)]
+pub struct Examined {
+    pub findings: Vec<Finding>,
+    pub dependencies: Vec<Dependency>,
+    /// The client certificate Secret it mounts.
+    pub certificate: Option<Dependency>,
+    pub owner: Option<OwnerRef>,
+    /// Whether keyward concerns itself with this pod at all (counted as audited).
+    pub relevant: bool,
+    namespace: String,
+    pod: String,
+    profile: Option<String>,
+}
+
+/// What the cluster says about one namespace.
+#[derive(Debug, Clone, Default)]
+pub struct NamespaceFacts {
+    pub labels: BTreeMap<String, String>,
+}
+
+/// The first look at a pod (as stored, in `namespace`): re-decided with `profiles`, as the
+/// webhook would decide it on CREATE now, and compared with keyward's record on it.
+/// `installed`: when the webhook configuration was created (pods older than that were never
+/// sent to keyward).
+pub fn examine(
+    pod: &Value,
+    namespace: &str,
+    ns: Option<&NamespaceFacts>,
+    profiles: &ProfileSet,
+    installed: Option<&str>,
+) -> Examined {
+    let name = pod.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string();
+    let mut e = Examined { namespace: namespace.to_string(), pod: name, ..Examined::default() };
+    let record: Option<Value> = pod
+        .pointer(&format!("/metadata/annotations/{}", ANNOTATION_INJECTED.replace('/', "~1")))
+        .and_then(Value::as_str)
+        .map(|s| serde_json::from_str(s).unwrap_or(Value::Null));
+    let labelled = pod.pointer(&format!("/metadata/labels/{}", LABEL_PROFILE.replace('/', "~1"))).is_some();
+    // The record is the pod creator's to write: its profile name is printed only as a name.
+    let recorded_profile = record.as_ref().and_then(|r| r.get("profile")).and_then(Value::as_str).map(printable_name);
+
+    let Ok(raw) = serde_json::value::to_raw_value(pod) else { return e };
+    let read = match pod::read(&raw, profiles.annotations_read()) {
+        Ok(read) => read,
+        Err(_) => return e,
+    };
+    let facts = RequestFacts::pod_create(namespace, Requester::Assumed);
+    let decision = decide_object(&facts, &Object::Read(read), profiles);
+    let selected = decision.profile.clone();
+    e.relevant = selected.is_some() || record.is_some() || labelled;
+    e.profile = recorded_profile.clone().or_else(|| selected.clone());
+    if !e.relevant {
+        return e;
+    }
+
+    match (&record, decision.reason) {
+        // Selected, and keyward has not injected it.
+        (None, Reason::Injected) => {
+            let why = not_injected_because(pod, ns, installed);
+            e.push(
+                Kind::NotInjected,
+                selected.clone(),
+                format!("profile {} selects it, but it has no keyward injection: {why}", quoted(&selected)),
+            );
+        }
+        (None, reason) if !decision.allowed() => {
+            let message = decision.message().unwrap_or_default();
+            e.push(
+                Kind::NotInjected,
+                selected.clone(),
+                format!(
+                    "profile {} selects it but would refuse it ({}): {message}",
+                    quoted(&selected),
+                    reason.as_str()
+                ),
+            );
+        }
+        (None, _) => {
+            // Labelled as injected, or carrying keyward's volumes, with no record of it.
+            let volumes = keyward_volumes(pod);
+            if labelled || !volumes.is_empty() {
+                let what = if volumes.is_empty() {
+                    "the label keyward.io/profile".to_string()
+                } else {
+                    format!("keyward's volumes {}", volumes.join(", "))
+                };
+                e.push(Kind::ClaimMismatch, None, format!("it carries {what} but no keyward.io/injected record: keyward did not inject it (copied from another pod, or written by hand); recreate it so keyward admits it"));
+            }
+        }
+        (Some(record), reason) => {
+            let missing = claims_missing(record, pod);
+            if !missing.is_empty() {
+                e.push(Kind::ClaimMismatch, recorded_profile.clone(), format!("the keyward.io/injected record claims {}, which the pod does not have: the record was written by hand or copied; recreate the pod", missing.join("; ")));
+            } else if selected.is_none() {
+                e.push(Kind::Stale, recorded_profile.clone(), format!("injected by profile {}, which no longer selects it (removed, or its selector changed); recreate the pod, or it keeps its old credentials", quoted(&recorded_profile)));
+            } else if selected != recorded_profile {
+                e.push(Kind::Stale, recorded_profile.clone(), format!("injected by profile {}, but profile {} selects it now; recreate the pod to get what {} injects", quoted(&recorded_profile), quoted(&selected), quoted(&selected)));
+            } else if reason == Reason::Injected {
+                let ops = decision.patch().len();
+                e.push(Kind::Stale, recorded_profile.clone(), format!("injected differently from what profile {} injects now ({ops} patch operations apart: the profile changed since); recreate the pod", quoted(&selected)));
+            }
+        }
+    }
+
+    // What an injected pod depends on, and its owner: looked up next.
+    if record.is_some() {
+        if let Ok(mutation) = &decision.outcome {
+            for (_, injection) in &mutation.injections {
+                for r in &injection.requires {
+                    let d = Dependency { kind: r.kind, namespace: namespace.to_string(), name: r.name.clone() };
+                    if r.provision == Provision::ClientCertificate {
+                        e.certificate = Some(d.clone());
+                    }
+                    e.dependencies.push(d);
+                }
+            }
+        }
+        e.owner = controller_owner(pod, namespace);
+    }
+    e
+}
+
+impl Examined {
+    fn push(&mut self, finding: Kind, profile: Option<String>, detail: String) {
+        self.findings.push(Finding {
+            namespace: self.namespace.clone(),
+            pod: self.pod.clone(),
+            finding,
+            profile,
+            detail,
+        });
+    }
+
+    /// The findings, with what the cluster said about the dependencies, the certificate and the
+    /// owner.
+    pub fn conclude(mut self, lookups: &Lookups, now: SystemTime, warning: Duration) -> Vec<Finding> {
+        let profile = self.profile.clone();
+        for d in std::mem::take(&mut self.dependencies) {
+            if lookups.exists.get(&d) == Some(&false) {
+                self.push(
+                    Kind::MissingDependency,
+                    profile.clone(),
+                    format!(
+                        "{:?} {} does not exist: the pod cannot start (or restart) without it; {}",
+                        d.kind,
+                        d.name,
+                        provider_hint(d.kind)
+                    ),
+                );
+            }
+        }
+        if let Some(cert) = self.certificate.take() {
+            if let Some(Some(not_after)) = lookups.not_after.get(&cert) {
+                if *not_after < now + warning {
+                    let when = keyward_certs::rfc3339(*not_after);
+                    self.push(Kind::Expiring, profile.clone(), format!("the client certificate in Secret {} expires at {when}: keyward's controller renews at two thirds of its life, so it is not renewing (check its logs and keyward_controller_objects_total{{result=\"error\"}})", cert.name));
+                }
+            }
+        }
+        if let Some(owner) = self.owner.take() {
+            match lookups.owners.get(&owner) {
+                Some(None) => self.push(Kind::OwnerGone, profile.clone(), format!("its owner {} {} does not exist: the pod is orphaned and its per-owner credentials are no longer renewed; delete the pod", owner.kind, owner.name)),
+                Some(Some(uid)) if *uid != owner.uid => self.push(Kind::OwnerGone, profile.clone(), format!("its owner {} {} was recreated (UID {uid}, the pod names {}): the pod belongs to the old one; delete it", owner.kind, owner.name, owner.uid)),
+                _ => {}
+            }
+        }
+        self.findings
+    }
+}
+
+/// What the cluster said: per dependency, whether it exists (absent: not looked up); per client
+/// certificate, its notAfter (`None`: unreadable); per owner, its UID (`None`: gone).
+#[derive(Debug, Default)]
+pub struct Lookups {
+    pub exists: BTreeMap<Dependency, bool>,
+    pub not_after: BTreeMap<Dependency, Option<SystemTime>>,
+    pub owners: BTreeMap<OwnerRef, Option<String>>,
+}
+
+fn quoted(profile: &Option<String>) -> String {
+    format!("{:?}", profile.as_deref().unwrap_or_default())
+}
+
+fn provider_hint(kind: ObjectKind) -> &'static str {
+    match kind {
+        ObjectKind::Secret => "if keyward provides it, see the controller's logs; otherwise create it",
+        ObjectKind::ConfigMap => {
+            "if keyward provides it (a server CA), see the controller's conditions; otherwise create it"
+        }
+        ObjectKind::ServiceAccount => {
+            "keyward's controller makes a profile's account when the namespace opts in; see its logs"
+        }
+    }
+}
+
+/// Why a selected pod has no injection, as far as the cluster tells.
+fn not_injected_because(pod: &Value, ns: Option<&NamespaceFacts>, installed: Option<&str>) -> String {
+    let label =
+        |v: &Value, key: &str| v.get("labels").and_then(|l| l.get(key)).and_then(Value::as_str).map(str::to_string);
+    if label(&pod["metadata"], OPT_OUT.0).as_deref() == Some(OPT_OUT.1) {
+        return format!(
+            "it is labelled {}={} (opted out); remove the label and recreate it if it needs credentials",
+            OPT_OUT.0, OPT_OUT.1
+        );
+    }
+    if ns.is_none_or(|n| n.labels.get(OPT_IN.0).map(String::as_str) != Some(OPT_IN.1)) {
+        return format!("its namespace is not labelled {}={}; label it, then recreate the pod", OPT_IN.0, OPT_IN.1);
+    }
+    let created = pod.pointer("/metadata/creationTimestamp").and_then(Value::as_str);
+    // RFC 3339 in UTC, as the apiserver writes both: they compare as strings.
+    if let (Some(created), Some(installed)) = (created, installed) {
+        if created < installed {
+            return format!(
+                "it was created at {created}, before keyward's webhook configuration ({installed}); recreate it"
+            );
+        }
+    }
+    "it was created while keyward's webhook was not called for it (down, failurePolicy Ignore, or a matchConditions gap); recreate it".into()
+}
+
+/// The claims of keyward's record the pod does not bear out: each volume it names must be in
+/// the pod, mounted at the path it names.
+fn claims_missing(record: &Value, pod: &Value) -> Vec<String> {
+    let volumes: Vec<&str> = pod
+        .pointer("/spec/volumes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v["name"].as_str())
+        .collect();
+    let mounts: Vec<(&str, &str)> = ["initContainers", "containers"]
+        .iter()
+        .flat_map(|list| pod["spec"][list].as_array().into_iter().flatten())
+        .flat_map(|c| c["volumeMounts"].as_array().into_iter().flatten())
+        .filter_map(|m| Some((m["name"].as_str()?, m["mountPath"].as_str()?)))
+        .collect();
+    let mut missing = Vec::new();
+    for item in record.get("injected").and_then(Value::as_array).into_iter().flatten() {
+        let Some(volume) = item.get("volume").and_then(Value::as_str) else { continue };
+        if !volumes.contains(&volume) {
+            missing.push(format!("volume {volume:?}"));
+        } else if let Some(path) = item.get("mountPath").and_then(Value::as_str) {
+            if !mounts.contains(&(volume, path)) {
+                missing.push(format!("volume {volume:?} mounted at {path:?}"));
+            }
+        }
+    }
+    missing
+}
+
+/// The pod's volumes named like keyward's (`keyward-…`).
+fn keyward_volumes(pod: &Value) -> Vec<String> {
+    pod.pointer("/spec/volumes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v["name"].as_str())
+        .filter(|n| n.starts_with("keyward-"))
+        .map(str::to_string)
+        .collect()
+}
+
+fn controller_owner(pod: &Value, namespace: &str) -> Option<OwnerRef> {
+    let owners = pod.pointer("/metadata/ownerReferences")?.as_array()?;
+    let o = owners.iter().find(|o| o["controller"] == true)?;
+    Some(OwnerRef {
+        namespace: namespace.to_string(),
+        api_version: o["apiVersion"].as_str()?.to_string(),
+        kind: o["kind"].as_str()?.to_string(),
+        name: o["name"].as_str()?.to_string(),
+        uid: o["uid"].as_str()?.to_string(),
+    })
+}
+
+/// A name from a pod's annotation, safe to print in a table: as it is when it is a Kubernetes
+/// name, else quoted with escapes and clipped (no control character reaches a terminal).
+fn printable_name(name: &str) -> String {
+    if keyward_engine::names::is_dns1123_subdomain(name) {
+        return name.to_string();
+    }
+    let quoted = format!("{name:?}");
+    match quoted.char_indices().nth(80) {
+        Some((cut, _)) => format!("{}…", &quoted[..cut]),
+        None => quoted,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(annotation: &str) -> Value {
+        json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "team-a", "labels": {"app": "x"}, "annotations": {"keyward.io/injected": annotation}},
+            "spec": {"containers": [{"name": "c", "image": "x"}]}})
+    }
+
+    #[test]
+    fn a_forged_record_cannot_forge_the_output() {
+        let profiles = ProfileSet::builtin().unwrap_or_default();
+        let forged = r#"{"profile":"x\u001b[2J\nteam-a  evil  ok","injected":[{"kind":"clientCertificate","volume":"v\nNAMESPACE","mountPath":"/p\r"}]}"#;
+        let e = examine(&pod(forged), "team-a", None, &profiles, None);
+        let findings = e.conclude(&Lookups::default(), SystemTime::UNIX_EPOCH, Duration::ZERO);
+        assert_eq!(findings.len(), 1, "{findings:?}");
+        let f = &findings[0];
+        assert_eq!(f.finding, Kind::ClaimMismatch);
+        for text in [f.profile.as_deref().unwrap_or_default(), f.detail.as_str()] {
+            assert!(!text.chars().any(char::is_control), "{text:?}");
+        }
+        assert_eq!(f.profile.as_deref(), Some(r#""x\u{1b}[2J\nteam-a  evil  ok""#));
+        assert!(f.detail.starts_with(r#"the keyward.io/injected record claims volume "v\nNAMESPACE""#), "{}", f.detail);
+    }
+
+    #[test]
+    fn pods_keyward_has_nothing_to_do_with_are_not_audited() {
+        let profiles = ProfileSet::builtin().unwrap_or_default();
+        let plain = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "labels": {"app": "web"}}, "spec": {"containers": [{"name": "c", "image": "x"}]}});
+        let e = examine(&plain, "team-a", None, &profiles, None);
+        assert!(!e.relevant);
+        assert!(e.conclude(&Lookups::default(), SystemTime::UNIX_EPOCH, Duration::ZERO).is_empty());
+    }
+}

@@ -1,0 +1,239 @@
+//! `keyward audit`: what a running cluster's pods, and keyward's webhook configuration, say
+//! against the profiles, read-only and with the user's own credentials (kubeconfig). Exit 0
+//! when nothing is found, 1 when anything is, 2 when the cluster cannot be read.
+
+mod collect;
+mod findings;
+
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime};
+
+use clap::{Args, ValueEnum};
+use keyward_engine::ProfileSet;
+use serde_json::json;
+
+pub use collect::{gather, Gathered, Scope};
+
+use crate::profiles::ProfileArgs;
+use crate::serve::config::parse_duration;
+
+#[derive(Debug, Args)]
+pub struct AuditArgs {
+    #[command(flatten)]
+    profiles: ProfileArgs,
+    /// The namespace to audit (default: the kubeconfig context's).
+    #[arg(long, short = 'n', value_name = "NAMESPACE", conflicts_with = "all_namespaces")]
+    namespace: Option<String>,
+    /// Audit every namespace.
+    #[arg(long, short = 'A')]
+    all_namespaces: bool,
+    #[arg(long, short = 'o', value_enum, default_value_t = AuditFormat::Table)]
+    output: AuditFormat,
+    /// Report client certificates that expire within this long.
+    #[arg(long, default_value = "7d", value_parser = parse_days)]
+    expiry_warning: Duration,
+    /// Read no Secrets (for users without that right): missing Secrets and expiring
+    /// certificates are then not reported, and the report says so.
+    #[arg(long)]
+    no_secrets: bool,
+    /// The kubeconfig file (default: $KUBECONFIG, else ~/.kube/config).
+    #[arg(long, value_name = "FILE")]
+    kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context (default: the current one).
+    #[arg(long)]
+    context: Option<String>,
+    /// keyward's MutatingWebhookConfiguration.
+    #[arg(long, default_value = "keyward")]
+    webhook_config: String,
+    /// The namespace keyward runs in, and its Service (for the configuration it generates).
+    #[arg(long, default_value = "keyward-system")]
+    keyward_namespace: String,
+    #[arg(long, default_value = "keyward")]
+    service: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AuditFormat {
+    /// One line per finding, grouped by namespace, and a summary line.
+    Table,
+    /// The AuditReport object (README, "keyward audit").
+    Json,
+}
+
+/// `7d` as well as Go's durations.
+fn parse_days(s: &str) -> Result<Duration, String> {
+    match s.strip_suffix('d').and_then(|d| d.parse::<u64>().ok()) {
+        Some(days) => Ok(Duration::from_secs(days * 86_400)),
+        None => parse_duration(s),
+    }
+}
+
+pub fn run(args: AuditArgs) -> anyhow::Result<ExitCode> {
+    let profiles = args.profiles.source().load()?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    match runtime.block_on(audit(&args, &profiles)) {
+        Ok(report) => {
+            print!("{}", report);
+            Ok(report_exit(&report))
+        }
+        Err(e) => {
+            eprintln!("keyward: error: {e:#}");
+            Ok(ExitCode::from(2))
+        }
+    }
+}
+
+/// The printed report and whether it found anything.
+struct Printed {
+    text: String,
+    found: bool,
+}
+
+impl std::fmt::Display for Printed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+fn report_exit(p: &Printed) -> ExitCode {
+    if p.found {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+async fn audit(args: &AuditArgs, profiles: &ProfileSet) -> anyhow::Result<Printed> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let (client, default_namespace) = client(args).await?;
+    let scope = Scope {
+        namespace: if args.all_namespaces { None } else { Some(args.namespace.clone().unwrap_or(default_namespace)) },
+        webhook_config: args.webhook_config.clone(),
+        keyward_namespace: args.keyward_namespace.clone(),
+        service: args.service.clone(),
+        secrets: !args.no_secrets,
+    };
+    // Progress on stderr, for people: every ten pages when it is a terminal.
+    let tty = std::io::stderr().is_terminal();
+    let mut progress = |pods: usize, pages: usize| {
+        if tty && pages.is_multiple_of(10) {
+            eprintln!("keyward audit: {pods} pods read ({pages} pages)…");
+        }
+    };
+    let gathered = gather(&client, &scope, profiles, SystemTime::now(), args.expiry_warning, &mut progress).await?;
+    let found = !gathered.findings.is_empty();
+    let text = match args.output {
+        AuditFormat::Table => table(&gathered),
+        AuditFormat::Json => serde_json::to_string_pretty(&json_report(&gathered))? + "\n",
+    };
+    Ok(Printed { text, found })
+}
+
+/// The client from the kubeconfig, as kubectl finds it, and the context's namespace.
+async fn client(args: &AuditArgs) -> anyhow::Result<(kube::Client, String)> {
+    let options = kube::config::KubeConfigOptions { context: args.context.clone(), ..Default::default() };
+    let unusable = |e: &dyn std::fmt::Display| {
+        anyhow::anyhow!("cannot configure the Kubernetes client ({e}); give --kubeconfig, or set KUBECONFIG")
+    };
+    let config = match (&args.kubeconfig, &args.context) {
+        (Some(path), _) => {
+            let file = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| anyhow::anyhow!("--kubeconfig {}: {e}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(file, &options).await.map_err(|e| unusable(&e))?
+        }
+        (None, Some(_)) => kube::Config::from_kubeconfig(&options).await.map_err(|e| unusable(&e))?,
+        (None, None) => kube::Config::infer().await.map_err(|e| unusable(&e))?,
+    };
+    let namespace = config.default_namespace.clone();
+    let client =
+        kube::Client::try_from(config).map_err(|e| anyhow::anyhow!("cannot build the Kubernetes client: {e}"))?;
+    Ok((client, namespace))
+}
+
+/// One line per finding, grouped by namespace (cluster findings first), then a summary.
+pub fn table(g: &Gathered) -> String {
+    let rows: Vec<[String; 5]> = g
+        .findings
+        .iter()
+        .map(|f| {
+            [
+                if f.namespace.is_empty() { "(cluster)".into() } else { f.namespace.clone() },
+                if f.pod.is_empty() { "-".into() } else { f.pod.clone() },
+                f.profile.clone().unwrap_or_else(|| "-".into()),
+                f.finding.as_str().into(),
+                f.detail.clone(),
+            ]
+        })
+        .collect();
+    let mut out = String::new();
+    if !rows.is_empty() {
+        let header = ["NAMESPACE", "POD", "PROFILE", "FINDING", "DETAIL"].map(String::from);
+        let mut widths = [0usize; 4];
+        for row in std::iter::once(&header).chain(&rows) {
+            for (w, cell) in widths.iter_mut().zip(row.iter()) {
+                *w = (*w).max(cell.chars().count());
+            }
+        }
+        for row in std::iter::once(&header).chain(&rows) {
+            let mut line = String::new();
+            for (cell, w) in row.iter().zip(widths) {
+                line.push_str(&format!("{cell:<w$}  "));
+            }
+            line.push_str(&row[4]);
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+    }
+    out.push_str(&summary(g));
+    out.push('\n');
+    for note in &g.notes {
+        out.push_str(&format!("note: {note}\n"));
+    }
+    out
+}
+
+fn counts(g: &Gathered) -> BTreeMap<&'static str, usize> {
+    let mut by = BTreeMap::new();
+    for f in &g.findings {
+        *by.entry(f.finding.as_str()).or_insert(0) += 1;
+    }
+    by
+}
+
+fn summary(g: &Gathered) -> String {
+    let by = counts(g);
+    let found = if g.findings.is_empty() {
+        "no findings".to_string()
+    } else {
+        let parts: Vec<String> = by.iter().map(|(k, n)| format!("{n} {k}")).collect();
+        format!("{} findings ({})", g.findings.len(), parts.join(", "))
+    };
+    format!(
+        "{found}; {} of {} pods concern keyward, in {} namespaces ({} pages read)",
+        g.pods_audited,
+        g.pods_listed,
+        g.namespaces.len(),
+        g.pages
+    )
+}
+
+/// The stable JSON report.
+pub fn json_report(g: &Gathered) -> serde_json::Value {
+    json!({
+        "apiVersion": "keyward.io/v1alpha1",
+        "kind": "AuditReport",
+        "findings": g.findings,
+        "summary": {
+            "findings": g.findings.len(),
+            "byFinding": counts(g),
+            "podsListed": g.pods_listed,
+            "podsAudited": g.pods_audited,
+            "namespaces": g.namespaces.len(),
+            "pages": g.pages,
+        },
+        "notes": g.notes,
+    })
+}

@@ -1,0 +1,255 @@
+//! `keyward audit`, the real binary, against the in-process fake API served over HTTP (a
+//! kubeconfig pointing at it): cluster states that produce every finding, and a clean one that
+//! produces none; the table and the JSON checked, and the exit codes.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic is the test failure report
+
+#[path = "../controller/tests/support/mod.rs"]
+mod support;
+
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use support::*;
+
+/// The webhook configuration `keyward manifests webhook` renders from the built-ins, as the
+/// apiserver stores it (created on 1 November).
+fn webhook_config() -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_keyward")).args(["manifests", "webhook"]).output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut config: Value = serde_saphyr::from_str(&text).unwrap();
+    config["metadata"]["creationTimestamp"] = json!("2026-11-01T00:00:00Z");
+    config
+}
+
+/// A client certificate Secret as the controller writes it, expiring in `days`.
+fn certificate_secret(namespace: &str, name: &str, days: u64) -> Value {
+    let ca = keyward_certs::pki::Ca::mint("keyward client CA", now(), Duration::from_secs(days * 86_400)).unwrap();
+    let owner = json!({"apiVersion": OWNER_API, "kind": "LMEvalJob", "name": name.trim_end_matches("-lmeval-client"), "uid": "u", "controller": true});
+    managed_secret(
+        namespace,
+        name,
+        owner,
+        json!({"tls.crt": b64(ca.cert_pem()), "tls.key": b64("k"), "ca.crt": b64(ca.cert_pem())}),
+    )
+}
+
+/// An fms driver pod keyward injected (`support::fms_pod`: the engine's own patch), created at
+/// `created`, for the owner `owner` with `uid`.
+fn injected(name: &str, owner: &str, uid: &str) -> Value {
+    let mut pod = fms_pod(None, "team-a", name, owner, uid);
+    pod["metadata"]["creationTimestamp"] = json!("2026-11-30T10:00:00Z");
+    pod
+}
+
+/// The same pod as the operator submits it: never injected.
+fn plain(namespace: &str, name: &str, created: &str) -> Value {
+    let mut pod = fixture("lmeval-fms-driver-pod.json");
+    pod["metadata"]["name"] = json!(name);
+    pod["metadata"]["namespace"] = json!(namespace);
+    pod["metadata"]["uid"] = json!(format!("uid-{name}"));
+    pod["metadata"]["creationTimestamp"] = json!(created);
+    pod
+}
+
+/// What every state has: the namespaces, the configuration, and one healthy injected pod with
+/// everything it depends on.
+fn healthy() -> FakeApi {
+    let fake = FakeApi::default();
+    fake.seed(opted_in("team-a"));
+    fake.seed(namespace("team-b"));
+    fake.seed(webhook_config());
+    fake.seed(lmevaljob("team-a", "good", "uid-good-job"));
+    fake.seed(injected("good", "good", "uid-good-job"));
+    fake.seed(certificate_secret("team-a", "good-lmeval-client", 30));
+    fake.seed(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "keyward-lmeval-server-ca", "namespace": "team-a"}, "data": {"ca.crt": "x"}}));
+    // Not keyward's concern: not counted.
+    fake.seed(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "namespace": "team-a", "labels": {"app": "web"}}, "spec": {"containers": [{"name": "c", "image": "x"}]}}));
+    fake
+}
+
+fn audit(fake: &FakeApi, args: &[&str]) -> Output {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let addr = runtime.block_on(fake.serve_http());
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!("apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: \"http://{addr}\"}}}}]\nusers: [{{name: u, user: {{}}}}]\ncontexts: [{{name: c, context: {{cluster: fake, user: u, namespace: team-a}}}}]\ncurrent-context: c\n"),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_keyward"))
+        .arg("audit")
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(args)
+        .env_remove("KEYWARD_PROFILES")
+        .output()
+        .unwrap();
+    drop(runtime);
+    out
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8(b.to_vec()).unwrap()
+}
+
+#[test]
+fn a_healthy_cluster_has_no_findings_and_exits_0() {
+    let fake = healthy();
+    let out = audit(&fake, &["-A"]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    assert_eq!(text(&out.stdout), "no findings; 1 of 2 pods concern keyward, in 1 namespaces (1 pages read)\n");
+    // Read-only: not one write.
+    assert!(fake.attempted_writes().is_empty(), "{:#?}", fake.attempted_writes());
+}
+
+#[test]
+fn every_finding_is_reported_with_what_to_do_and_exits_1() {
+    let fake = healthy();
+    // not-injected: created after the install (the webhook was not called), before it, in a
+    // namespace that did not opt in, and opted out.
+    fake.seed(plain("team-a", "missed", "2026-11-30T09:00:00Z"));
+    fake.seed(plain("team-a", "older", "2026-10-01T00:00:00Z"));
+    fake.seed(plain("team-b", "elsewhere", "2026-11-30T09:00:00Z"));
+    let mut opted_out = plain("team-a", "opted-out", "2026-11-30T09:00:00Z");
+    opted_out["metadata"]["labels"]["keyward.io/inject"] = json!("disabled");
+    fake.seed(opted_out);
+    // claim-mismatch: the record is there, the volumes are not.
+    let mut forged = injected("forged", "good", "uid-good-job");
+    forged["spec"]["volumes"] = json!([]);
+    fake.seed(forged);
+    // stale: no profile selects it any more (its label changed).
+    let mut stale = injected("relabelled", "good", "uid-good-job");
+    stale["metadata"]["labels"]["app.kubernetes.io/name"] = json!("something-else");
+    fake.seed(stale);
+    // expiring in 2 days; and an orphan whose Secret is gone too.
+    fake.seed(lmevaljob("team-a", "soon", "uid-soon-job"));
+    fake.seed(injected("soon", "soon", "uid-soon-job"));
+    fake.seed(certificate_secret("team-a", "soon-lmeval-client", 2));
+    fake.seed(injected("orphan", "gone", "uid-gone-job"));
+    // The configuration's matchConditions drifted.
+    let mut config = webhook_config();
+    config["webhooks"][0]["matchConditions"][0]["expression"] = json!("false");
+    fake.seed(config);
+
+    let out = audit(&fake, &["-A", "-o", "json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let found: Vec<(String, String, String)> = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["namespace"].as_str().unwrap().into(),
+                f["pod"].as_str().unwrap().into(),
+                f["finding"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    let expected: Vec<(String, String, String)> = [
+        ("", "", "webhook-config"),
+        ("team-a", "forged", "claim-mismatch"),
+        ("team-a", "missed", "not-injected"),
+        ("team-a", "older", "not-injected"),
+        ("team-a", "opted-out", "not-injected"),
+        ("team-a", "orphan", "missing-dependency"),
+        ("team-a", "orphan", "owner-gone"),
+        ("team-a", "relabelled", "stale"),
+        ("team-a", "soon", "expiring"),
+        ("team-b", "elsewhere", "not-injected"),
+    ]
+    .iter()
+    .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()))
+    .collect();
+    assert_eq!(found, expected, "{report:#}");
+    let detail = |pod: &str, finding: &str| {
+        report["findings"].as_array().unwrap().iter().find(|f| f["pod"] == pod && f["finding"] == finding).unwrap()
+            ["detail"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(detail("missed", "not-injected"), "profile \"lmeval\" selects it, but it has no keyward injection: it was created while keyward's webhook was not called for it (down, failurePolicy Ignore, or a matchConditions gap); recreate it");
+    assert_eq!(detail("older", "not-injected"), "profile \"lmeval\" selects it, but it has no keyward injection: it was created at 2026-10-01T00:00:00Z, before keyward's webhook configuration (2026-11-01T00:00:00Z); recreate it");
+    assert_eq!(detail("elsewhere", "not-injected"), "profile \"lmeval\" selects it, but it has no keyward injection: its namespace is not labelled keyward.io/inject=enabled; label it, then recreate the pod");
+    assert!(detail("opted-out", "not-injected").contains("it is labelled keyward.io/inject=disabled (opted out)"));
+    assert!(detail("forged", "claim-mismatch").starts_with("the keyward.io/injected record claims volume \"keyward-client-cert\"; volume \"keyward-server-ca\", which the pod does not have"), "{}", detail("forged", "claim-mismatch"));
+    assert!(detail("relabelled", "stale").starts_with("injected by profile \"lmeval\", which no longer selects it"));
+    assert!(detail("soon", "expiring").starts_with("the client certificate in Secret soon-lmeval-client expires at "));
+    assert!(detail("orphan", "owner-gone").starts_with("its owner LMEvalJob gone does not exist"));
+    assert!(detail("orphan", "missing-dependency").starts_with("Secret gone-lmeval-client does not exist"));
+    assert!(detail("", "webhook-config")
+        .starts_with("webhook pods.keyward.io matchConditions differs from what the profiles generate"));
+    assert_eq!(
+        report["summary"],
+        json!({"findings": 10, "byFinding": {"claim-mismatch": 1, "expiring": 1, "missing-dependency": 1, "not-injected": 4, "owner-gone": 1, "stale": 1, "webhook-config": 1}, "podsListed": 10, "podsAudited": 9, "namespaces": 2, "pages": 1})
+    );
+    assert_eq!(report["notes"], json!([]));
+
+    // The table: one line per finding, grouped by namespace, and the summary.
+    let out = audit(&fake, &["-A"]);
+    assert_eq!(out.status.code(), Some(1));
+    let table = text(&out.stdout);
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(lines[0].starts_with("NAMESPACE  POD         PROFILE  FINDING             DETAIL"), "{table}");
+    assert!(
+        lines[1].starts_with(
+            "(cluster)  -           -        webhook-config      webhook pods.keyward.io matchConditions differs"
+        ),
+        "{table}"
+    );
+    assert!(
+        lines[2]
+            .starts_with("team-a     forged      lmeval   claim-mismatch      the keyward.io/injected record claims"),
+        "{table}"
+    );
+    assert_eq!(lines.len(), 12, "{table}");
+    assert_eq!(lines[11], "10 findings (1 claim-mismatch, 1 expiring, 1 missing-dependency, 4 not-injected, 1 owner-gone, 1 stale, 1 webhook-config); 9 of 10 pods concern keyward, in 2 namespaces (1 pages read)");
+
+    // One namespace (the context's by default), and without reading Secrets.
+    fake.clear_calls();
+    let out = audit(&fake, &["--no-secrets", "-o", "json"]);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let kinds: Vec<&str> =
+        report["findings"].as_array().unwrap().iter().map(|f| f["finding"].as_str().unwrap()).collect();
+    assert!(!kinds.contains(&"expiring") && !kinds.contains(&"missing-dependency"), "{kinds:?}");
+    assert!(report["findings"].as_array().unwrap().iter().all(|f| f["namespace"] != "team-b"));
+    assert_eq!(
+        report["notes"][0],
+        "--no-secrets: Secrets were not read, so missing Secrets and expiring client certificates are not reported"
+    );
+    assert!(fake.calls().iter().all(|c| !c.resource.ends_with("/secrets")), "{:#?}", fake.calls());
+}
+
+#[test]
+fn an_unreachable_or_forbidding_cluster_exits_2_naming_the_permission() {
+    let fake = healthy();
+    fake.fail("GET", "/v1/pods", 403, usize::MAX);
+    let out = audit(&fake, &["-A"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(err.starts_with("keyward: error: forbidden: list pods in any namespace; keyward audit needs the read-only ClusterRole in deploy/audit/rbac.yaml"), "{err}");
+    assert!(out.stdout.is_empty());
+
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_keyward")).args(["audit", "--kubeconfig", "/no/such/file"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).starts_with("keyward: error: --kubeconfig /no/such/file:"), "{}", text(&out.stderr));
+}
+
+#[test]
+fn pods_are_read_in_pages() {
+    let fake = healthy();
+    for i in 0..1200 {
+        fake.seed(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": format!("web-{i}"), "namespace": "team-a", "labels": {"app": "web"}}, "spec": {"containers": [{"name": "c", "image": "x"}]}}));
+    }
+    let out = audit(&fake, &["-A"]);
+    assert_eq!(text(&out.stdout), "no findings; 1 of 1202 pods concern keyward, in 1 namespaces (3 pages read)\n");
+    let lists: Vec<String> =
+        fake.calls().iter().filter(|c| c.resource == "/v1/pods").map(|c| c.query.clone()).collect();
+    assert_eq!(lists.len(), 3, "{lists:?}");
+    assert!(lists.iter().all(|q| q.contains("limit=500")), "{lists:?}");
+}
