@@ -237,44 +237,13 @@ async fn a_slow_client_is_cut_off_after_the_header_timeout() {
 async fn twenty_kubelet_rotations_under_load_fail_no_request() {
     let mut tls = TlsDir::new();
     let mut server = tls.start(&[]);
-    let review = Arc::new(fixture("admissionreview-lmeval.json"));
-    let stop = Arc::new(AtomicBool::new(false));
-    let ok = Arc::new(AtomicU64::new(0));
-
-    // Two clients: one keeps a connection alive, one opens a new connection per request.
-    let mut clients = Vec::new();
-    for fresh_connections in [false, true] {
-        let (review, stop, ok, target) = (review.clone(), stop.clone(), ok.clone(), server.endpoint.clone());
-        clients.push(tokio::spawn(async move {
-            let mut failures = Vec::new();
-            let mut conn = None;
-            // A broken connection is dropped and failures are bounded: a failure never becomes
-            // a loop that only fails (and fills memory).
-            while !stop.load(Ordering::Relaxed) && failures.len() < 1000 {
-                if conn.is_none() || fresh_connections {
-                    match target.connect().await {
-                        Ok((c, _)) => conn = Some(c),
-                        Err(e) => {
-                            failures.push(e);
-                            continue;
-                        }
-                    }
-                }
-                let Some(client) = conn.as_mut() else { continue };
-                match client.mutate(&review).await {
-                    Ok(r) if r["response"]["allowed"] == true => {
-                        ok.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Ok(r) => failures.push(format!("unexpected response {r}")),
-                    Err(e) => {
-                        failures.push(e);
-                        conn = None;
-                    }
-                }
-            }
-            failures
-        }));
-    }
+    let load = Load::start(&server.endpoint, fixture("admissionreview-lmeval.json"), |r| {
+        if r["response"]["allowed"] == true {
+            Ok(0)
+        } else {
+            Err(format!("unexpected response {r}"))
+        }
+    });
 
     for round in 0..20 {
         let next = mint_leaf(&tls.ca);
@@ -285,13 +254,7 @@ async fn twenty_kubelet_rotations_under_load_fail_no_request() {
         let (_, peer) = server.connect().await.unwrap();
         assert_eq!(peer, sha, "round {round}: a new connection got an old certificate");
     }
-    stop.store(true, Ordering::Relaxed);
-    let mut failures = Vec::new();
-    for c in clients {
-        failures.extend(c.await.unwrap());
-    }
-    assert!(failures.is_empty(), "{} failed requests, e.g. {:?}", failures.len(), &failures[..failures.len().min(5)]);
-    assert!(ok.load(Ordering::Relaxed) >= 20, "too few requests ran during the rotations");
+    load.stop_and_check(20).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -569,57 +532,14 @@ async fn profile_changes_take_effect_on_the_next_admission_and_fail_no_request_u
     let mut volume = KubeletVolume::new(dir.path(), &[("profile.yaml", numbered_profile(0).as_bytes())]);
     let mut server =
         tls.start(&["--no-default-profiles", "--profiles", dir.path().to_str().unwrap(), "--cert-poll-interval", "1h"]);
-    let review = Arc::new(review_of(
+    let review = review_of(
         "lmeval-fms-driver-pod.json",
         "team-a",
         "system:serviceaccount:lm-eval:trustyai-service-operator-controller-manager",
         "u-1",
-    ));
-    let stop = Arc::new(AtomicBool::new(false));
-    let ok = Arc::new(AtomicU64::new(0));
-
-    // Two clients, one on a kept-alive connection and one on a new connection per request.
-    // Each sees generations that never go back: a set is swapped whole, never mixed.
-    let mut clients = Vec::new();
-    for fresh_connections in [false, true] {
-        let (review, stop, ok, target) = (review.clone(), stop.clone(), ok.clone(), server.endpoint.clone());
-        clients.push(tokio::spawn(async move {
-            // The first failures, and how many in all: a broken connection is dropped, so a
-            // failure never turns into a loop that only fails.
-            let (mut failures, mut failed) = (Vec::new(), 0usize);
-            let (mut conn, mut last) = (None, 0);
-            while !stop.load(Ordering::Relaxed) && failed < 1000 {
-                if conn.is_none() || fresh_connections {
-                    match target.connect().await {
-                        Ok((c, _)) => conn = Some(c),
-                        Err(e) => {
-                            failed += 1;
-                            failures.push(format!("connect: {e}"));
-                            continue;
-                        }
-                    }
-                }
-                let Some(client) = conn.as_mut() else { continue };
-                match client.mutate(&review).await.and_then(|r| generation_of(&r)) {
-                    Ok(n) if n >= last => {
-                        last = n;
-                        ok.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Ok(n) => {
-                        failed += 1;
-                        failures.push(format!("generation {n} after {last}"));
-                    }
-                    Err(e) => {
-                        failed += 1;
-                        failures.push(e);
-                        conn = None;
-                    }
-                }
-                failures.truncate(20);
-            }
-            (failed, failures)
-        }));
-    }
+    );
+    // Each client sees generations that never go back: a set is swapped whole, never mixed.
+    let load = Load::start(&server.endpoint, review.clone(), generation_of);
 
     let (mut client, _) = server.connect().await.unwrap();
     assert_eq!(generation_of(&client.mutate(&review).await.unwrap()), Ok(0));
@@ -647,13 +567,76 @@ async fn profile_changes_take_effect_on_the_next_admission_and_fail_no_request_u
     server.wait_metric("keyward_profile_reloads_total{result=\"failed\"}", 1.0).await;
     assert_eq!(server.metric("keyward_profile_reloads_total{result=\"loaded\"}").await, 10.0);
 
-    stop.store(true, Ordering::Relaxed);
-    let (mut failed, mut failures) = (0, Vec::new());
-    for c in clients {
-        let (n, some) = c.await.unwrap();
-        failed += n;
-        failures.extend(some);
+    load.stop_and_check(10).await;
+}
+
+/// Load on the server while something changes under it: one client on a kept-alive
+/// connection, one opening a new connection per request, each answer put through `check`, whose
+/// number (a generation) must never go back on a client.
+struct Load {
+    stop: Arc<AtomicBool>,
+    ok: Arc<AtomicU64>,
+    clients: Vec<tokio::task::JoinHandle<(usize, Vec<String>)>>,
+}
+
+impl Load {
+    fn start(target: &Endpoint, review: Vec<u8>, check: fn(&Value) -> Result<u32, String>) -> Load {
+        let (stop, ok, review) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)), Arc::new(review));
+        let clients = [false, true]
+            .into_iter()
+            .map(|fresh_connections| {
+                let (review, stop, ok, target) = (review.clone(), stop.clone(), ok.clone(), target.clone());
+                tokio::spawn(async move {
+                    // The first failures and how many in all; a broken connection is dropped, so
+                    // a failure never turns into a loop that only fails (and fills memory).
+                    let (mut failures, mut failed) = (Vec::new(), 0usize);
+                    let (mut conn, mut last) = (None, 0);
+                    while !stop.load(Ordering::Relaxed) && failed < 1000 {
+                        if conn.is_none() || fresh_connections {
+                            match target.connect().await {
+                                Ok((c, _)) => conn = Some(c),
+                                Err(e) => {
+                                    failed += 1;
+                                    failures.push(format!("connect: {e}"));
+                                    continue;
+                                }
+                            }
+                        }
+                        let Some(client) = conn.as_mut() else { continue };
+                        match client.mutate(&review).await.and_then(|r| check(&r)) {
+                            Ok(n) if n >= last => {
+                                last = n;
+                                ok.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Ok(n) => {
+                                failed += 1;
+                                failures.push(format!("generation {n} after {last}"));
+                            }
+                            Err(e) => {
+                                failed += 1;
+                                failures.push(e);
+                                conn = None;
+                            }
+                        }
+                        failures.truncate(20);
+                    }
+                    (failed, failures)
+                })
+            })
+            .collect();
+        Load { stop, ok, clients }
     }
-    assert!(failed == 0, "{failed} failed requests, e.g. {:?}", &failures[..failures.len().min(5)]);
-    assert!(ok.load(Ordering::Relaxed) >= 10, "too few requests ran during the reloads");
+
+    /// Stops the clients; not one request may have failed, and at least `min` succeeded.
+    async fn stop_and_check(self, min: u64) {
+        self.stop.store(true, Ordering::Relaxed);
+        let (mut failed, mut failures) = (0, Vec::new());
+        for c in self.clients {
+            let (n, some) = c.await.unwrap();
+            failed += n;
+            failures.extend(some);
+        }
+        assert!(failed == 0, "{failed} failed requests, e.g. {:?}", &failures[..failures.len().min(5)]);
+        assert!(self.ok.load(Ordering::Relaxed) >= min, "too few requests ran meanwhile");
+    }
 }

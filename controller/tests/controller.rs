@@ -235,18 +235,6 @@ async fn a_secret_that_names_an_earlier_owner_of_that_name_is_reissued_for_the_n
     assert_eq!(fake.writes().iter().map(|c| c.method.as_str()).collect::<Vec<_>>(), ["PATCH"]);
 }
 
-const TOKEN_PROFILE: &str = r#"
-apiVersion: keyward.io/v1alpha1
-kind: InjectionProfile
-metadata: {name: job-token}
-spec:
-  selector: {matchLabels: {app: token-job}}
-  controllerOwners: [{apiGroup: batch, kind: Job}]
-  requesters: {usernames: ["system:serviceaccount:kube-system:job-controller"]}
-  inject:
-    token: {secretName: "{owner.name}-token", provider: keyward, mountPath: /var/run/secrets/example/token}
-"#;
-
 fn token_profiles() -> ProfileSet {
     ProfileSet::from_sources([("t.yaml".to_string(), TOKEN_PROFILE.to_string())]).unwrap()
 }

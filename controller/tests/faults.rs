@@ -539,18 +539,6 @@ async fn a_new_profile_set_takes_effect_in_the_running_loop_and_a_removed_profil
     task.abort();
 }
 
-const TOKEN_PROFILE: &str = r#"
-apiVersion: keyward.io/v1alpha1
-kind: InjectionProfile
-metadata: {name: job-token}
-spec:
-  selector: {matchLabels: {app: token-job}}
-  controllerOwners: [{apiGroup: batch, kind: Job}]
-  requesters: {usernames: ["system:serviceaccount:kube-system:job-controller"]}
-  inject:
-    token: {secretName: "{owner.name}-token", provider: keyward, mountPath: /var/run/secrets/example/token}
-"#;
-
 /// Several tasks wait for the namespace watch's first list (readiness, and one pod watch per
 /// profile selector). kube-runtime's `Store::wait_until_ready` wakes only the last task that
 /// polled it, so each waiting on it directly left readiness unreported for ever and all pod

@@ -764,6 +764,19 @@ use keyward_engine::{ProfileSet, RequestFacts, Requester};
 pub const OWNER_API: &str = "foundation-model-stack.github.com.github.com/v1beta1";
 pub const OWNER_UID: &str = "bd735d6e-a9ec-4cdc-84eb-135ae77796f6";
 pub const IDENTITY: &str = "spiffe://cluster.local/ns/team-a/lmevaljob/evaljob-sample";
+/// A profile that generates a token per Job (`provider: keyward`).
+pub const TOKEN_PROFILE: &str = r#"
+apiVersion: keyward.io/v1alpha1
+kind: InjectionProfile
+metadata: {name: job-token}
+spec:
+  selector: {matchLabels: {app: token-job}}
+  controllerOwners: [{apiGroup: batch, kind: Job}]
+  requesters: {usernames: ["system:serviceaccount:kube-system:job-controller"]}
+  inject:
+    token: {secretName: "{owner.name}-token", provider: keyward, mountPath: /var/run/secrets/example/token}
+"#;
+
 pub const OPERATOR: &str = "system:serviceaccount:lm-eval:lm-eval-controller-manager";
 /// How long a test waits for an event before it fails (a report, not a sleep).
 pub const LIMIT: Duration = Duration::from_secs(20);
