@@ -53,13 +53,48 @@ fn plain(namespace: &str, name: &str, created: &str) -> Value {
     pod
 }
 
-/// What every state has: the namespaces, the configuration, and one healthy injected pod with
-/// everything it depends on.
+/// keyward's own Deployment, available or not (with the Deployment controller's message).
+fn deployment(name: &str, available: bool) -> Value {
+    let (status, message) = if available {
+        ("True", "Deployment has minimum availability.")
+    } else {
+        ("False", "Deployment does not have minimum availability.")
+    };
+    json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": "keyward-system"},
+        "spec": {"selector": {"matchLabels": {"app": name}}, "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": [{"name": "c", "image": "keyward"}]}}},
+        "status": {"conditions": [{"type": "Available", "status": status, "reason": "MinimumReplicasAvailable", "message": message}]}})
+}
+
+/// The controller's Lease, renewed `ago` seconds ago for 15 seconds.
+fn lease(ago: u64) -> Value {
+    let renewed = keyward_certs::rfc3339(now() - Duration::from_secs(ago));
+    json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "keyward-controller", "namespace": "keyward-system"},
+        "spec": {"holderIdentity": "keyward-controller-7d9f-abcde", "leaseDurationSeconds": 15, "renewTime": renewed}})
+}
+
+/// The serving Secret cert-manager writes, for the Service's name, and the CA that signed it.
+fn serving(fake: &FakeApi) -> keyward_certs::pki::Ca {
+    let ca = keyward_certs::pki::Ca::mint("keyward serving CA", now(), Duration::from_secs(90 * 86_400)).unwrap();
+    let leaf =
+        ca.issue_serving(&["keyward.keyward-system.svc".to_string()], now(), Duration::from_secs(30 * 86_400)).unwrap();
+    fake.seed(json!({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls", "metadata": {"name": "keyward-serving", "namespace": "keyward-system"},
+        "data": {"tls.crt": b64(&leaf.cert_pem), "tls.key": b64(&leaf.key_pem), "ca.crt": b64(ca.cert_pem())}}));
+    ca
+}
+
+/// What every state has: the namespaces, keyward installed and running, and one healthy
+/// injected pod with everything it depends on.
 fn healthy() -> FakeApi {
     let fake = FakeApi::default();
     fake.seed(opted_in("team-a"));
     fake.seed(namespace("team-b"));
-    fake.seed(webhook_config());
+    let ca = serving(&fake);
+    let mut config = webhook_config();
+    config["webhooks"][0]["clientConfig"]["caBundle"] = json!(b64(ca.cert_pem()));
+    fake.seed(config);
+    fake.seed(deployment("keyward", true));
+    fake.seed(deployment("keyward-controller", true));
+    fake.seed(lease(3));
     fake.seed(lmevaljob("team-a", "good", "uid-good-job"));
     fake.seed(injected("good", "good", "uid-good-job"));
     fake.seed(certificate_secret("team-a", "good-lmeval-client", 30));
@@ -130,7 +165,8 @@ fn every_finding_is_reported_with_what_to_do_and_exits_1() {
     fake.seed(certificate_secret("team-a", "soon-lmeval-client", 2));
     fake.seed(injected("orphan", "gone", "uid-gone-job"));
     // The configuration's matchConditions drifted.
-    let mut config = webhook_config();
+    let mut config =
+        fake.get("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration", "", "keyward").unwrap();
     config["webhooks"][0]["matchConditions"][0]["expression"] = json!("false");
     fake.seed(config);
 
@@ -252,4 +288,31 @@ fn pods_are_read_in_pages() {
         fake.calls().iter().filter(|c| c.resource == "/v1/pods").map(|c| c.query.clone()).collect();
     assert_eq!(lists.len(), 3, "{lists:?}");
     assert!(lists.iter().all(|q| q.contains("limit=500")), "{lists:?}");
+}
+
+#[test]
+fn keyward_itself_is_checked_its_deployments_its_leader_and_the_ca_bundle() {
+    let fake = healthy();
+    fake.seed(deployment("keyward", false));
+    fake.remove("apps/v1", "Deployment", "keyward-system", "keyward-controller");
+    fake.seed(lease(600));
+    // cert-manager renewed the serving certificate from a new CA, and the caBundle was not
+    // updated (cainjector down): the apiserver no longer trusts keyward.
+    let other = serving(&fake);
+    drop(other);
+    let out = audit(&fake, &["-A", "-o", "json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let details: Vec<(String, String)> = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| (f["finding"].as_str().unwrap().to_string(), f["detail"].as_str().unwrap().to_string()))
+        .collect();
+    assert_eq!(details.len(), 4, "{details:#?}");
+    assert_eq!(details[0].0, "ca-bundle");
+    assert!(details[0].1.starts_with("webhook pods.keyward.io's caBundle does not verify the certificate in Secret keyward-system/keyward-serving as keyward.keyward-system.svc: "), "{}", details[0].1);
+    assert_eq!(details[1], ("deployment-unavailable".into(), "keyward's controller Deployment keyward-system/keyward-controller does not exist: nothing is issued or renewed; kubectl -n keyward-system describe deployment keyward-controller".into()));
+    assert_eq!(details[2], ("deployment-unavailable".into(), "keyward's webhook Deployment keyward-system/keyward is not available (Deployment does not have minimum availability): with failurePolicy Fail, pods in opted-in namespaces that a profile selects cannot be created; kubectl -n keyward-system describe deployment keyward".into()));
+    assert_eq!(details[3], ("no-leader".into(), "the controller's Lease keyward-system/keyward-controller was last renewed by \"keyward-controller-7d9f-abcde\" and has lapsed: no replica leads, nothing is issued or renewed; see the controller's logs".into()));
 }

@@ -6,12 +6,16 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::SystemTime;
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, ServiceAccount};
 use keyward_engine::inject::ObjectKind;
 use keyward_engine::ProfileSet;
 use kube::api::{ApiResource, DynamicObject, ListParams};
 use kube::core::GroupVersionKind;
 use kube::{Api, Client};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
 use serde_json::Value;
 
 use super::findings::{self, Dependency, Examined, Finding, Kind, Lookups, NamespaceFacts, OwnerRef};
@@ -28,8 +32,12 @@ pub struct Scope {
     /// keyward's namespace and Service (for the configuration it generates).
     pub keyward_namespace: String,
     pub service: String,
-    /// Read client certificates (`--no-secrets` turns it off).
+    /// Read client certificates and the serving Secret (`--no-secrets` turns it off).
     pub secrets: bool,
+    /// The Secret (in keyward's namespace) holding the webhook's serving certificate.
+    pub serving_secret: String,
+    /// The controller's Deployment and Lease (in keyward's namespace).
+    pub controller: String,
 }
 
 /// What was read and found.
@@ -79,6 +87,7 @@ pub async fn gather(
         .map_err(api_error(format!("get mutatingwebhookconfigurations/{}", scope.webhook_config)))?;
     let installed = config.as_ref().and_then(|c| c.metadata.creation_timestamp.as_ref()).map(|t| t.0.to_string());
     out.findings.extend(check_config(config.as_ref(), scope, profiles));
+    out.findings.extend(check_install(client, scope, config.as_ref(), now, &mut out.notes).await?);
 
     // The namespaces (their opt-in label).
     let namespaces: BTreeMap<String, NamespaceFacts> = match &scope.namespace {
@@ -273,6 +282,109 @@ fn check_config(config: Option<&MutatingWebhookConfiguration>, scope: &Scope, pr
         }
     }
     out
+}
+
+/// keyward itself: both Deployments available, a controller leading, and a `caBundle` that
+/// verifies the certificate the webhook serves (when the serving Secret can be read).
+async fn check_install(
+    client: &Client,
+    scope: &Scope,
+    config: Option<&MutatingWebhookConfiguration>,
+    now: SystemTime,
+    notes: &mut Vec<String>,
+) -> Result<Vec<Finding>, AuditError> {
+    let ns = &scope.keyward_namespace;
+    let cluster = |finding: Kind, detail: String| Finding {
+        namespace: String::new(),
+        pod: String::new(),
+        finding,
+        profile: None,
+        detail,
+    };
+    let mut out = Vec::new();
+    let deployments = Api::<Deployment>::namespaced(client.clone(), ns);
+    for (role, name) in [("webhook", &scope.service), ("controller", &scope.controller)] {
+        let found =
+            deployments.get_opt(name).await.map_err(api_error(format!("get deployments/{name} in namespace {ns}")))?;
+        let available =
+            found.as_ref().and_then(|d| d.status.as_ref()).and_then(|s| s.conditions.as_ref()).and_then(|c| {
+                c.iter()
+                    .find(|c| c.type_ == "Available")
+                    .map(|c| (c.status == "True", c.message.clone().unwrap_or_default()))
+            });
+        let problem = match (&found, available) {
+            (None, _) => Some("does not exist".to_string()),
+            (Some(_), None) => Some("reports no Available condition yet".to_string()),
+            (Some(_), Some((false, message))) => Some(format!("is not available ({})", message.trim_end_matches('.'))),
+            (Some(_), Some((true, _))) => None,
+        };
+        if let Some(problem) = problem {
+            let what = if role == "webhook" {
+                "with failurePolicy Fail, pods in opted-in namespaces that a profile selects cannot be created"
+            } else {
+                "nothing is issued or renewed"
+            };
+            out.push(cluster(
+                Kind::DeploymentUnavailable,
+                format!("keyward's {role} Deployment {ns}/{name} {problem}: {what}; kubectl -n {ns} describe deployment {name}"),
+            ));
+        }
+    }
+
+    let lease = Api::<Lease>::namespaced(client.clone(), ns)
+        .get_opt(&scope.controller)
+        .await
+        .map_err(api_error(format!("get leases/{} in namespace {ns}", scope.controller)))?;
+    let spec = lease.and_then(|l| l.spec);
+    let holder = spec.as_ref().and_then(|s| s.holder_identity.clone()).filter(|h| !h.is_empty());
+    let until = spec.as_ref().and_then(|s| {
+        let renewed: SystemTime = s.renew_time.as_ref()?.0.into();
+        Some(renewed + std::time::Duration::from_secs(u64::try_from(s.lease_duration_seconds?).ok()?))
+    });
+    match (holder, until) {
+        (Some(_), Some(until)) if until > now => {}
+        (Some(holder), _) => out.push(cluster(
+            Kind::NoLeader,
+            format!("the controller's Lease {ns}/{} was last renewed by {holder:?} and has lapsed: no replica leads, nothing is issued or renewed; see the controller's logs", scope.controller),
+        )),
+        (None, _) => out.push(cluster(
+            Kind::NoLeader,
+            format!("no replica holds the controller's Lease {ns}/{}: nothing is issued or renewed; see the controller's logs", scope.controller),
+        )),
+    }
+
+    let Some(config) = config else { return Ok(out) };
+    if !scope.secrets {
+        return Ok(out);
+    }
+    let secret = Api::<Secret>::namespaced(client.clone(), ns)
+        .get_opt(&scope.serving_secret)
+        .await
+        .map_err(api_error(format!("get secrets/{} in namespace {ns}", scope.serving_secret)))?;
+    let Some(leaf) = secret.and_then(|s| s.data).and_then(|d| d.get("tls.crt").map(|b| b.0.clone())) else {
+        notes.push(format!("the serving Secret {ns}/{} has no tls.crt (or does not exist: give --serving-secret): caBundle was not checked", scope.serving_secret));
+        return Ok(out);
+    };
+    let name = format!("{}.{ns}.svc", scope.service);
+    for webhook in config.webhooks.iter().flatten() {
+        let bundle = webhook.client_config.ca_bundle.as_ref().map(|b| b.0.clone()).unwrap_or_default();
+        let roots: Vec<CertificateDer<'_>> = CertificateDer::pem_slice_iter(&bundle).filter_map(Result::ok).collect();
+        let chain: Vec<CertificateDer<'_>> = CertificateDer::pem_slice_iter(&leaf).filter_map(Result::ok).collect();
+        let problem = if roots.is_empty() {
+            Some("is empty (or holds no certificate)".to_string())
+        } else {
+            keyward_certs::inspect::accepted_as_server(&chain, &roots, &name, now).err().map(|e| {
+                format!("does not verify the certificate in Secret {ns}/{} as {name}: {e}", scope.serving_secret)
+            })
+        };
+        if let Some(problem) = problem {
+            out.push(cluster(
+                Kind::CaBundle,
+                format!("webhook {}'s caBundle {problem}: the apiserver cannot call keyward; with cert-manager, kubectl -n {ns} describe certificate; self-managed, the controller's logs", webhook.name),
+            ));
+        }
+    }
+    Ok(out)
 }
 
 /// Absent and empty are the same to the apiserver.

@@ -27,6 +27,9 @@ pub enum Kind {
     Expiring,
     OwnerGone,
     WebhookConfig,
+    CaBundle,
+    DeploymentUnavailable,
+    NoLeader,
 }
 
 impl Kind {
@@ -39,6 +42,9 @@ impl Kind {
             Self::Expiring => "expiring",
             Self::OwnerGone => "owner-gone",
             Self::WebhookConfig => "webhook-config",
+            Self::CaBundle => "ca-bundle",
+            Self::DeploymentUnavailable => "deployment-unavailable",
+            Self::NoLeader => "no-leader",
         }
     }
 }

@@ -53,6 +53,13 @@ pub struct AuditArgs {
     keyward_namespace: String,
     #[arg(long, default_value = "keyward")]
     service: String,
+    /// The Secret in keyward's namespace with the webhook's serving certificate, checked against
+    /// the caBundle (`keyward-serving-tls` on OpenShift).
+    #[arg(long, default_value = "keyward-serving")]
+    serving_secret: String,
+    /// The controller's Deployment and Lease in keyward's namespace.
+    #[arg(long, default_value = "keyward-controller")]
+    controller: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -115,6 +122,8 @@ async fn audit(args: &AuditArgs, profiles: &ProfileSet) -> anyhow::Result<Printe
         keyward_namespace: args.keyward_namespace.clone(),
         service: args.service.clone(),
         secrets: !args.no_secrets,
+        serving_secret: args.serving_secret.clone(),
+        controller: args.controller.clone(),
     };
     // Progress on stderr, for people: every ten pages when it is a terminal.
     let tty = std::io::stderr().is_terminal();
