@@ -79,6 +79,12 @@ struct ExplainArgs {
     /// How to print the answer.
     #[arg(long, short = 'o', value_enum, default_value_t = OutputFormat::Text, env = "KEYWARD_EXPLAIN_OUTPUT")]
     output: OutputFormat,
+    /// Also read, from the cluster, whether the namespace opted in and whether the objects the
+    /// pod would depend on exist (read-only, with your kubeconfig).
+    #[arg(long)]
+    cluster: bool,
+    #[command(flatten)]
+    access: crate::kubeconfig::KubeconfigArgs,
     /// A Pod, an AdmissionReview, a Deployment, ReplicaSet, StatefulSet, DaemonSet, Job or
     /// CronJob (its pods), a List of them, or several YAML documents; `-` reads standard input.
     file: PathBuf,
@@ -97,7 +103,12 @@ impl Cli {
             }
             Command::Explain(args) => {
                 let profiles = args.profiles.source().load()?;
-                let options = ExplainOptions { namespace: args.namespace, user: args.user, output: args.output };
+                let options = ExplainOptions {
+                    namespace: args.namespace,
+                    user: args.user,
+                    output: args.output,
+                    cluster: args.cluster.then_some(args.access),
+                };
                 explain::run(&args.file, &profiles, &options)
             }
             Command::Manifests(ManifestsCommand::Webhook { profiles, namespace, service }) => {

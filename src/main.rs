@@ -7,6 +7,7 @@ mod certs;
 mod cli;
 mod controller;
 mod explain;
+mod kubeconfig;
 mod logging;
 mod manifests;
 mod metrics;

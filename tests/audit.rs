@@ -1,6 +1,6 @@
-//! `keyward audit`, the real binary, against the in-process fake API served over HTTP (a
-//! kubeconfig pointing at it): cluster states that produce every finding, and a clean one that
-//! produces none; the table and the JSON checked, and the exit codes.
+//! `keyward audit` and `keyward explain --cluster`, the real binary, against the in-process fake
+//! API served over HTTP (a kubeconfig pointing at it): cluster states that produce every finding,
+//! and a clean one that produces none; the table and the JSON checked, and the exit codes.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a panic is the test failure report
 
 #[path = "../controller/tests/support/mod.rs"]
@@ -105,6 +105,13 @@ fn healthy() -> FakeApi {
 }
 
 fn audit(fake: &FakeApi, args: &[&str]) -> Output {
+    let mut all = vec!["audit", "--kubeconfig", "{kubeconfig}"];
+    all.extend_from_slice(args);
+    against(fake, &all)
+}
+
+/// Runs keyward with `args`, `{kubeconfig}` standing for a kubeconfig that points at the fake.
+fn against(fake: &FakeApi, args: &[&str]) -> Output {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     let addr = runtime.block_on(fake.serve_http());
     let dir = tempfile::tempdir().unwrap();
@@ -114,11 +121,9 @@ fn audit(fake: &FakeApi, args: &[&str]) -> Output {
         format!("apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: \"http://{addr}\"}}}}]\nusers: [{{name: u, user: {{}}}}]\ncontexts: [{{name: c, context: {{cluster: fake, user: u, namespace: team-a}}}}]\ncurrent-context: c\n"),
     )
     .unwrap();
+    let path = kubeconfig.to_str().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_keyward"))
-        .arg("audit")
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .args(args)
+        .args(args.iter().map(|a| if *a == "{kubeconfig}" { path } else { a }))
         .env_remove("KEYWARD_PROFILES")
         .output()
         .unwrap();
@@ -315,4 +320,25 @@ fn keyward_itself_is_checked_its_deployments_its_leader_and_the_ca_bundle() {
     assert_eq!(details[1], ("deployment-unavailable".into(), "keyward's controller Deployment keyward-system/keyward-controller does not exist: nothing is issued or renewed; kubectl -n keyward-system describe deployment keyward-controller".into()));
     assert_eq!(details[2], ("deployment-unavailable".into(), "keyward's webhook Deployment keyward-system/keyward is not available (Deployment does not have minimum availability): with failurePolicy Fail, pods in opted-in namespaces that a profile selects cannot be created; kubectl -n keyward-system describe deployment keyward".into()));
     assert_eq!(details[3], ("no-leader".into(), "the controller's Lease keyward-system/keyward-controller was last renewed by \"keyward-controller-7d9f-abcde\" and has lapsed: no replica leads, nothing is issued or renewed; see the controller's logs".into()));
+}
+
+#[test]
+fn explain_cluster_reads_the_opt_in_and_which_dependencies_exist() {
+    let fake = healthy();
+    let pod = "tests/fixtures/lmeval-fms-driver-pod.json";
+    let out = against(&fake, &["explain", "--cluster", "--kubeconfig", "{kubeconfig}", "-o", "json", pod]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        report["cluster"],
+        json!({"namespace": "team-a", "namespaceExists": true, "optedIn": true, "requires": [
+            {"kind": "Secret", "name": "evaljob-sample-lmeval-client", "providedBy": "keyward", "exists": false},
+            {"kind": "ConfigMap", "name": "keyward-lmeval-server-ca", "providedBy": "keyward", "exists": true}
+        ]})
+    );
+    let out = against(&fake, &["explain", "--cluster", "--kubeconfig", "{kubeconfig}", "-n", "team-b", pod]);
+    let out = text(&out.stdout);
+    assert!(out.contains("cluster:    namespace team-b is NOT labelled keyward.io/inject=enabled: the webhook is not called for its pods\n"), "{out}");
+    assert!(out.contains("  - ConfigMap team-b/keyward-lmeval-server-ca: missing now (keyward's controller makes it when the namespace opts in or the pod is admitted)\n"), "{out}");
+    assert!(fake.attempted_writes().is_empty(), "read-only");
 }

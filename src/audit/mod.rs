@@ -7,7 +7,6 @@ mod findings;
 
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
@@ -17,6 +16,7 @@ use serde_json::json;
 
 pub use collect::{gather, Gathered, Scope};
 
+use crate::kubeconfig::KubeconfigArgs;
 use crate::profiles::ProfileArgs;
 use crate::serve::config::parse_duration;
 
@@ -39,12 +39,8 @@ pub struct AuditArgs {
     /// certificates are then not reported, and the report says so.
     #[arg(long)]
     no_secrets: bool,
-    /// The kubeconfig file (default: $KUBECONFIG, else ~/.kube/config).
-    #[arg(long, value_name = "FILE")]
-    kubeconfig: Option<PathBuf>,
-    /// The kubeconfig context (default: the current one).
-    #[arg(long)]
-    context: Option<String>,
+    #[command(flatten)]
+    cluster: KubeconfigArgs,
     /// keyward's MutatingWebhookConfiguration.
     #[arg(long, default_value = "keyward")]
     webhook_config: String,
@@ -114,8 +110,7 @@ fn report_exit(p: &Printed) -> ExitCode {
 }
 
 async fn audit(args: &AuditArgs, profiles: &ProfileSet) -> anyhow::Result<Printed> {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let (client, default_namespace) = client(args).await?;
+    let (client, default_namespace) = args.cluster.client().await?;
     let scope = Scope {
         namespace: if args.all_namespaces { None } else { Some(args.namespace.clone().unwrap_or(default_namespace)) },
         webhook_config: args.webhook_config.clone(),
@@ -139,27 +134,6 @@ async fn audit(args: &AuditArgs, profiles: &ProfileSet) -> anyhow::Result<Printe
         AuditFormat::Json => serde_json::to_string_pretty(&json_report(&gathered))? + "\n",
     };
     Ok(Printed { text, found })
-}
-
-/// The client from the kubeconfig, as kubectl finds it, and the context's namespace.
-async fn client(args: &AuditArgs) -> anyhow::Result<(kube::Client, String)> {
-    let options = kube::config::KubeConfigOptions { context: args.context.clone(), ..Default::default() };
-    let unusable = |e: &dyn std::fmt::Display| {
-        anyhow::anyhow!("cannot configure the Kubernetes client ({e}); give --kubeconfig, or set KUBECONFIG")
-    };
-    let config = match (&args.kubeconfig, &args.context) {
-        (Some(path), _) => {
-            let file = kube::config::Kubeconfig::read_from(path)
-                .map_err(|e| anyhow::anyhow!("--kubeconfig {}: {e}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(file, &options).await.map_err(|e| unusable(&e))?
-        }
-        (None, Some(_)) => kube::Config::from_kubeconfig(&options).await.map_err(|e| unusable(&e))?,
-        (None, None) => kube::Config::infer().await.map_err(|e| unusable(&e))?,
-    };
-    let namespace = config.default_namespace.clone();
-    let client =
-        kube::Client::try_from(config).map_err(|e| anyhow::anyhow!("cannot build the Kubernetes client: {e}"))?;
-    Ok((client, namespace))
 }
 
 /// One line per finding, grouped by namespace (cluster findings first), then a summary.

@@ -1,6 +1,7 @@
 //! `keyward explain`: what keyward would do with a pod, and why: a Pod, an AdmissionReview,
 //! or the pods a workload would create (`subjects`).
 
+mod cluster;
 mod subjects;
 
 use std::io::Read;
@@ -12,6 +13,7 @@ use clap::ValueEnum;
 use keyward_engine::review;
 use keyward_engine::{explain, Explanation, ProfileSet, RequestFacts, Requester};
 
+use crate::kubeconfig::KubeconfigArgs;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use subjects::{Input, Subject};
@@ -37,11 +39,21 @@ pub struct ExplainOptions {
     pub namespace: Option<String>,
     pub user: Option<String>,
     pub output: OutputFormat,
+    /// `--cluster`: how to reach the cluster to read.
+    pub cluster: Option<KubeconfigArgs>,
 }
 
 pub fn run(file: &Path, profiles: &ProfileSet, options: &ExplainOptions) -> anyhow::Result<ExitCode> {
     let (label, text) = read_input(file)?;
     let subjects = subjects::parse(&label, &text, options.namespace.as_deref())?;
+    let cluster = match &options.cluster {
+        Some(access) => {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let (client, _) = runtime.block_on(access.client())?;
+            Some((runtime, client))
+        }
+        None => None,
+    };
     let several = subjects.len() > 1;
     let (mut out, mut reports, mut all_allowed) = (String::new(), Vec::new(), true);
     for subject in &subjects {
@@ -56,10 +68,17 @@ pub fn run(file: &Path, profiles: &ProfileSet, options: &ExplainOptions) -> anyh
         let explanation = explain(&facts, &pod.raw, profiles);
         let after = pod_after(&explanation, &pod.value)?;
         all_allowed &= explanation.decision.allowed();
+        let seen = match &cluster {
+            Some((runtime, client)) => Some(runtime.block_on(cluster::look(client, facts.namespace, &explanation))?),
+            None => None,
+        };
         match options.output {
             OutputFormat::Json | OutputFormat::Yaml => {
                 let mut report = report(&facts, &explanation, &after);
                 report["subject"] = json!(subject.what);
+                if let Some(seen) = &seen {
+                    report["cluster"] = serde_json::to_value(seen)?;
+                }
                 reports.push(report);
             }
             OutputFormat::Diff => {
@@ -73,6 +92,9 @@ pub fn run(file: &Path, profiles: &ProfileSet, options: &ExplainOptions) -> anyh
                     out.push('\n');
                 }
                 out.push_str(&text_report(&subject.what, &facts, &explanation, profiles));
+                if let Some(seen) = &seen {
+                    out.push_str(&seen.text());
+                }
             }
         }
     }
