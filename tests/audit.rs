@@ -140,7 +140,7 @@ fn a_healthy_cluster_has_no_findings_and_exits_0() {
     let fake = healthy();
     let out = audit(&fake, &["-A"]);
     assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
-    assert_eq!(text(&out.stdout), "no findings; 1 of 2 pods concern keyward, in 1 namespaces (1 pages read)\n");
+    assert_eq!(text(&out.stdout), "no findings; 1 of 2 pods concern keyward, in 1 namespace (1 page read)\n");
     // Read-only: not one write.
     assert!(fake.attempted_writes().is_empty(), "{:#?}", fake.attempted_writes());
 }
@@ -248,7 +248,7 @@ fn every_finding_is_reported_with_what_to_do_and_exits_1() {
         "{table}"
     );
     assert_eq!(lines.len(), 12, "{table}");
-    assert_eq!(lines[11], "10 findings (1 claim-mismatch, 1 expiring, 1 missing-dependency, 4 not-injected, 1 owner-gone, 1 stale, 1 webhook-config); 9 of 10 pods concern keyward, in 2 namespaces (1 pages read)");
+    assert_eq!(lines[11], "10 findings (1 claim-mismatch, 1 expiring, 1 missing-dependency, 4 not-injected, 1 owner-gone, 1 stale, 1 webhook-config); 9 of 10 pods concern keyward, in 2 namespaces (1 page read)");
 
     // One namespace (the context's by default), and without reading Secrets.
     fake.clear_calls();
@@ -288,7 +288,7 @@ fn pods_are_read_in_pages() {
         fake.seed(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": format!("web-{i}"), "namespace": "team-a", "labels": {"app": "web"}}, "spec": {"containers": [{"name": "c", "image": "x"}]}}));
     }
     let out = audit(&fake, &["-A"]);
-    assert_eq!(text(&out.stdout), "no findings; 1 of 1202 pods concern keyward, in 1 namespaces (3 pages read)\n");
+    assert_eq!(text(&out.stdout), "no findings; 1 of 1202 pods concern keyward, in 1 namespace (3 pages read)\n");
     let lists: Vec<String> =
         fake.calls().iter().filter(|c| c.resource == "/v1/pods").map(|c| c.query.clone()).collect();
     assert_eq!(lists.len(), 3, "{lists:?}");
@@ -341,4 +341,19 @@ fn explain_cluster_reads_the_opt_in_and_which_dependencies_exist() {
     assert!(out.contains("cluster:    namespace team-b is NOT labelled keyward.io/inject=enabled: the webhook is not called for its pods\n"), "{out}");
     assert!(out.contains("  - ConfigMap team-b/keyward-lmeval-server-ca: missing now (keyward's controller makes it when the namespace opts in or the pod is admitted)\n"), "{out}");
     assert!(fake.attempted_writes().is_empty(), "read-only");
+}
+
+#[test]
+fn the_table_is_exactly_one_line_per_finding_and_a_summary() {
+    let fake = healthy();
+    fake.seed(injected("orphan", "gone", "uid-gone-job"));
+    let out = audit(&fake, &["-n", "team-a"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        "NAMESPACE  POD     PROFILE  FINDING             DETAIL\n\
+         team-a     orphan  lmeval   missing-dependency  Secret gone-lmeval-client does not exist: the pod cannot start (or restart) without it; if keyward provides it, see the controller's logs; otherwise create it\n\
+         team-a     orphan  lmeval   owner-gone          its owner LMEvalJob gone does not exist: the pod is orphaned and its per-owner credentials are no longer renewed; delete the pod\n\
+         2 findings (1 missing-dependency, 1 owner-gone); 2 of 3 pods concern keyward, in 1 namespace (1 page read)\n"
+    );
 }

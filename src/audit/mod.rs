@@ -192,14 +192,16 @@ fn summary(g: &Gathered) -> String {
         "no findings".to_string()
     } else {
         let parts: Vec<String> = by.iter().map(|(k, n)| format!("{n} {k}")).collect();
-        format!("{} findings ({})", g.findings.len(), parts.join(", "))
+        let total = g.findings.len();
+        format!("{total} finding{} ({})", if total == 1 { "" } else { "s" }, parts.join(", "))
     };
+    let n = |count: usize, one: &str, many: &str| format!("{count} {}", if count == 1 { one } else { many });
     format!(
-        "{found}; {} of {} pods concern keyward, in {} namespaces ({} pages read)",
+        "{found}; {} of {} concern keyward, in {} ({} read)",
         g.pods_audited,
-        g.pods_listed,
-        g.namespaces.len(),
-        g.pages
+        n(g.pods_listed, "pod", "pods"),
+        n(g.namespaces.len(), "namespace", "namespaces"),
+        n(g.pages, "page", "pages")
     )
 }
 
