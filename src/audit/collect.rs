@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::SystemTime;
 
+use futures::StreamExt;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -142,47 +143,41 @@ pub async fn gather(
         }
     }
 
-    // Each dependency, certificate and owner once.
+    // Each dependency, certificate and owner once, a few requests at a time (as kubectl
+    // does not: a cluster of 100,000 pods has thousands of them).
     let mut lookups = Lookups::default();
     if scope.secrets {
         let certificates: BTreeSet<Dependency> = examined.iter().filter_map(|e| e.certificate.clone()).collect();
-        for c in certificates {
-            let secret = Api::<Secret>::namespaced(client.clone(), &c.namespace)
-                .get_opt(&c.name)
-                .await
-                .map_err(api_error(format!("get secrets/{} in namespace {}", c.name, c.namespace)))?;
+        let read: Vec<_> = futures::stream::iter(certificates)
+            .map(|c| async move {
+                let read = certificate(client, &c).await;
+                (c, read)
+            })
+            .buffer_unordered(LOOKUPS_AT_ONCE)
+            .collect()
+            .await;
+        for (c, read) in read {
             // Read once: it also says whether the Secret exists.
-            lookups.exists.insert(c.clone(), secret.is_some());
-            let not_after = secret
-                .and_then(|s| s.data)
-                .and_then(|d| d.get("tls.crt").map(|b| b.0.clone()))
-                .and_then(|pem| keyward_certs::pem::cert_info(&pem, "tls.crt".as_ref()).ok())
-                .map(|info| info.not_after);
+            let (exists, not_after) = read?;
+            lookups.exists.insert(c.clone(), exists);
             lookups.not_after.insert(c, not_after);
         }
     }
     let dependencies: BTreeSet<Dependency> = examined
         .iter()
         .flat_map(|e| e.dependencies.iter().cloned())
-        .filter(|d| !lookups.exists.contains_key(d))
+        .filter(|d| !lookups.exists.contains_key(d) && (scope.secrets || d.kind != ObjectKind::Secret))
         .collect();
-    for d in dependencies {
-        let what = format!("get {}/{} in namespace {}", plural(d.kind), d.name, d.namespace);
-        let exists = match d.kind {
-            ObjectKind::Secret if !scope.secrets => continue,
-            ObjectKind::Secret => {
-                Api::<Secret>::namespaced(client.clone(), &d.namespace).get_opt(&d.name).await.map(|o| o.is_some())
-            }
-            ObjectKind::ConfigMap => {
-                Api::<ConfigMap>::namespaced(client.clone(), &d.namespace).get_opt(&d.name).await.map(|o| o.is_some())
-            }
-            ObjectKind::ServiceAccount => Api::<ServiceAccount>::namespaced(client.clone(), &d.namespace)
-                .get_opt(&d.name)
-                .await
-                .map(|o| o.is_some()),
-        }
-        .map_err(api_error(what))?;
-        lookups.exists.insert(d, exists);
+    let read: Vec<_> = futures::stream::iter(dependencies)
+        .map(|d| async move {
+            let read = exists(client, &d).await;
+            (d, read)
+        })
+        .buffer_unordered(LOOKUPS_AT_ONCE)
+        .collect()
+        .await;
+    for (d, read) in read {
+        lookups.exists.insert(d, read?);
     }
     if !scope.secrets {
         out.notes.push(
@@ -191,9 +186,16 @@ pub async fn gather(
         );
     }
     let owners: BTreeSet<OwnerRef> = examined.iter().filter_map(|e| e.owner.clone()).collect();
-    for o in owners {
-        let uid = owner_uid(client, &o).await?;
-        lookups.owners.insert(o, uid);
+    let read: Vec<_> = futures::stream::iter(owners)
+        .map(|o| async move {
+            let read = owner_uid(client, &o).await;
+            (o, read)
+        })
+        .buffer_unordered(LOOKUPS_AT_ONCE)
+        .collect()
+        .await;
+    for (o, read) in read {
+        lookups.owners.insert(o, read?);
     }
 
     for e in examined {
@@ -201,6 +203,43 @@ pub async fn gather(
     }
     out.findings.sort();
     Ok(out)
+}
+
+/// Lookups in flight at once: enough to hide round trips, few enough for any apiserver's
+/// priority and fairness.
+const LOOKUPS_AT_ONCE: usize = 8;
+
+/// Whether `d` exists now.
+async fn exists(client: &Client, d: &Dependency) -> Result<bool, AuditError> {
+    let what = format!("get {}/{} in namespace {}", plural(d.kind), d.name, d.namespace);
+    match d.kind {
+        ObjectKind::Secret => {
+            Api::<Secret>::namespaced(client.clone(), &d.namespace).get_opt(&d.name).await.map(|o| o.is_some())
+        }
+        ObjectKind::ConfigMap => {
+            Api::<ConfigMap>::namespaced(client.clone(), &d.namespace).get_opt(&d.name).await.map(|o| o.is_some())
+        }
+        ObjectKind::ServiceAccount => {
+            Api::<ServiceAccount>::namespaced(client.clone(), &d.namespace).get_opt(&d.name).await.map(|o| o.is_some())
+        }
+    }
+    .map_err(api_error(what))
+}
+
+/// Whether the client certificate Secret `c` exists, and when its `tls.crt` expires (`None`:
+/// unreadable).
+async fn certificate(client: &Client, c: &Dependency) -> Result<(bool, Option<SystemTime>), AuditError> {
+    let secret = Api::<Secret>::namespaced(client.clone(), &c.namespace)
+        .get_opt(&c.name)
+        .await
+        .map_err(api_error(format!("get secrets/{} in namespace {}", c.name, c.namespace)))?;
+    let exists = secret.is_some();
+    let not_after = secret
+        .and_then(|s| s.data)
+        .and_then(|d| d.get("tls.crt").map(|b| b.0.clone()))
+        .and_then(|pem| keyward_certs::pem::cert_info(&pem, "tls.crt".as_ref()).ok())
+        .map(|info| info.not_after);
+    Ok((exists, not_after))
 }
 
 fn facts_of(n: &Namespace) -> NamespaceFacts {
