@@ -186,9 +186,21 @@ pub async fn gather(
         );
     }
     let owners: BTreeSet<OwnerRef> = examined.iter().filter_map(|e| e.owner.clone()).collect();
+    // Each owner kind's resource, from discovery (a CRD names its plural as it likes).
+    let mut resources: BTreeMap<(String, String), Option<ApiResource>> = BTreeMap::new();
+    let kinds: BTreeSet<(String, String)> = owners.iter().map(|o| (o.api_version.clone(), o.kind.clone())).collect();
+    for (api_version, kind) in kinds {
+        let resource = owner_resource(client, &api_version, &kind).await?;
+        resources.insert((api_version, kind), resource);
+    }
+    let resources = &resources;
     let read: Vec<_> = futures::stream::iter(owners)
         .map(|o| async move {
-            let read = owner_uid(client, &o).await;
+            let read = match resources.get(&(o.api_version.clone(), o.kind.clone())) {
+                Some(Some(resource)) => owner_uid(client, &o, resource).await,
+                // The kind is not served (its CRD is gone): no such owner can exist.
+                _ => Ok(None),
+            };
             (o, read)
         })
         .buffer_unordered(LOOKUPS_AT_ONCE)
@@ -254,33 +266,26 @@ fn plural(kind: ObjectKind) -> &'static str {
     }
 }
 
-/// The owner's UID now, or `None` when it does not exist. Its resource is found from its kind
-/// as Kubernetes names resources (lowercase, plural): no discovery round trip per kind.
-async fn owner_uid(client: &Client, o: &OwnerRef) -> Result<Option<String>, AuditError> {
-    let (group, version) = match o.api_version.split_once('/') {
-        Some((g, v)) => (g, v),
-        None => ("", o.api_version.as_str()),
-    };
-    let gvk = GroupVersionKind::gvk(group, version, &o.kind);
-    let resource = ApiResource::from_gvk_with_plural(&gvk, &resource_plural(&o.kind));
-    let api = Api::<DynamicObject>::namespaced_with(client.clone(), &o.namespace, &resource);
+/// The resource of an owner's kind, from discovery; `None` when the cluster does not serve it.
+async fn owner_resource(client: &Client, api_version: &str, kind: &str) -> Result<Option<ApiResource>, AuditError> {
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let gvk = GroupVersionKind::gvk(group, version, kind);
+    match kube::discovery::pinned_kind(client, &gvk).await {
+        Ok((resource, _)) => Ok(Some(resource)),
+        Err(kube::Error::Discovery(_)) => Ok(None),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+        Err(e) => Err(api_error(format!("discover {kind} in {api_version}"))(e)),
+    }
+}
+
+/// The owner's UID now, or `None` when it does not exist.
+async fn owner_uid(client: &Client, o: &OwnerRef, resource: &ApiResource) -> Result<Option<String>, AuditError> {
+    let api = Api::<DynamicObject>::namespaced_with(client.clone(), &o.namespace, resource);
     let found = api
         .get_opt(&o.name)
         .await
         .map_err(api_error(format!("get {}/{} in namespace {}", resource.plural, o.name, o.namespace)))?;
     Ok(found.map(|d| d.metadata.uid.unwrap_or_default()))
-}
-
-/// A kind's resource name, as the apiserver's default RESTMapper guesses it.
-fn resource_plural(kind: &str) -> String {
-    let k = kind.to_ascii_lowercase();
-    if k.ends_with('s') || k.ends_with('x') || k.ends_with("ch") || k.ends_with("sh") {
-        format!("{k}es")
-    } else if let Some(stem) = k.strip_suffix('y').filter(|s| !s.ends_with(['a', 'e', 'i', 'o', 'u'])) {
-        format!("{stem}ies")
-    } else {
-        format!("{k}s")
-    }
 }
 
 /// The cluster's configuration against what the profiles generate: the fields that decide
@@ -431,24 +436,5 @@ fn normalized(v: &Value) -> Value {
     match v {
         Value::Object(m) if m.is_empty() => Value::Null,
         other => other.clone(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn plurals_follow_the_apiservers_rules() {
-        for (kind, plural) in [
-            ("LMEvalJob", "lmevaljobs"),
-            ("ReplicaSet", "replicasets"),
-            ("Job", "jobs"),
-            ("Ingress", "ingresses"),
-            ("NetworkPolicy", "networkpolicies"),
-            ("Gateway", "gateways"),
-        ] {
-            assert_eq!(resource_plural(kind), plural);
-        }
     }
 }

@@ -438,6 +438,24 @@ impl FakeApi {
             let code = f.code;
             return (code, Some(status(code, "InternalError", "injected failure")));
         }
+        // Discovery (`/api/v1`, `/apis/GROUP/VERSION`): the kinds of the objects stored there.
+        if let (Some(gv), "GET") = (resource.strip_suffix('/'), method) {
+            let gv = gv.trim_start_matches('/');
+            let mut resources: BTreeMap<String, Value> = BTreeMap::new();
+            for ((r, ns, _), o) in &state.objects {
+                let Some(plural) = r.strip_prefix(resource) else { continue };
+                resources.entry(plural.to_string()).or_insert_with(|| {
+                    json!({"name": plural, "singularName": "", "namespaced": !ns.is_empty(),
+                           "kind": o["kind"], "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]})
+                });
+            }
+            if resources.is_empty() {
+                return (404, Some(status(404, "NotFound", &format!("{gv} is not served"))));
+            }
+            let list = json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv,
+                              "resources": resources.into_values().collect::<Vec<_>>()});
+            return (200, Some(list));
+        }
         let key = (resource.to_string(), namespace.to_string(), name.to_string());
         let mut previous = None;
         let (code, object, change) = match method {
