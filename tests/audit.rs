@@ -156,9 +156,11 @@ fn every_finding_is_reported_with_what_to_do_and_exits_1() {
     let mut opted_out = plain("team-a", "opted-out", "2026-11-30T09:00:00Z");
     opted_out["metadata"]["labels"]["keyward.io/inject"] = json!("disabled");
     fake.seed(opted_out);
-    // claim-mismatch: the record is there, the volumes are not.
-    let mut forged = injected("forged", "good", "uid-good-job");
-    forged["spec"]["volumes"] = json!([]);
+    // claim-mismatch: keyward's record copied onto a pod keyward never admitted (anyone who
+    // creates a pod writes its annotations): the mounts it claims are not there.
+    let record = injected("x", "good", "uid-good-job")["metadata"]["annotations"]["keyward.io/injected"].clone();
+    let mut forged = plain("team-a", "forged", "2026-11-30T09:00:00Z");
+    forged["metadata"]["annotations"]["keyward.io/injected"] = record;
     fake.seed(forged);
     // stale: no profile selects it any more (its label changed).
     let mut stale = injected("relabelled", "good", "uid-good-job");
@@ -217,7 +219,7 @@ fn every_finding_is_reported_with_what_to_do_and_exits_1() {
     assert_eq!(detail("older", "not-injected"), "profile \"lmeval\" selects it, but it has no keyward injection: it was created at 2026-10-01T00:00:00Z, before keyward's webhook configuration (2026-11-01T00:00:00Z); recreate it");
     assert_eq!(detail("elsewhere", "not-injected"), "profile \"lmeval\" selects it, but it has no keyward injection: its namespace is not labelled keyward.io/inject=enabled; label it, then recreate the pod");
     assert!(detail("opted-out", "not-injected").contains("it is labelled keyward.io/inject=disabled (opted out)"));
-    assert!(detail("forged", "claim-mismatch").starts_with("the keyward.io/injected record claims volume \"keyward-client-cert\"; volume \"keyward-server-ca\", which the pod does not have"), "{}", detail("forged", "claim-mismatch"));
+    assert!(detail("forged", "claim-mismatch").starts_with("the keyward.io/injected record claims volume \"keyward-client-cert\" mounted at \"/var/run/secrets/keyward/lmeval-client\"; volume \"keyward-server-ca\" mounted at \"/var/run/secrets/keyward/lmeval-server-ca\", which the pod does not have"), "{}", detail("forged", "claim-mismatch"));
     assert!(detail("relabelled", "stale").starts_with("injected by profile \"lmeval\", which no longer selects it"));
     assert!(detail("soon", "expiring").starts_with("the client certificate in Secret soon-lmeval-client expires at "));
     assert!(detail("orphan", "owner-gone").starts_with("its owner LMEvalJob gone does not exist"));
@@ -356,4 +358,30 @@ fn the_table_is_exactly_one_line_per_finding_and_a_summary() {
          team-a     orphan  lmeval   owner-gone          its owner LMEvalJob gone does not exist: the pod is orphaned and its per-owner credentials are no longer renewed; delete the pod\n\
          2 findings (1 missing-dependency, 1 owner-gone); 2 of 3 pods concern keyward, in 1 namespace (1 page read)\n"
     );
+}
+
+#[test]
+fn a_pod_that_already_has_what_its_profile_injects_is_no_finding() {
+    let fake = healthy();
+    fake.seed(opted_in("kubeflow"));
+    // The KFP persistence agent as its manifest deploys it mounts its own token where the
+    // profile would: the agent works, keyward would add only its record. Without the token, it
+    // needs keyward.
+    for (fixture_name, name) in
+        [("kfp-persistenceagent-pod.json", "agent-own"), ("kfp-persistenceagent-pod-no-token.json", "agent-none")]
+    {
+        let mut pod = fixture(fixture_name);
+        pod["metadata"]["name"] = json!(name);
+        pod["metadata"]["creationTimestamp"] = json!("2026-11-30T09:00:00Z");
+        fake.seed(pod);
+    }
+    let out = audit(&fake, &["-n", "kubeflow", "-o", "json"]);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let found: Vec<(&str, &str)> = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| (f["pod"].as_str().unwrap(), f["finding"].as_str().unwrap()))
+        .collect();
+    assert_eq!(found, [("agent-none", "not-injected")], "{report:#}");
 }

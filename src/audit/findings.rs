@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use keyward_engine::engine::decide_object;
 use keyward_engine::inject::{ObjectKind, Provision};
+use keyward_engine::patch::Path;
 use keyward_engine::pod;
 use keyward_engine::review::Object;
 use keyward_engine::{ProfileSet, Reason, RequestFacts, Requester, ANNOTATION_INJECTED, LABEL_PROFILE};
@@ -137,7 +138,13 @@ pub fn examine(
         return e;
     }
 
+    // What the decision would change in the spec: none means the pod already carries what its
+    // profile injects (its own token at the same path, say), and only keyward's record and
+    // label are missing, which changes nothing for the workload.
+    let spec_changes =
+        decision.patch().ops.iter().filter(|op| !matches!(op.path, Path::Annotations(_) | Path::Labels(_))).count();
     match (&record, decision.reason) {
+        (None, Reason::Injected) if spec_changes == 0 => {}
         // Selected, and keyward has not injected it.
         (None, Reason::Injected) => {
             let why = not_injected_because(pod, ns, installed);
@@ -179,15 +186,15 @@ pub fn examine(
                 e.push(Kind::Stale, recorded_profile.clone(), format!("injected by profile {}, which no longer selects it (removed, or its selector changed); recreate the pod, or it keeps its old credentials", quoted(&recorded_profile)));
             } else if selected != recorded_profile {
                 e.push(Kind::Stale, recorded_profile.clone(), format!("injected by profile {}, but profile {} selects it now; recreate the pod to get what {} injects", quoted(&recorded_profile), quoted(&selected), quoted(&selected)));
-            } else if reason == Reason::Injected {
-                let ops = decision.patch().len();
-                e.push(Kind::Stale, recorded_profile.clone(), format!("injected differently from what profile {} injects now ({ops} patch operations apart: the profile changed since); recreate the pod", quoted(&selected)));
+            } else if reason == Reason::Injected && spec_changes > 0 {
+                e.push(Kind::Stale, recorded_profile.clone(), format!("injected differently from what profile {} injects now ({spec_changes} changes to the spec apart: the profile changed since); recreate the pod", quoted(&selected)));
             }
         }
     }
 
-    // What an injected pod depends on, and its owner: looked up next.
-    if record.is_some() {
+    // What an injected pod depends on, and its owner: looked up next (not for a record the pod
+    // does not bear out: nothing was injected to depend on).
+    if record.is_some() && !e.findings.iter().any(|f| f.finding == Kind::ClaimMismatch) {
         if let Ok(mutation) = &decision.outcome {
             for (_, injection) in &mutation.injections {
                 for r in &injection.requires {
@@ -318,15 +325,18 @@ fn claims_missing(record: &Value, pod: &Value) -> Vec<String> {
         .flat_map(|c| c["volumeMounts"].as_array().into_iter().flatten())
         .filter_map(|m| Some((m["name"].as_str()?, m["mountPath"].as_str()?)))
         .collect();
+    // A claim holds when something is mounted at its path: keyward counts a pod's own volume
+    // delivering the same thing at the same path as injected, under the pod's own name.
     let mut missing = Vec::new();
     for item in record.get("injected").and_then(Value::as_array).into_iter().flatten() {
         let Some(volume) = item.get("volume").and_then(Value::as_str) else { continue };
-        if !volumes.contains(&volume) {
-            missing.push(format!("volume {volume:?}"));
-        } else if let Some(path) = item.get("mountPath").and_then(Value::as_str) {
-            if !mounts.contains(&(volume, path)) {
+        match item.get("mountPath").and_then(Value::as_str) {
+            Some(path) if !mounts.iter().any(|(_, p)| *p == path) => {
                 missing.push(format!("volume {volume:?} mounted at {path:?}"));
             }
+            Some(_) => {}
+            None if !volumes.contains(&volume) => missing.push(format!("volume {volume:?}")),
+            None => {}
         }
     }
     missing
