@@ -30,6 +30,7 @@ pub struct AuditArgs {
     /// Audit every namespace.
     #[arg(long, short = 'A')]
     all_namespaces: bool,
+    /// How to print the report.
     #[arg(long, short = 'o', value_enum, default_value_t = AuditFormat::Table)]
     output: AuditFormat,
     /// Report client certificates that expire within this long.
@@ -44,9 +45,11 @@ pub struct AuditArgs {
     /// keyward's MutatingWebhookConfiguration.
     #[arg(long, default_value = "keyward")]
     webhook_config: String,
-    /// The namespace keyward runs in, and its Service (for the configuration it generates).
+    /// The namespace keyward runs in (its Deployments, Lease and serving Secret).
     #[arg(long, default_value = "keyward-system")]
     keyward_namespace: String,
+    /// keyward's Service, for the configuration the profiles generate and the serving
+    /// certificate's name; the webhook's Deployment has the same name.
     #[arg(long, default_value = "keyward")]
     service: String,
     /// The Secret in keyward's namespace with the webhook's serving certificate, checked against
