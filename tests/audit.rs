@@ -346,7 +346,7 @@ fn explain_cluster_reads_the_opt_in_and_which_dependencies_exist() {
 }
 
 #[test]
-fn the_table_is_exactly_one_line_per_finding_and_a_summary() {
+fn the_table_and_the_json_are_exactly_one_entry_per_finding_and_a_summary() {
     let fake = healthy();
     fake.seed(injected("orphan", "gone", "uid-gone-job"));
     let out = audit(&fake, &["-n", "team-a"]);
@@ -357,6 +357,25 @@ fn the_table_is_exactly_one_line_per_finding_and_a_summary() {
          team-a     orphan  lmeval   missing-dependency  Secret gone-lmeval-client does not exist: the pod cannot start (or restart) without it; if keyward provides it, see the controller's logs; otherwise create it\n\
          team-a     orphan  lmeval   owner-gone          its owner LMEvalJob gone does not exist: the pod is orphaned and its per-owner credentials are no longer renewed; delete the pod\n\
          2 findings (1 missing-dependency, 1 owner-gone); 2 of 3 pods concern keyward, in 1 namespace (1 page read)\n"
+    );
+    // The same state as JSON, whole.
+    let out = audit(&fake, &["-n", "team-a", "-o", "json"]);
+    assert_eq!(out.status.code(), Some(1));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        report,
+        json!({
+            "apiVersion": "keyward.io/v1alpha1",
+            "kind": "AuditReport",
+            "findings": [
+                {"namespace": "team-a", "pod": "orphan", "finding": "missing-dependency", "profile": "lmeval",
+                 "detail": "Secret gone-lmeval-client does not exist: the pod cannot start (or restart) without it; if keyward provides it, see the controller's logs; otherwise create it"},
+                {"namespace": "team-a", "pod": "orphan", "finding": "owner-gone", "profile": "lmeval",
+                 "detail": "its owner LMEvalJob gone does not exist: the pod is orphaned and its per-owner credentials are no longer renewed; delete the pod"}
+            ],
+            "summary": {"findings": 2, "byFinding": {"missing-dependency": 1, "owner-gone": 1}, "podsListed": 3, "podsAudited": 2, "namespaces": 1, "pages": 1},
+            "notes": []
+        })
     );
 }
 
