@@ -89,11 +89,8 @@ async fn main() {
     }
     let existing = fake.count("/v1/secrets");
 
-    let addr = fake.serve_http().await;
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("kubeconfig"), format!(
-        "apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: \"http://{addr}\"}}}}]\nusers: [{{name: u, user: {{}}}}]\ncontexts: [{{name: c, context: {{cluster: fake, user: u, namespace: default}}}}]\ncurrent-context: c\n"
-    )).unwrap();
+    let kubeconfig = fake.kubeconfig(dir.path(), "default").await;
     let ca_dir = dir.path().join("client-ca");
     std::fs::create_dir(&ca_dir).unwrap();
     std::fs::write(ca_dir.join("tls.crt"), certs_fixture("ca-ec256.crt")).unwrap();
@@ -117,7 +114,7 @@ async fn main() {
         ])
         .arg("--client-ca-dir")
         .arg(&ca_dir)
-        .env("KUBECONFIG", dir.path().join("kubeconfig"))
+        .env("KUBECONFIG", &kubeconfig)
         .env("RUST_LOG", if log.is_some() { "info" } else { "warn" })
         .stdout(log.map_or_else(Stdio::null, |f| Stdio::from(f.try_clone().unwrap())))
         .stderr(log.map_or_else(Stdio::null, |f| Stdio::from(f.try_clone().unwrap())))

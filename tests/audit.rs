@@ -113,14 +113,8 @@ fn audit(fake: &FakeApi, args: &[&str]) -> Output {
 /// Runs keyward with `args`, `{kubeconfig}` standing for a kubeconfig that points at the fake.
 fn against(fake: &FakeApi, args: &[&str]) -> Output {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-    let addr = runtime.block_on(fake.serve_http());
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!("apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: \"http://{addr}\"}}}}]\nusers: [{{name: u, user: {{}}}}]\ncontexts: [{{name: c, context: {{cluster: fake, user: u, namespace: team-a}}}}]\ncurrent-context: c\n"),
-    )
-    .unwrap();
+    let kubeconfig = runtime.block_on(fake.kubeconfig(dir.path(), "team-a"));
     let path = kubeconfig.to_str().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_keyward"))
         .args(args.iter().map(|a| if *a == "{kubeconfig}" { path } else { a }))

@@ -40,12 +40,8 @@ fn the_controller_takes_a_profile_change_without_a_restart_and_keeps_the_last_go
         "webhooks": [{"name": "pods.keyward.io", "admissionReviewVersions": ["v1"], "sideEffects": "None",
             "clientConfig": {"service": {"name": "keyward", "namespace": "keyward-system"}},
             "matchConditions": [{"name": "selected-by-a-keyward-profile", "expression": "false"}]}]}));
-    let addr = runtime.block_on(fake.serve_http());
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, format!(
-        "apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: \"http://{addr}\"}}}}]\nusers: [{{name: u, user: {{}}}}]\ncontexts: [{{name: c, context: {{cluster: fake, user: u, namespace: default}}}}]\ncurrent-context: c\n"
-    )).unwrap();
+    let kubeconfig = runtime.block_on(fake.kubeconfig(dir.path(), "default"));
     let ca_dir = dir.path().join("client-ca");
     std::fs::create_dir(&ca_dir).unwrap();
     std::fs::write(ca_dir.join("tls.crt"), certs_fixture("ca-ec256.crt")).unwrap();

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
+use keyward_controller::desired::OPT_IN;
 use keyward_engine::engine::decide_object;
 use keyward_engine::inject::{ObjectKind, Provision};
 use keyward_engine::patch::Path;
@@ -13,9 +14,9 @@ use keyward_engine::{ProfileSet, Reason, RequestFacts, Requester, ANNOTATION_INJ
 use serde::Serialize;
 use serde_json::Value;
 
-/// The namespace label that opts a namespace in, and the pod label that opts a pod out.
-const OPT_IN: (&str, &str) = ("keyward.io/inject", "enabled");
-const OPT_OUT: (&str, &str) = ("keyward.io/inject", "disabled");
+/// The pod label that opts a pod out (the webhook's objectSelector); the namespace's opt-in is
+/// the controller's [`OPT_IN`].
+const OPT_OUT: (&str, &str) = (OPT_IN.0, "disabled");
 
 /// What is wrong, one per finding; the names are the JSON output's (stable).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]

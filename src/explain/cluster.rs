@@ -2,13 +2,11 @@
 //! it would depend on, read-only.
 
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
+use keyward_controller::desired::OPT_IN;
 use keyward_engine::inject::ObjectKind;
 use keyward_engine::Explanation;
 use kube::{Api, Client};
 use serde::Serialize;
-
-/// The namespace label that opts a namespace in.
-const OPT_IN: (&str, &str) = ("keyward.io/inject", "enabled");
 
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]

@@ -330,6 +330,19 @@ impl FakeApi {
         addr
     }
 
+    /// Serves the fake over HTTP and writes `dir/kubeconfig` pointing at it (context namespace
+    /// `namespace`); returns the file's path.
+    pub async fn kubeconfig(&self, dir: &std::path::Path, namespace: &str) -> std::path::PathBuf {
+        let addr = self.serve_http().await;
+        let path = dir.join("kubeconfig");
+        std::fs::write(
+            &path,
+            format!("apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: \"http://{addr}\"}}}}]\nusers: [{{name: u, user: {{}}}}]\ncontexts: [{{name: c, context: {{cluster: fake, user: u, namespace: {namespace}}}}}]\ncurrent-context: c\n"),
+        )
+        .unwrap();
+        path
+    }
+
     /// Answers one request as `client`'s (for serving the fake over HTTP, in a benchmark).
     pub async fn serve(&self, client: &str, req: Request<Body>) -> Response<ResponseBody> {
         self.handle(client, req).await
