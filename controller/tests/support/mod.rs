@@ -273,8 +273,9 @@ impl FakeApi {
         });
     }
 
-    /// Waits until `check` holds, re-checking on every change the fake sees; panics after
-    /// `limit` (a failure report, not a sleep).
+    /// Waits until `check` holds, re-checking on every change the fake sees and, for what the
+    /// fake cannot see (a reconciler's metrics or keys, which change after the last request
+    /// that led to them), every 20 ms; panics after `limit` (a failure report, not a sleep).
     pub async fn until<T>(&self, limit: Duration, mut check: impl FnMut(&FakeApi) -> Option<T>) -> T {
         let deadline = tokio::time::Instant::now() + limit;
         loop {
@@ -282,7 +283,13 @@ impl FakeApi {
             if let Some(v) = check(self) {
                 return v;
             }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            let woken = async {
+                tokio::select! {
+                    () = notified => {}
+                    () = tokio::time::sleep(Duration::from_millis(20)) => {}
+                }
+            };
+            if tokio::time::timeout_at(deadline, woken).await.is_err() {
                 if let Some(v) = check(self) {
                     return v;
                 }
@@ -912,11 +919,10 @@ pub fn fms_pod(keys: Option<&Keys>, namespace: &str, pod_name: &str, owner_name:
     if let Some(a) = &attestor {
         facts = facts.attested_by(a);
     }
-    let decision = keyward_engine::decide(
-        &facts,
-        &serde_json::value::to_raw_value(&pod).unwrap(),
-        &ProfileSet::builtin().unwrap(),
-    );
+    // Parsed once: tests seed pods by the thousand.
+    static BUILTIN: std::sync::OnceLock<ProfileSet> = std::sync::OnceLock::new();
+    let profiles = BUILTIN.get_or_init(|| ProfileSet::builtin().unwrap());
+    let decision = keyward_engine::decide(&facts, &serde_json::value::to_raw_value(&pod).unwrap(), profiles);
     assert!(decision.allowed(), "{:?}", decision.message());
     let patch: json_patch::Patch = serde_json::from_value(serde_json::to_value(decision.patch()).unwrap()).unwrap();
     json_patch::patch(&mut pod, &patch).unwrap();
