@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use crate::controller::ControllerArgs;
 use crate::explain::{self, ExplainOptions, OutputFormat};
@@ -15,6 +15,23 @@ use crate::serve::ServeArgs;
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
+}
+
+/// The name kubectl runs keyward under as a plugin (`kubectl keyward …`).
+const KUBECTL_PLUGIN: &str = "kubectl-keyward";
+
+impl Cli {
+    /// Parses the command line. Run as `kubectl-keyward` (kubectl's plugin), usage and errors
+    /// say `kubectl keyward`, as the user typed it.
+    pub fn parse_as_invoked() -> Self {
+        let invoked = std::env::args_os().next().unwrap_or_default();
+        let as_plugin = std::path::Path::new(&invoked).file_stem().is_some_and(|stem| stem == KUBECTL_PLUGIN);
+        if !as_plugin {
+            return Self::parse();
+        }
+        let matches = Self::command().bin_name("kubectl keyward").get_matches();
+        Self::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+    }
 }
 
 #[derive(Debug, Subcommand)]

@@ -16,10 +16,8 @@ mod serve;
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
 fn main() -> ExitCode {
-    let cli = cli::Cli::parse();
+    let cli = cli::Cli::parse_as_invoked();
     match cli.run() {
         Ok(code) => code,
         Err(e) => {

@@ -25,14 +25,23 @@ fn webhook_config() -> Value {
 
 /// A client certificate Secret as the controller writes it, expiring in `days`.
 fn certificate_secret(namespace: &str, name: &str, days: u64) -> Value {
-    let ca = keyward_certs::pki::Ca::mint("keyward client CA", now(), Duration::from_secs(days * 86_400)).unwrap();
+    certificate_secret_expiring(namespace, name, days).0
+}
+
+/// The same, and when it expires (RFC 3339): minted on a whole second, as X.509 records it.
+fn certificate_secret_expiring(namespace: &str, name: &str, days: u64) -> (Value, String) {
+    let seconds = now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let start = std::time::UNIX_EPOCH + Duration::from_secs(seconds);
+    let validity = Duration::from_secs(days * 86_400);
+    let ca = keyward_certs::pki::Ca::mint("keyward client CA", start, validity).unwrap();
     let owner = json!({"apiVersion": OWNER_API, "kind": "LMEvalJob", "name": name.trim_end_matches("-lmeval-client"), "uid": "u", "controller": true});
-    managed_secret(
+    let secret = managed_secret(
         namespace,
         name,
         owner,
         json!({"tls.crt": b64(ca.cert_pem()), "tls.key": b64("k"), "ca.crt": b64(ca.cert_pem())}),
-    )
+    );
+    (secret, keyward_certs::rfc3339(start + validity))
 }
 
 /// An fms driver pod keyward injected (`support::fms_pod`: the engine's own patch), created at
@@ -112,17 +121,45 @@ fn audit(fake: &FakeApi, args: &[&str]) -> Output {
 
 /// Runs keyward with `args`, `{kubeconfig}` standing for a kubeconfig that points at the fake.
 fn against(fake: &FakeApi, args: &[&str]) -> Output {
+    run_against(std::path::Path::new(env!("CARGO_BIN_EXE_keyward")), fake, args)
+}
+
+/// The same, running `program` (keyward under another name).
+fn run_against(program: &std::path::Path, fake: &FakeApi, args: &[&str]) -> Output {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = runtime.block_on(fake.kubeconfig(dir.path(), "team-a"));
     let path = kubeconfig.to_str().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_keyward"))
+    let out = Command::new(program)
         .args(args.iter().map(|a| if *a == "{kubeconfig}" { path } else { a }))
         .env_remove("KEYWARD_PROFILES")
         .output()
         .unwrap();
     drop(runtime);
     out
+}
+
+/// The findings a table shows, as the JSON report states them (a cluster finding has empty
+/// `namespace` and `pod`, a finding of no profile a null `profile`).
+fn findings_in_table(table: &str) -> Vec<Value> {
+    let lines: Vec<&str> = table.lines().collect();
+    let header = lines[0];
+    let column = |name: &str| header.find(name).unwrap();
+    let (pod, profile, finding, detail) = (column("POD"), column("PROFILE"), column("FINDING"), column("DETAIL"));
+    lines[1..lines.len() - 1]
+        .iter()
+        .map(|line| {
+            let namespace = line[..pod].trim();
+            let dash = |v: &str| (v != "-").then(|| v.to_string());
+            json!({
+                "namespace": if namespace == "(cluster)" { "" } else { namespace },
+                "pod": dash(line[pod..profile].trim()).unwrap_or_default(),
+                "profile": dash(line[profile..finding].trim()),
+                "finding": line[finding..detail].trim(),
+                "detail": &line[detail..],
+            })
+        })
+        .collect()
 }
 
 fn text(b: &[u8]) -> String {
@@ -163,7 +200,8 @@ fn every_finding_is_reported_with_what_to_do_and_exits_1() {
     // expiring in 2 days; and an orphan whose Secret is gone too.
     fake.seed(lmevaljob("team-a", "soon", "uid-soon-job"));
     fake.seed(injected("soon", "soon", "uid-soon-job"));
-    fake.seed(certificate_secret("team-a", "soon-lmeval-client", 2));
+    let (secret, expiry) = certificate_secret_expiring("team-a", "soon-lmeval-client", 2);
+    fake.seed(secret);
     fake.seed(injected("orphan", "gone", "uid-gone-job"));
     // The configuration's matchConditions drifted.
     let mut config =
@@ -171,80 +209,24 @@ fn every_finding_is_reported_with_what_to_do_and_exits_1() {
     config["webhooks"][0]["matchConditions"][0]["expression"] = json!("false");
     fake.seed(config);
 
+    // The table, whole: one line per finding, grouped by namespace, and the summary.
+    let out = audit(&fake, &["-A"]);
+    assert_eq!(out.status.code(), Some(1));
+    let table = text(&out.stdout);
+    let generated = serde_json::to_string(&webhook_config()["webhooks"][0]["matchConditions"]).unwrap();
+    let expected = TABLE_OF_EVERY_FINDING.replace("{expiry}", &expiry).replace("{generated}", &generated);
+    assert_eq!(table, expected, "got:\n{table}");
+
+    // The JSON says the same, finding for finding.
     let out = audit(&fake, &["-A", "-o", "json"]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let found: Vec<(String, String, String)> = report["findings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| {
-            (
-                f["namespace"].as_str().unwrap().into(),
-                f["pod"].as_str().unwrap().into(),
-                f["finding"].as_str().unwrap().into(),
-            )
-        })
-        .collect();
-    let expected: Vec<(String, String, String)> = [
-        ("", "", "webhook-config"),
-        ("team-a", "forged", "claim-mismatch"),
-        ("team-a", "missed", "not-injected"),
-        ("team-a", "older", "not-injected"),
-        ("team-a", "opted-out", "not-injected"),
-        ("team-a", "orphan", "missing-dependency"),
-        ("team-a", "orphan", "owner-gone"),
-        ("team-a", "relabelled", "stale"),
-        ("team-a", "soon", "expiring"),
-        ("team-b", "elsewhere", "not-injected"),
-    ]
-    .iter()
-    .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()))
-    .collect();
-    assert_eq!(found, expected, "{report:#}");
-    let detail = |pod: &str, finding: &str| {
-        report["findings"].as_array().unwrap().iter().find(|f| f["pod"] == pod && f["finding"] == finding).unwrap()
-            ["detail"]
-            .as_str()
-            .unwrap()
-            .to_string()
-    };
-    assert_eq!(detail("missed", "not-injected"), "profile \"lmeval\" selects it, but it has no keyward injection: it was created while keyward's webhook was not called for it (down, failurePolicy Ignore, or a matchConditions gap); recreate it");
-    assert_eq!(detail("older", "not-injected"), "profile \"lmeval\" selects it, but it has no keyward injection: it was created at 2026-10-01T00:00:00Z, before keyward's webhook configuration (2026-11-01T00:00:00Z); recreate it");
-    assert_eq!(detail("elsewhere", "not-injected"), "profile \"lmeval\" selects it, but it has no keyward injection: its namespace is not labelled keyward.io/inject=enabled; label it, then recreate the pod");
-    assert!(detail("opted-out", "not-injected").contains("it is labelled keyward.io/inject=disabled (opted out)"));
-    assert!(detail("forged", "claim-mismatch").starts_with("the keyward.io/injected record claims volume \"keyward-client-cert\" mounted at \"/var/run/secrets/keyward/lmeval-client\"; volume \"keyward-server-ca\" mounted at \"/var/run/secrets/keyward/lmeval-server-ca\", which the pod does not have"), "{}", detail("forged", "claim-mismatch"));
-    assert!(detail("relabelled", "stale").starts_with("injected by profile \"lmeval\", which no longer selects it"));
-    assert!(detail("soon", "expiring").starts_with("the client certificate in Secret soon-lmeval-client expires at "));
-    assert!(detail("orphan", "owner-gone").starts_with("its owner LMEvalJob gone does not exist"));
-    assert!(detail("orphan", "missing-dependency").starts_with("Secret gone-lmeval-client does not exist"));
-    assert!(detail("", "webhook-config")
-        .starts_with("webhook pods.keyward.io matchConditions differs from what the profiles generate"));
+    assert_eq!(report["findings"], json!(findings_in_table(&expected)), "{report:#}");
     assert_eq!(
         report["summary"],
         json!({"findings": 10, "byFinding": {"claim-mismatch": 1, "expiring": 1, "missing-dependency": 1, "not-injected": 4, "owner-gone": 1, "stale": 1, "webhook-config": 1}, "podsListed": 10, "podsAudited": 9, "namespaces": 2, "pages": 1})
     );
     assert_eq!(report["notes"], json!([]));
-
-    // The table: one line per finding, grouped by namespace, and the summary.
-    let out = audit(&fake, &["-A"]);
-    assert_eq!(out.status.code(), Some(1));
-    let table = text(&out.stdout);
-    let lines: Vec<&str> = table.lines().collect();
-    assert!(lines[0].starts_with("NAMESPACE  POD         PROFILE  FINDING             DETAIL"), "{table}");
-    assert!(
-        lines[1].starts_with(
-            "(cluster)  -           -        webhook-config      webhook pods.keyward.io matchConditions differs"
-        ),
-        "{table}"
-    );
-    assert!(
-        lines[2]
-            .starts_with("team-a     forged      lmeval   claim-mismatch      the keyward.io/injected record claims"),
-        "{table}"
-    );
-    assert_eq!(lines.len(), 12, "{table}");
-    assert_eq!(lines[11], "10 findings (1 claim-mismatch, 1 expiring, 1 missing-dependency, 4 not-injected, 1 owner-gone, 1 stale, 1 webhook-config); 9 of 10 pods concern keyward, in 2 namespaces (1 page read)");
 
     // One namespace (the context's by default), and without reading Secrets.
     fake.clear_calls();
@@ -275,6 +257,30 @@ fn an_unreachable_or_forbidding_cluster_exits_2_naming_the_permission() {
         Command::new(env!("CARGO_BIN_EXE_keyward")).args(["audit", "--kubeconfig", "/no/such/file"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).starts_with("keyward: error: --kubeconfig /no/such/file:"), "{}", text(&out.stderr));
+}
+
+#[test]
+fn as_kubectls_plugin_it_is_the_same_audit_and_its_usage_says_kubectl_keyward() {
+    // kubectl runs `kubectl-keyward` from the PATH, with that path as argv[0].
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = dir.path().join("kubectl-keyward");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_keyward"), &plugin).unwrap();
+    let fake = healthy();
+    fake.seed(injected("orphan", "gone", "uid-gone-job"));
+    let args = ["audit", "--kubeconfig", "{kubeconfig}", "-n", "team-a"];
+    let as_plugin = run_against(&plugin, &fake, &args);
+    let direct = against(&fake, &args);
+    assert_eq!(as_plugin.status.code(), Some(1), "{}", text(&as_plugin.stderr));
+    assert_eq!(text(&as_plugin.stdout), text(&direct.stdout));
+
+    let help = Command::new(&plugin).args(["audit", "--help"]).output().unwrap();
+    assert!(text(&help.stdout).contains("\nUsage: kubectl keyward audit [OPTIONS]\n"), "{}", text(&help.stdout));
+    let wrong = Command::new(&plugin).args(["audit", "--bogus"]).output().unwrap();
+    assert_eq!(wrong.status.code(), Some(2));
+    assert!(text(&wrong.stderr).contains("Usage: kubectl keyward audit [OPTIONS]"), "{}", text(&wrong.stderr));
+    // Under its own name, its own usage.
+    let help = Command::new(env!("CARGO_BIN_EXE_keyward")).args(["audit", "--help"]).output().unwrap();
+    assert!(text(&help.stdout).contains("\nUsage: keyward audit [OPTIONS]\n"), "{}", text(&help.stdout));
 }
 
 #[test]
@@ -398,3 +404,21 @@ fn a_pod_that_already_has_what_its_profile_injects_is_no_finding() {
         .collect();
     assert_eq!(found, [("agent-none", "not-injected")], "{report:#}");
 }
+
+/// `keyward audit -A` on the state of `every_finding_is_reported_with_what_to_do_and_exits_1`;
+/// `{expiry}` is when the expiring certificate expires, `{generated}` the matchConditions
+/// `keyward manifests webhook` renders.
+const TABLE_OF_EVERY_FINDING: &str = "\
+NAMESPACE  POD         PROFILE  FINDING             DETAIL\n\
+(cluster)  -           -        webhook-config      webhook pods.keyward.io matchConditions differs from what the profiles generate: the cluster has [{\"expression\":\"false\",\"name\":\"selected-by-a-keyward-profile\"}], keyward manifests webhook gives {generated}\n\
+team-a     forged      lmeval   claim-mismatch      the keyward.io/injected record claims volume \"keyward-client-cert\" mounted at \"/var/run/secrets/keyward/lmeval-client\"; volume \"keyward-server-ca\" mounted at \"/var/run/secrets/keyward/lmeval-server-ca\", which the pod does not have: the record was written by hand or copied; recreate the pod\n\
+team-a     missed      lmeval   not-injected        profile \"lmeval\" selects it, but it has no keyward injection: it was created while keyward's webhook was not called for it (down, failurePolicy Ignore, or a matchConditions gap); recreate it\n\
+team-a     older       lmeval   not-injected        profile \"lmeval\" selects it, but it has no keyward injection: it was created at 2026-10-01T00:00:00Z, before keyward's webhook configuration (2026-11-01T00:00:00Z); recreate it\n\
+team-a     opted-out   lmeval   not-injected        profile \"lmeval\" selects it, but it has no keyward injection: it is labelled keyward.io/inject=disabled (opted out); remove the label and recreate it if it needs credentials\n\
+team-a     orphan      lmeval   missing-dependency  Secret gone-lmeval-client does not exist: the pod cannot start (or restart) without it; if keyward provides it, see the controller's logs; otherwise create it\n\
+team-a     orphan      lmeval   owner-gone          its owner LMEvalJob gone does not exist: the pod is orphaned and its per-owner credentials are no longer renewed; delete the pod\n\
+team-a     relabelled  lmeval   stale               injected by profile \"lmeval\", which no longer selects it (removed, or its selector changed); recreate the pod, or it keeps its old credentials\n\
+team-a     soon        lmeval   expiring            the client certificate in Secret soon-lmeval-client expires at {expiry}: keyward's controller renews at two thirds of its life, so it is not renewing (check its logs and keyward_controller_objects_total{result=\"error\"})\n\
+team-b     elsewhere   lmeval   not-injected        profile \"lmeval\" selects it, but it has no keyward injection: its namespace is not labelled keyward.io/inject=enabled; label it, then recreate the pod\n\
+10 findings (1 claim-mismatch, 1 expiring, 1 missing-dependency, 4 not-injected, 1 owner-gone, 1 stale, 1 webhook-config); 9 of 10 pods concern keyward, in 2 namespaces (1 page read)\n\
+";
