@@ -234,6 +234,8 @@ async fn exists(client: &Client, d: &Dependency) -> Result<bool, AuditError> {
         ObjectKind::ServiceAccount => {
             Api::<ServiceAccount>::namespaced(client.clone(), &d.namespace).get_opt(&d.name).await.map(|o| o.is_some())
         }
+        // Not an object (never made a dependency): nothing to look up.
+        ObjectKind::Signer => Ok(true),
     }
     .map_err(api_error(what))
 }
@@ -263,6 +265,7 @@ fn plural(kind: ObjectKind) -> &'static str {
         ObjectKind::Secret => "secrets",
         ObjectKind::ConfigMap => "configmaps",
         ObjectKind::ServiceAccount => "serviceaccounts",
+        ObjectKind::Signer => "signers",
     }
 }
 

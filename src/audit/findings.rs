@@ -198,7 +198,8 @@ pub fn examine(
     if record.is_some() && !e.findings.iter().any(|f| f.finding == Kind::ClaimMismatch) {
         if let Ok(mutation) = &decision.outcome {
             for (_, injection) in &mutation.injections {
-                for r in &injection.requires {
+                // A signer is not an object to look up.
+                for r in injection.requires.iter().filter(|r| r.kind != ObjectKind::Signer) {
                     let d = Dependency { kind: r.kind, namespace: namespace.to_string(), name: r.name.clone() };
                     if r.provision == Provision::ClientCertificate {
                         e.certificate = Some(d.clone());
@@ -282,6 +283,7 @@ fn provider_hint(kind: ObjectKind) -> &'static str {
         ObjectKind::ServiceAccount => {
             "keyward's controller makes a profile's account when the namespace opts in; see its logs"
         }
+        ObjectKind::Signer => "keyward's controller signs its PodCertificateRequests; see its logs",
     }
 }
 

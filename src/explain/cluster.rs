@@ -53,6 +53,8 @@ pub async fn look(client: &Client, namespace: &str, explanation: &Explanation) -
                     .get_opt(&r.name)
                     .await
                     .map(|o| o.is_some()),
+                // Not an object in the namespace: `requires` names it; nothing to look up.
+                ObjectKind::Signer => continue,
             }
             .map_err(refused(what))?;
             requires.push(Required { kind: r.kind, name: r.name.clone(), provided_by: r.provided_by.as_str(), exists });

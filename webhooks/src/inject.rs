@@ -36,6 +36,21 @@ pub enum Source {
     ConfigMap { name: String, keys: Option<Vec<String>> },
     /// A projected service-account token for `audience`, at `path` in the volume.
     ServiceAccountToken { audience: String, expiration_seconds: i64, path: String },
+    /// A projected `podCertificate`: the kubelet makes the key on the node and asks the signer.
+    PodCertificate(PodCertificateSource),
+}
+
+/// A `podCertificate` projection (Kubernetes' `PodCertificateProjection`), as the pod spec has it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodCertificateSource {
+    pub signer_name: String,
+    pub key_type: String,
+    pub max_expiration_seconds: i64,
+    pub key_path: String,
+    pub certificate_chain_path: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub credential_bundle_path: Option<String>,
 }
 
 /// A volume a kind adds to the pod.
@@ -96,6 +111,17 @@ impl Serialize for VolumeSpec {
             default_mode: i64,
             sources: [Projection<'a>; 1],
         }
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct CertificateProjection<'a> {
+            pod_certificate: &'a PodCertificateSource,
+        }
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct ProjectedCertificate<'a> {
+            default_mode: i64,
+            sources: [CertificateProjection<'a>; 1],
+        }
         let mut map = serializer.serialize_map(Some(2))?;
         map.serialize_entry("name", &self.name)?;
         match &self.source {
@@ -124,6 +150,13 @@ impl Serialize for VolumeSpec {
                     sources: [Projection {
                         service_account_token: Token { audience, expiration_seconds: *expiration_seconds, path },
                     }],
+                },
+            )?,
+            Source::PodCertificate(certificate) => map.serialize_entry(
+                "projected",
+                &ProjectedCertificate {
+                    default_mode: DEFAULT_MODE,
+                    sources: [CertificateProjection { pod_certificate: certificate }],
                 },
             )?,
         }
@@ -280,6 +313,9 @@ pub enum ObjectKind {
     Secret,
     ConfigMap,
     ServiceAccount,
+    /// Not an object: a certificate signer (`keyward.io/<name>`) the kubelet asks through a
+    /// PodCertificateRequest.
+    Signer,
 }
 
 /// How keyward provides an object.
@@ -292,6 +328,10 @@ pub enum Provision {
     ClientCertificate,
     /// A Secret per owner holding a generated token under `key`.
     GeneratedToken { key: String },
+    /// Certificates keyward's controller signs, as the signer named by the requirement, for the
+    /// PodCertificateRequests the kubelet makes for the pod (a key made on the node, never
+    /// stored): the owner's identity, as with [`Provision::ClientCertificate`].
+    PodCertificate,
     /// A ConfigMap or Secret per namespace holding the CA from `source` under `key`.
     ServerCa { source: CaSource, key: String },
     /// A ServiceAccount per namespace, with role bindings.

@@ -383,8 +383,8 @@ enum MountState {
 }
 
 /// Whether the pod's volume `name` delivers what `ours` does: the same Secret or ConfigMap with
-/// the same keys at the same file names, or a projected token for the same audience at the same
-/// path.
+/// the same keys at the same file names, a projected token for the same audience at the same
+/// path, or a pod certificate from the same signer at the same file names.
 fn delivers(spec: &Spec<'_>, name: &str, ours: &Source, removed: &dyn Fn(usize) -> bool) -> bool {
     let Some(raw) = spec.volume_hits.iter().find(|h| h.name == name && !removed(h.index)).and_then(|h| h.raw) else {
         return false;
@@ -418,6 +418,19 @@ fn delivers(spec: &Spec<'_>, name: &str, ours: &Source, removed: &dyn Fn(usize) 
                 })
             })
         }
+        // The same signer, with the files at the same names (key type and lifetime aside).
+        Source::PodCertificate(ours) => {
+            theirs.pointer("/projected/sources").and_then(Value::as_array).is_some_and(|sources| {
+                sources.iter().any(|s| {
+                    let theirs = &s["podCertificate"];
+                    let field = |f: &str| theirs.get(f).and_then(Value::as_str);
+                    field("signerName") == Some(&ours.signer_name)
+                        && field("keyPath") == Some(&ours.key_path)
+                        && field("certificateChainPath") == Some(&ours.certificate_chain_path)
+                        && field("credentialBundlePath") == ours.credential_bundle_path.as_deref()
+                })
+            })
+        }
     }
 }
 
@@ -428,6 +441,7 @@ fn describe_source(source: &Source) -> String {
         Source::ConfigMap { name, keys: None } => format!("ConfigMap {name:?}"),
         Source::ConfigMap { name, keys: Some(keys) } => format!("{} of ConfigMap {name:?}", keys.join(", ")),
         Source::ServiceAccountToken { audience, path, .. } => format!("a token for audience {audience:?} as {path:?}"),
+        Source::PodCertificate(p) => format!("a pod certificate from signer {:?}", p.signer_name),
     }
 }
 

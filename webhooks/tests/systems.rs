@@ -49,8 +49,13 @@ fn file_at<'a>(pod: &'a Value, name: &str, path: &str) -> (&'a Value, String) {
         assert!(items.iter().any(|i| i["path"] == rest.as_str()), "{name}: {path}: not among the items of {volume}");
     }
     if let Some(sources) = volume["projected"]["sources"].as_array() {
+        let certificate_file = |s: &Value| {
+            ["keyPath", "certificateChainPath", "credentialBundlePath"]
+                .iter()
+                .any(|f| s["podCertificate"][f] == rest.as_str())
+        };
         assert!(
-            sources.iter().any(|s| s["serviceAccountToken"]["path"] == rest.as_str()),
+            sources.iter().any(|s| s["serviceAccountToken"]["path"] == rest.as_str() || certificate_file(s)),
             "{name}: {path}: no token at {rest} in {volume}"
         );
     }
@@ -118,6 +123,43 @@ fn the_fms_driver_gets_its_three_files_in_main_and_no_api_token() {
             ("ConfigMap".into(), "keyward-lmeval-server-ca".into(), "keyward"),
         ]
     );
+}
+
+#[test]
+fn with_pod_certificates_the_fms_driver_reads_its_key_and_chain_from_the_kubelets_files() {
+    // deploy/profiles/lmeval-pod-certificate.yaml: the built-in, delivering a pod certificate.
+    let path = format!("{}/../deploy/profiles/lmeval-pod-certificate.yaml", env!("CARGO_MANIFEST_DIR"));
+    let set = profiles(&std::fs::read_to_string(path).unwrap());
+    let before = fixture("lmeval-fms-driver-pod.json");
+    let (d, after) = admit(&create("team-a", FMS_OPERATOR), &before, &set);
+    assert_eq!((d.reason, d.profile.as_deref()), (Reason::Injected, Some("lmeval")));
+    let cert = env(&after, "main", "GRPC_CLIENT_CERT").unwrap();
+    let key = env(&after, "main", "GRPC_CLIENT_KEY").unwrap();
+    assert_eq!(cert, "/var/run/secrets/keyward/lmeval-client/tls.crt");
+    assert_eq!(key, "/var/run/secrets/keyward/lmeval-client/tls.key");
+    // The kubelet writes both into the one projected volume, from keyward's signer.
+    let (volume, _) = file_at(&after, "main", cert);
+    file_at(&after, "main", key);
+    assert_eq!(
+        volume,
+        &json!({"name": "keyward-client-cert", "projected": {"defaultMode": 420, "sources": [{"podCertificate": {
+            "signerName": "keyward.io/lmeval", "keyType": "ECDSAP256", "maxExpirationSeconds": 86400,
+            "keyPath": "tls.key", "certificateChainPath": "tls.crt"}}]}})
+    );
+    let ca = env(&after, "main", "GRPC_SERVER_CA").unwrap();
+    assert_eq!(file_at(&after, "main", ca).0["configMap"]["name"], "keyward-lmeval-server-ca");
+    assert!(!has_api_token(&after));
+    // No Secret: the signer instead.
+    assert_eq!(
+        requires(&d),
+        [
+            ("Signer".into(), "keyward.io/lmeval".into(), "keyward"),
+            ("ConfigMap".into(), "keyward-lmeval-server-ca".into(), "keyward"),
+        ]
+    );
+    // The pod as admitted is what the profile injects: admitted again, nothing changes.
+    let again = decide(&create("team-a", FMS_OPERATOR), &after, &set);
+    assert_eq!(again.reason, Reason::AlreadyInjected);
 }
 
 #[test]

@@ -1,19 +1,39 @@
-//! The pod's own mTLS identity: a `kubernetes.io/tls` Secret (`tls.crt`, `tls.key`, and the
-//! client CA as `ca.crt`), mounted whole.
+//! The pod's own mTLS identity, delivered one of two ways:
+//! - `secret` (the default): a `kubernetes.io/tls` Secret per owner (`tls.crt`, `tls.key`, and
+//!   the client CA as `ca.crt`) that keyward's controller issues, mounted whole;
+//! - `podCertificate`: a projected `podCertificate` volume. The kubelet makes the key on the
+//!   node and asks keyward's controller, as the signer named here, through a
+//!   PodCertificateRequest; the key is never stored in the API. Files: `tls.key`, `tls.crt`
+//!   (the chain), and with `bundleFileEnv` also `credentials.pem` (the key, then the chain).
 
 use serde::{Deserialize, Serialize};
 
 use super::Kind;
 use crate::inject::{
-    AuditItem, Check, EnvSpec, Injection, MountSpec, ObjectKind, Provider, Provision, Requirement, Source, Unresolved,
-    VolumeSpec,
+    AuditItem, Check, EnvSpec, Injection, MountSpec, ObjectKind, PodCertificateSource, Provider, Provision,
+    Requirement, Source, Unresolved, VolumeSpec,
 };
-use crate::names::{NameTemplate, TemplateContext};
+use crate::names::{is_dns1123_subdomain, NameTemplate, TemplateContext};
+
+/// The domain of every signer name keyward serves (its RBAC: `sign` on `keyward.io/*`).
+pub const SIGNER_DOMAIN: &str = "keyward.io";
+/// The files a `podCertificate` volume holds.
+const KEY_FILE: &str = "tls.key";
+const CHAIN_FILE: &str = "tls.crt";
+const BUNDLE_FILE: &str = "credentials.pem";
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClientCertificate {
-    pub secret_name: NameTemplate,
+    /// How the certificate reaches the pod.
+    #[serde(default)]
+    pub delivery: Delivery,
+    /// The Secret keyward issues (`delivery: secret`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_name: Option<NameTemplate>,
+    /// The signer and key the kubelet asks for (`delivery: podCertificate`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_certificate: Option<PodCertificate>,
     #[serde(default = "default_volume")]
     pub volume_name: String,
     pub mount_path: String,
@@ -23,10 +43,73 @@ pub struct ClientCertificate {
     /// Env var set to `<mountPath>/tls.key`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_file_env: Option<String>,
+    /// Env var set to `<mountPath>/credentials.pem`, the key and the chain in one file
+    /// (`delivery: podCertificate` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bundle_file_env: Option<String>,
     /// Who issues the Secret: keyward (the default: one certificate per owner, signed by its
     /// client CA) or the admin.
     #[serde(default = "keyward")]
     pub provider: Provider,
+}
+
+/// How a client certificate reaches the pod.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Delivery {
+    #[default]
+    Secret,
+    PodCertificate,
+}
+
+/// What the kubelet asks keyward's signer for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PodCertificate {
+    /// `keyward.io/<name>`: the signer keyward's controller serves for this profile.
+    pub signer_name: String,
+    #[serde(default)]
+    pub key_type: KeyType,
+    /// The longest life the kubelet asks for (3600 to 7862400, Kubernetes' limits for signers
+    /// outside `kubernetes.io`); keyward never issues for longer.
+    #[serde(default = "one_day")]
+    pub max_expiration_seconds: i64,
+}
+
+/// The key types the kubelet can make (`PodCertificateProjection.keyType`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum KeyType {
+    #[default]
+    #[serde(rename = "ECDSAP256")]
+    EcdsaP256,
+    #[serde(rename = "ECDSAP384")]
+    EcdsaP384,
+    #[serde(rename = "ED25519")]
+    Ed25519,
+    #[serde(rename = "RSA3072")]
+    Rsa3072,
+    #[serde(rename = "RSA4096")]
+    Rsa4096,
+}
+
+impl KeyType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::EcdsaP256 => "ECDSAP256",
+            Self::EcdsaP384 => "ECDSAP384",
+            Self::Ed25519 => "ED25519",
+            Self::Rsa3072 => "RSA3072",
+            Self::Rsa4096 => "RSA4096",
+        }
+    }
+}
+
+/// Kubernetes' bounds on `maxExpirationSeconds` for a signer outside `kubernetes.io`.
+pub const MIN_EXPIRATION_SECONDS: i64 = 3600;
+pub const MAX_EXPIRATION_SECONDS: i64 = 91 * 86_400;
+
+fn one_day() -> i64 {
+    86_400
 }
 
 fn default_volume() -> String {
@@ -37,14 +120,79 @@ fn keyward() -> Provider {
     Provider::Keyward
 }
 
+/// Why `name` cannot be one of keyward's signer names, if it cannot.
+pub fn signer_name_problem(name: &str) -> Option<String> {
+    match name.split_once('/') {
+        Some((SIGNER_DOMAIN, rest)) if is_dns1123_subdomain(rest) => None,
+        _ => Some(format!(
+            "{name:?} is not one of keyward's signer names: use {SIGNER_DOMAIN}/<name>, <name> a DNS-1123 subdomain (e.g. {SIGNER_DOMAIN}/lmeval)"
+        )),
+    }
+}
+
 impl Kind for ClientCertificate {
     fn validate(&self, check: &mut Check) {
-        let Self { secret_name, volume_name, mount_path, cert_file_env, key_file_env, provider } = self;
-        if *provider == Provider::Keyward && !secret_name.uses_owner() {
-            check.problem(
-                "secretName",
-                format!("{:?}: keyward issues one client certificate per owner, so the name must include {{owner.name}}; or set provider: user", secret_name.as_str()),
-            );
+        let Self {
+            delivery,
+            secret_name,
+            pod_certificate,
+            volume_name,
+            mount_path,
+            cert_file_env,
+            key_file_env,
+            bundle_file_env,
+            provider,
+        } = self;
+        match delivery {
+            Delivery::Secret => {
+                match secret_name {
+                    None => check.problem("secretName", "required with delivery: secret (the Secret the pod mounts)"),
+                    Some(name) if *provider == Provider::Keyward && !name.uses_owner() => check.problem(
+                        "secretName",
+                        format!("{:?}: keyward issues one client certificate per owner, so the name must include {{owner.name}}; or set provider: user", name.as_str()),
+                    ),
+                    Some(_) => {}
+                }
+                if pod_certificate.is_some() {
+                    check.problem(
+                        "podCertificate",
+                        "only with delivery: podCertificate; remove it, or set the delivery",
+                    );
+                }
+                if bundle_file_env.is_some() {
+                    check.problem(
+                        "bundleFileEnv",
+                        "only with delivery: podCertificate (a Secret holds no credential bundle)",
+                    );
+                }
+            }
+            Delivery::PodCertificate => {
+                if secret_name.is_some() {
+                    check.problem(
+                        "secretName",
+                        "not with delivery: podCertificate (no Secret is made: the key stays on the node); remove it",
+                    );
+                }
+                if *provider == Provider::User {
+                    check.problem("provider", "with delivery: podCertificate keyward's controller is the signer; remove provider: user, or deliver a Secret of your own");
+                }
+                match pod_certificate {
+                    None => {
+                        check.problem("podCertificate", "required with delivery: podCertificate (at least signerName)")
+                    }
+                    Some(p) => {
+                        if let Some(problem) = signer_name_problem(&p.signer_name) {
+                            check.problem("podCertificate.signerName", problem);
+                        }
+                        if !(MIN_EXPIRATION_SECONDS..=MAX_EXPIRATION_SECONDS).contains(&p.max_expiration_seconds) {
+                            check.problem(
+                                "podCertificate.maxExpirationSeconds",
+                                format!("{} is outside {MIN_EXPIRATION_SECONDS}..={MAX_EXPIRATION_SECONDS}, the range Kubernetes accepts for a signer outside kubernetes.io", p.max_expiration_seconds),
+                            );
+                        }
+                    }
+                }
+            }
         }
         check.volume_name("volumeName", volume_name);
         check.mount_path("mountPath", mount_path);
@@ -54,35 +202,70 @@ impl Kind for ClientCertificate {
         if let Some(env) = key_file_env {
             check.env_name("keyFileEnv", env);
         }
+        if let Some(env) = bundle_file_env {
+            check.env_name("bundleFileEnv", env);
+        }
     }
 
     fn plan(&self, pod: &TemplateContext<'_>) -> Result<Injection, Unresolved> {
-        let secret = self.secret_name.resolve(pod).map_err(|reason| Unresolved { field: "secretName", reason })?;
-        let volume =
-            VolumeSpec { name: self.volume_name.clone(), source: Source::Secret { name: secret.clone(), keys: None } };
         let mount = MountSpec { volume: self.volume_name.clone(), path: self.mount_path.clone() };
-        let item = AuditItem::new("clientCertificate")
-            .with("secret", &secret)
-            .with("volume", &self.volume_name)
-            .with("mountPath", &self.mount_path);
-        let mut injection = Injection::new(item);
-        injection.env.extend(self.cert_file_env.as_deref().map(|e| EnvSpec::file(e, &self.mount_path, "tls.crt")));
-        injection.env.extend(self.key_file_env.as_deref().map(|e| EnvSpec::file(e, &self.mount_path, "tls.key")));
-        injection.volume = Some((volume, mount));
-        let provision = match self.provider {
-            Provider::Keyward => Provision::ClientCertificate,
-            Provider::User => Provision::User,
+        let (source, requirement, item) = match (&self.delivery, &self.secret_name, &self.pod_certificate) {
+            (Delivery::PodCertificate, _, Some(p)) => {
+                let source = Source::PodCertificate(PodCertificateSource {
+                    signer_name: p.signer_name.clone(),
+                    key_type: p.key_type.as_str().into(),
+                    max_expiration_seconds: p.max_expiration_seconds,
+                    key_path: KEY_FILE.into(),
+                    certificate_chain_path: CHAIN_FILE.into(),
+                    credential_bundle_path: self.bundle_file_env.as_ref().map(|_| BUNDLE_FILE.into()),
+                });
+                let requirement = Requirement::new(ObjectKind::Signer, &p.signer_name, Provision::PodCertificate);
+                let item = AuditItem::new("clientCertificate").with("signer", &p.signer_name);
+                (source, requirement, item)
+            }
+            (Delivery::Secret, Some(template), _) => {
+                let secret = template.resolve(pod).map_err(|reason| Unresolved { field: "secretName", reason })?;
+                let provision = match self.provider {
+                    Provider::Keyward => Provision::ClientCertificate,
+                    Provider::User => Provision::User,
+                };
+                let requirement = Requirement::new(ObjectKind::Secret, &secret, provision);
+                let item = AuditItem::new("clientCertificate").with("secret", &secret);
+                (Source::Secret { name: secret, keys: None }, requirement, item)
+            }
+            // Validation refuses these settings before a profile loads.
+            (Delivery::PodCertificate, _, None) => {
+                return Err(Unresolved {
+                    field: "podCertificate",
+                    reason: "required with delivery: podCertificate".into(),
+                })
+            }
+            (Delivery::Secret, None, _) => {
+                return Err(Unresolved { field: "secretName", reason: "required with delivery: secret".into() })
+            }
         };
-        injection.requires.push(Requirement::new(ObjectKind::Secret, secret, provision));
+        let item = item.with("volume", &self.volume_name).with("mountPath", &self.mount_path);
+        let mut injection = Injection::new(item);
+        injection.env.extend(self.cert_file_env.as_deref().map(|e| EnvSpec::file(e, &self.mount_path, CHAIN_FILE)));
+        injection.env.extend(self.key_file_env.as_deref().map(|e| EnvSpec::file(e, &self.mount_path, KEY_FILE)));
+        injection.env.extend(self.bundle_file_env.as_deref().map(|e| EnvSpec::file(e, &self.mount_path, BUNDLE_FILE)));
+        injection.volume = Some((VolumeSpec { name: self.volume_name.clone(), source }, mount));
+        injection.requires.push(requirement);
         Ok(injection)
     }
 
     fn describe(&self, injection: &Injection) -> String {
-        format!(
-            "client certificate: Secret {} at {}",
-            injection.item.get("secret").unwrap_or_default(),
-            self.mount_path
-        )
+        match injection.item.get("signer") {
+            Some(signer) => format!(
+                "client certificate: key made on the node, signed by {signer} (podCertificate), at {}",
+                self.mount_path
+            ),
+            None => format!(
+                "client certificate: Secret {} at {}",
+                injection.item.get("secret").unwrap_or_default(),
+                self.mount_path
+            ),
+        }
     }
 }
 
@@ -139,6 +322,90 @@ mod tests {
         assert!(problems(&spec).is_empty());
         let injection = with_pod(None, &[], |pod| spec.plan(pod)).unwrap();
         assert_eq!(injection.requires[0].provided_by, Provider::User);
+    }
+
+    #[test]
+    fn a_pod_certificate_is_a_projected_volume_the_signer_fills_and_no_secret() {
+        let spec: ClientCertificate = yaml(
+            "delivery: podCertificate\npodCertificate:\n  signerName: keyward.io/lmeval\nmountPath: /var/run/secrets/keyward/client\ncertFileEnv: CERT\nkeyFileEnv: KEY\nbundleFileEnv: BUNDLE\n",
+        );
+        assert!(problems(&spec).is_empty(), "{:?}", problems(&spec));
+        let injection = with_pod(Some("eval-7"), &[], |pod| spec.plan(pod)).unwrap();
+        let (volume, mount) = injection.volume.clone().unwrap();
+        assert_eq!(
+            volume.to_json(),
+            json!({"name": "keyward-client-cert", "projected": {"defaultMode": 420, "sources": [{"podCertificate": {
+                "signerName": "keyward.io/lmeval", "keyType": "ECDSAP256", "maxExpirationSeconds": 86400,
+                "keyPath": "tls.key", "certificateChainPath": "tls.crt", "credentialBundlePath": "credentials.pem"}}]}})
+        );
+        assert_eq!(
+            mount.to_json(),
+            json!({"name": "keyward-client-cert", "mountPath": "/var/run/secrets/keyward/client", "readOnly": true})
+        );
+        let env: Vec<_> = injection.env.iter().map(EnvSpec::to_json).collect();
+        assert_eq!(
+            env,
+            [
+                json!({"name": "CERT", "value": "/var/run/secrets/keyward/client/tls.crt"}),
+                json!({"name": "KEY", "value": "/var/run/secrets/keyward/client/tls.key"}),
+                json!({"name": "BUNDLE", "value": "/var/run/secrets/keyward/client/credentials.pem"})
+            ]
+        );
+        assert_eq!(
+            injection.requires,
+            [Requirement::new(ObjectKind::Signer, "keyward.io/lmeval", Provision::PodCertificate)]
+        );
+        assert_eq!(
+            serde_json::to_value(&injection.item).unwrap(),
+            json!({"kind": "clientCertificate", "signer": "keyward.io/lmeval", "volume": "keyward-client-cert", "mountPath": "/var/run/secrets/keyward/client"})
+        );
+        assert_eq!(
+            spec.describe(&injection),
+            "client certificate: key made on the node, signed by keyward.io/lmeval (podCertificate), at /var/run/secrets/keyward/client"
+        );
+        // Without bundleFileEnv, no bundle file; the key type and lifetime as set.
+        let spec: ClientCertificate = yaml(
+            "delivery: podCertificate\npodCertificate: {signerName: keyward.io/a.b, keyType: ED25519, maxExpirationSeconds: 3600}\nmountPath: /m\n",
+        );
+        let injection = with_pod(None, &[], |pod| spec.plan(pod)).unwrap();
+        assert_eq!(
+            injection.volume.unwrap().0.to_json()["projected"]["sources"][0]["podCertificate"],
+            json!({"signerName": "keyward.io/a.b", "keyType": "ED25519", "maxExpirationSeconds": 3600, "keyPath": "tls.key", "certificateChainPath": "tls.crt"})
+        );
+    }
+
+    #[test]
+    fn each_delivery_refuses_the_other_ones_settings() {
+        let spec: ClientCertificate = yaml(
+            "delivery: podCertificate\nsecretName: \"{owner.name}-c\"\nprovider: user\npodCertificate: {signerName: example.com/x, maxExpirationSeconds: 60}\nmountPath: /m\n",
+        );
+        assert_eq!(
+            problems(&spec),
+            [
+                "spec.inject.k.secretName: not with delivery: podCertificate (no Secret is made: the key stays on the node); remove it",
+                "spec.inject.k.provider: with delivery: podCertificate keyward's controller is the signer; remove provider: user, or deliver a Secret of your own",
+                "spec.inject.k.podCertificate.signerName: \"example.com/x\" is not one of keyward's signer names: use keyward.io/<name>, <name> a DNS-1123 subdomain (e.g. keyward.io/lmeval)",
+                "spec.inject.k.podCertificate.maxExpirationSeconds: 60 is outside 3600..=7862400, the range Kubernetes accepts for a signer outside kubernetes.io",
+            ]
+        );
+        let spec: ClientCertificate = yaml("delivery: podCertificate\nmountPath: /m\n");
+        assert_eq!(
+            problems(&spec),
+            ["spec.inject.k.podCertificate: required with delivery: podCertificate (at least signerName)"]
+        );
+        let spec: ClientCertificate =
+            yaml("podCertificate: {signerName: keyward.io/x}\nbundleFileEnv: B\nmountPath: /m\n");
+        assert_eq!(
+            problems(&spec),
+            [
+                "spec.inject.k.secretName: required with delivery: secret (the Secret the pod mounts)",
+                "spec.inject.k.podCertificate: only with delivery: podCertificate; remove it, or set the delivery",
+                "spec.inject.k.bundleFileEnv: only with delivery: podCertificate (a Secret holds no credential bundle)",
+            ]
+        );
+        for bad in ["keyward.io/", "keyward.io/Upper", "keyward.io/a/b", "keyward.io"] {
+            assert!(signer_name_problem(bad).is_some(), "{bad}");
+        }
     }
 
     #[test]

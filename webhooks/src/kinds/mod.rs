@@ -27,7 +27,10 @@ mod service_account_token;
 mod token;
 
 pub use api_token::RemoveApiToken;
-pub use client_certificate::ClientCertificate;
+pub use client_certificate::{
+    signer_name_problem, ClientCertificate, Delivery, KeyType, PodCertificate, MAX_EXPIRATION_SECONDS,
+    MIN_EXPIRATION_SECONDS, SIGNER_DOMAIN,
+};
 pub use env::{Env, PlainEnv};
 pub use server_ca::ServerCa;
 pub use service_account::ServiceAccount;
