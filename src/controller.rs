@@ -97,6 +97,12 @@ pub struct ControllerArgs {
     /// apply `keyward manifests webhook` yourself, e.g. from GitOps).
     #[arg(long, env = "KEYWARD_WEBHOOK_MATCH_CONDITIONS", value_enum, default_value_t = Keeper::Managed)]
     webhook_match_conditions: Keeper,
+    /// Which certificates.k8s.io version serves PodCertificateRequests, for profiles that
+    /// deliver pod certificates: `auto` (asked of the API server's discovery at start), `v1`
+    /// (Kubernetes 1.37 on), `v1beta1` (1.35 and 1.36, with the PodCertificateRequest feature
+    /// gate and runtime config), or `off` (keyward signs nothing).
+    #[arg(long, env = "KEYWARD_POD_CERTIFICATES", value_enum, default_value_t = PodCertificates::Auto)]
+    pod_certificates: PodCertificates,
     /// The webhook's Service in --namespace: its DNS names go into the serving certificate,
     /// and its endpoints are asked which certificate they serve (self-managed).
     #[arg(long, env = "KEYWARD_SERVICE", default_value = "keyward")]
@@ -121,6 +127,41 @@ pub struct ControllerArgs {
 enum Source {
     External,
     SelfManaged,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum PodCertificates {
+    Auto,
+    V1,
+    V1beta1,
+    Off,
+}
+
+/// The version of `certificates.k8s.io` that serves PodCertificateRequests, as `choice` says
+/// or, for `auto`, as discovery says (v1 preferred).
+async fn pod_certificate_api(
+    client: &kube::Client,
+    choice: PodCertificates,
+) -> anyhow::Result<Option<keyward_controller::signer::ApiVersion>> {
+    use keyward_controller::signer::ApiVersion;
+    let versions = match choice {
+        PodCertificates::Off => return Ok(None),
+        PodCertificates::V1 => return Ok(Some(ApiVersion::V1)),
+        PodCertificates::V1beta1 => return Ok(Some(ApiVersion::V1beta1)),
+        PodCertificates::Auto => [ApiVersion::V1, ApiVersion::V1beta1],
+    };
+    for version in versions {
+        let group_version = format!("{}/{}", ApiVersion::GROUP, version.as_str());
+        match client.list_api_group_resources(&group_version).await {
+            Ok(list) if list.resources.iter().any(|r| r.name == ApiVersion::PLURAL) => return Ok(Some(version)),
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => bail!(
+                "--pod-certificates auto: cannot read the API server's discovery of {group_version} ({e}); give --pod-certificates v1, v1beta1 or off"
+            ),
+        }
+    }
+    Ok(None)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -237,6 +278,18 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         let _ = election_stopped.await;
     }));
 
+    let pod_certificates = pod_certificate_api(&client, args.pod_certificates).await?;
+    let signers = keyward_controller::signer::signers(&profiles);
+    match pod_certificates {
+        Some(version) => {
+            tracing::info!(api = %format!("{}/{}", keyward_controller::signer::ApiVersion::GROUP, version.as_str()), signers = ?signers.iter().map(|(s, _)| s).collect::<Vec<_>>(), "signing PodCertificateRequests of keyward's signers")
+        }
+        None if !signers.is_empty() => tracing::error!(
+            signers = ?signers.iter().map(|(s, _)| s).collect::<Vec<_>>(),
+            "profiles deliver pod certificates, but this cluster serves no PodCertificateRequest API (or --pod-certificates off): their pods wait for certificates that never come; enable the API (Kubernetes 1.35+) or use delivery: secret"
+        ),
+        None => {}
+    }
     let settings = Settings {
         trust_domain: args.trust_domain.clone(),
         client_cert_validity: args.client_cert_validity,
@@ -249,6 +302,7 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         serving,
         client_ca_secret: (args.client_ca == Source::SelfManaged).then(|| args.client_ca_secret.clone()),
         match_conditions_of: (args.webhook_match_conditions == Keeper::Managed).then(|| args.webhook_config.clone()),
+        pod_certificates,
     };
     let reconciler_for = {
         let (client, client_ca, leadership, metrics, identity) =
@@ -312,11 +366,16 @@ async fn kube_client(timeout: Duration) -> anyhow::Result<kube::Client> {
     Ok(builder.with_layer(&keyward_controller::client::Deadline { limit: timeout }).build())
 }
 
-/// The profiles that issue client certificates (they need the client CA).
+/// The profiles that issue client certificates, in Secrets or as a signer (they need the
+/// client CA).
 fn issuing_profiles(profiles: &keyward_engine::ProfileSet) -> Vec<String> {
     profiles
         .iter()
-        .filter(|p| keyward_controller::desired::provides_per_owner(p, |r| *r == Provision::ClientCertificate))
+        .filter(|p| {
+            keyward_controller::desired::provides_per_owner(p, |r| {
+                matches!(r, Provision::ClientCertificate | Provision::PodCertificate)
+            })
+        })
         .map(|p| p.name.clone())
         .collect()
 }

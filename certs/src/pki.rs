@@ -143,6 +143,40 @@ impl Ca {
         self.issue_with(vec![SanType::URI(uri)], subject, ExtendedKeyUsagePurpose::ClientAuth, now, validity)
     }
 
+    /// A client certificate for a key made elsewhere (the kubelet's, from a
+    /// PodCertificateRequest): `spki_der` its DER SubjectPublicKeyInfo, the SPIFFE ID `uri` as
+    /// its only subject alternative name, valid from `not_before` to `not_after` exactly (whole
+    /// seconds, as X.509 keeps them: the signer reports the same times beside it).
+    pub fn issue_for_key(
+        &self,
+        spki_der: &[u8],
+        subject: &[(DnType, &str)],
+        uri: &str,
+        not_before: SystemTime,
+        not_after: SystemTime,
+    ) -> Result<String, Error> {
+        let key = rcgen::SubjectPublicKeyInfo::from_der(spki_der).map_err(|e| Error::BadKey {
+            what: "the requested public key".into(),
+            reason: format!("{e} (keyward signs ECDSA P-256 and P-384, Ed25519 and RSA keys)"),
+        })?;
+        let uri = rcgen::string::Ia5String::try_from(uri.to_string()).map_err(mint_err)?;
+        let mut params = CertificateParams::default();
+        params.subject_alt_names = vec![SanType::URI(uri)];
+        params.distinguished_name = DistinguishedName::new();
+        for (kind, value) in subject {
+            params.distinguished_name.push(kind.clone(), *value);
+        }
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params.use_authority_key_identifier_extension = true;
+        params.serial_number = Some(random_serial()?);
+        params.not_before = not_before.into();
+        params.not_after = not_after.into();
+        let cert = params.signed_by(&key, &self.issuer).map_err(mint_err)?;
+        Ok(cert.pem())
+    }
+
     fn issue(
         &self,
         names: Vec<String>,

@@ -82,6 +82,12 @@ pub enum Want {
         owner: Owner,
         key: String,
     },
+    /// Certificates for `owner`, identified by `identity`, signed as the signer named by the
+    /// [`Desired`] for the pod's PodCertificateRequests (no object: see [`crate::signer`]).
+    PodCertificate {
+        owner: Owner,
+        identity: String,
+    },
 }
 
 impl Want {
@@ -92,6 +98,7 @@ impl Want {
             Self::ServerCa { config_map: false, .. } | Self::ClientCertificate { .. } | Self::Token { .. } => "Secret",
             Self::ServiceAccount => "ServiceAccount",
             Self::RoleBinding { .. } => "RoleBinding",
+            Self::PodCertificate { .. } => "PodCertificateRequest",
         }
     }
 
@@ -104,6 +111,7 @@ impl Want {
             Self::RoleBinding { .. } => "role-binding",
             Self::ClientCertificate { .. } => "client-certificate",
             Self::Token { .. } => "token",
+            Self::PodCertificate { .. } => "pod-certificate",
         }
     }
 }
@@ -296,7 +304,12 @@ pub fn for_pod(profiles: &ProfileSet, pod: &RawValue, namespace: &str, trust_dom
         .injections
         .iter()
         .flat_map(|(_, i)| &i.requires)
-        .filter(|r| matches!(r.provision, Provision::ClientCertificate | Provision::GeneratedToken { .. }))
+        .filter(|r| {
+            matches!(
+                r.provision,
+                Provision::ClientCertificate | Provision::GeneratedToken { .. } | Provision::PodCertificate
+            )
+        })
         .collect();
     if wanted.is_empty() {
         return PodVerdict::Nothing(format!("profile {profile:?} issues nothing per owner"));
@@ -315,6 +328,10 @@ pub fn for_pod(profiles: &ProfileSet, pod: &RawValue, namespace: &str, trust_dom
                 identity: spiffe_id(trust_domain, namespace, &owner.kind, &owner.name),
             },
             Provision::GeneratedToken { key } => Want::Token { owner: owner.clone(), key: key.clone() },
+            Provision::PodCertificate => Want::PodCertificate {
+                owner: owner.clone(),
+                identity: spiffe_id(trust_domain, namespace, &owner.kind, &owner.name),
+            },
             _ => continue,
         };
         wants.push(Desired {

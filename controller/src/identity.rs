@@ -57,6 +57,24 @@ pub fn issue(
     })
 }
 
+/// A client certificate for `owner` for a key made on a node (a PodCertificateRequest's),
+/// with the same subject and identity as [`issue`], valid over `window` exactly.
+pub fn issue_for_key(
+    ca: &Ca,
+    namespace: &str,
+    owner: &Owner,
+    identity: &str,
+    spki_der: &[u8],
+    window: &crate::signer::Window,
+) -> Result<String, Error> {
+    let subject = [
+        (DnType::OrganizationName, prefix(namespace, 64)),
+        (DnType::OrganizationalUnitName, prefix(&owner.kind, 64)),
+        (DnType::CommonName, prefix(&owner.name, 64)),
+    ];
+    Ok(ca.issue_for_key(spki_der, &subject, identity, window.not_before, window.not_after)?)
+}
+
 /// Whether an existing certificate Secret's data is still good.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Renewal {

@@ -10,6 +10,7 @@
 //! - [`run`]: the watches, the work queue with backoff, and the periodic resync.
 //! - [`self_managed`]: the same against the API: the leader writes the Secret and `caBundle`.
 //! - [`serving`]: the webhook's serving certificate and `caBundle`, when keyward manages them (pure).
+//! - [`signer`]: keyward as the signer of pod certificates: what a request says, what to answer (pure).
 //! - [`webhook_config`]: the webhook configuration's `matchConditions`, kept equal to the profiles.
 
 #![warn(unreachable_pub)]
@@ -28,6 +29,7 @@ pub mod reconcile;
 pub mod run;
 pub mod self_managed;
 pub mod serving;
+pub mod signer;
 pub mod webhook_config;
 
 pub use error::Error;

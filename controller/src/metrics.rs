@@ -111,6 +111,7 @@ pub struct Metrics {
     reconcile_errors: Family<ResultLabels, Counter>,
     conditions: Family<ConditionLabels, Gauge>,
     refused: Family<ResultLabels, Counter>,
+    pod_certificates: Family<ResultLabels, Counter>,
     serving_changes: Family<ResultLabels, Counter>,
     webhook_config_repairs: Family<FieldLabels, Counter>,
     serving_expiry: Family<ResultLabels, Gauge>,
@@ -167,7 +168,7 @@ impl Default for Metrics {
         let reconcile_errors = Family::<ResultLabels, Counter>::default();
         registry.register(
             "reconcile_errors",
-            "Reconciliations that failed and were queued to retry with backoff, by what (namespace|pod|sweep|renew|client-ca)",
+            "Reconciliations that failed and were queued to retry with backoff, by what (namespace|sweep|owner|client-ca|sources|attestation-key|serving-cert|match-conditions|pod-certificate)",
             reconcile_errors.clone(),
         );
         let conditions = Family::<ConditionLabels, Gauge>::default();
@@ -207,6 +208,15 @@ impl Default for Metrics {
             "When the self-managed serving certificate expires, by result (leaf|ca), in Unix seconds",
             serving_expiry.clone(),
         );
+        let pod_certificates = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "pod_certificate_requests",
+            "PodCertificateRequests of keyward's signers answered, by result (issued|denied|failed: issuing or writing the answer failed, retried)",
+            pod_certificates.clone(),
+        );
+        for result in ["issued", "denied", "failed"] {
+            let _ = pod_certificates.get_or_create(&ResultLabels { result });
+        }
         let build_info = Family::<BuildLabels, Gauge>::default();
         registry.register(
             "build_info",
@@ -234,6 +244,7 @@ impl Default for Metrics {
             reconcile_errors,
             conditions,
             refused,
+            pod_certificates,
         }
     }
 }
@@ -287,6 +298,15 @@ impl Metrics {
     /// How many were refused for `refusal` (tests).
     pub fn refused_count(&self, refusal: Refusal) -> u64 {
         self.refused.get_or_create(&ResultLabels { result: refusal.as_str() }).get()
+    }
+
+    pub fn pod_certificate(&self, result: &'static str) {
+        self.pod_certificates.get_or_create(&ResultLabels { result }).inc();
+    }
+
+    /// How many requests were answered with `result` (tests).
+    pub fn pod_certificate_count(&self, result: &'static str) -> u64 {
+        self.pod_certificates.get_or_create(&ResultLabels { result }).get()
     }
 
     pub fn webhook_config_repair(&self, field: &'static str) {

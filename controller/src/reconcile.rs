@@ -40,6 +40,7 @@ use crate::leader::Leadership;
 use crate::metrics::{Action, Metrics, Refusal};
 use crate::objects::{self, is_managed, Scope};
 use crate::queue::Outcome;
+use crate::signer;
 
 /// The controller's settings (from `keyward controller`'s flags).
 #[derive(Debug, Clone)]
@@ -68,6 +69,9 @@ pub struct Settings {
     /// The MutatingWebhookConfiguration whose `matchConditions` keyward keeps equal to the
     /// profiles (`None`: `--webhook-match-conditions external`).
     pub match_conditions_of: Option<String>,
+    /// The version of `certificates.k8s.io` that serves PodCertificateRequests (`None`: the
+    /// cluster does not, and keyward signs nothing).
+    pub pod_certificates: Option<crate::signer::ApiVersion>,
 }
 
 impl Default for Settings {
@@ -84,6 +88,7 @@ impl Default for Settings {
             serving: None,
             client_ca_secret: None,
             match_conditions_of: None,
+            pod_certificates: None,
         }
     }
 }
@@ -310,7 +315,7 @@ impl Reconciler {
                 let same: Same<RoleBinding> = |a, b| a.role_ref == b.role_ref && a.subjects == b.subjects;
                 self.ensure(ns, stores.as_ref().map(|s| &s.role_bindings), object, same).await
             }
-            Want::ClientCertificate { .. } | Want::Token { .. } => Ok(Action::Unchanged),
+            Want::ClientCertificate { .. } | Want::Token { .. } | Want::PodCertificate { .. } => Ok(Action::Unchanged),
         }
     }
 
@@ -500,7 +505,8 @@ impl Reconciler {
         let mut check = OwnerCheck::default();
         let mut next: Option<SystemTime> = None;
         let mut first_error = None;
-        for d in &claim.wants {
+        // Pod certificates are signed when the kubelet asks (`sign`), not per owner here.
+        for d in claim.wants.iter().filter(|d| !matches!(d.want, Want::PodCertificate { .. })) {
             let result = match &d.want {
                 Want::ClientCertificate { owner: o, identity } => {
                     self.client_certificate(d, o, identity, attested == Attested::Valid, &mut check).await
@@ -1114,6 +1120,91 @@ impl Reconciler {
             None => namespace_ref(&d.namespace),
         };
         self.event("NameTaken", &note, "Provision", &regarding).await;
+    }
+
+    // === pod certificates ===
+
+    /// Answers the PodCertificateRequest `namespace/name` if it is for one of keyward's signers
+    /// and not answered yet: the owner's certificate for the kubelet's key, or a denial that
+    /// says why (and an Event on the request). Every fact is read fresh from the API: a denial
+    /// is final for the pod.
+    pub async fn sign(&self, namespace: &str, name: &str) -> Result<Outcome, Error> {
+        let Some(version) = self.settings.pod_certificates else {
+            return Ok(Outcome::Done);
+        };
+        let api = Api::<DynamicObject>::namespaced_with(self.client.clone(), namespace, &version.api_resource());
+        let Some(object) = api.get_opt(name).await? else {
+            return Ok(Outcome::Done);
+        };
+        let request = match signer::Request::read(&object) {
+            Ok(r) if !r.decided && signer::is_keyward_signer(&r.signer_name) => r,
+            Ok(_) => return Ok(Outcome::Done),
+            Err(why) => {
+                tracing::warn!(%namespace, %name, %why, "a PodCertificateRequest keyward cannot read; left alone");
+                return Ok(Outcome::Done);
+            }
+        };
+        let keys = self.attestation_keys().ok_or(Error::NoAttestationKeys)?;
+        let opted_in = Api::<Namespace>::all(self.client.clone())
+            .get_opt(namespace)
+            .await?
+            .is_some_and(|n| label(&n.metadata, desired::OPT_IN.0) == Some(desired::OPT_IN.1));
+        let pod = Api::<DynamicObject>::namespaced_with(self.client.clone(), namespace, &crate::run::pod_resource())
+            .get_opt(&request.pod_name)
+            .await?
+            .and_then(|p| serde_json::value::to_raw_value(&p).ok());
+        let facts = signer::Facts {
+            pod: pod.as_deref(),
+            opted_in,
+            keys: &keys,
+            trust_domain: &self.settings.trust_domain,
+            validity: self.settings.client_cert_validity,
+        };
+        let now = SystemTime::now();
+        let generation = object.metadata.generation;
+        let verdict = match signer::decide(&request, &self.profiles, facts) {
+            signer::Verdict::Issue { owner, identity, profile, validity } => {
+                let mut check = OwnerCheck::default();
+                if self.owner_verified(namespace, &owner, &mut check).await? {
+                    Ok((owner, identity, profile, validity))
+                } else {
+                    Err((
+                        "OwnerMissing",
+                        format!(
+                            "its owner {} {} does not exist with UID {}: keyward issues only for a live owner",
+                            owner.kind, owner.name, owner.uid
+                        ),
+                    ))
+                }
+            }
+            signer::Verdict::Deny { reason, message } => Err((reason, message)),
+        };
+        let (status, result) = match verdict {
+            Ok((owner, identity, profile, validity)) => {
+                let window = signer::window(now, validity);
+                let spki = request.public_key.as_deref().map_err(|e| Error::Malformed(e.clone()))?;
+                let chain = identity::issue_for_key(&self.ca()?, namespace, &owner, &identity, spki, &window)?;
+                tracing::info!(%namespace, %name, pod = %request.pod_name, %identity, %profile, not_after = %keyward_certs::rfc3339(window.not_after), "pod certificate issued");
+                (signer::issued_status(&chain, &window, &identity, now, generation), "issued")
+            }
+            Err((reason, message)) => {
+                tracing::warn!(%namespace, %name, pod = %request.pod_name, %reason, %message, "pod certificate request denied");
+                (signer::denied_status(reason, &message, now, generation), "denied")
+            }
+        };
+        let mut answered = object.clone();
+        answered.data["status"] = status;
+        self.leader.check()?;
+        if let Err(e) = api.replace_status(name, &PostParams::default(), &answered).await {
+            self.metrics.pod_certificate("failed");
+            return Err(e.into());
+        }
+        self.metrics.pod_certificate(result);
+        if result == "denied" {
+            let message = answered.data["status"]["conditions"][0]["message"].as_str().unwrap_or_default().to_string();
+            self.event("PodCertificateDenied", &message, "Sign", &object.object_ref(&version.api_resource())).await;
+        }
+        Ok(Outcome::Done)
     }
 
     /// A Warning Event on `regarding`, written by the leader only.

@@ -16,7 +16,7 @@ use futures::{Stream, StreamExt};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::RoleBinding;
-use kube::api::ListParams;
+use kube::api::{ApiResource, DynamicObject, ListParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
@@ -56,6 +56,11 @@ pub enum Key {
     ServingCert,
     /// The webhook configuration's `matchConditions`.
     MatchConditions,
+    /// A PodCertificateRequest for one of keyward's signers.
+    CertificateRequest {
+        namespace: String,
+        name: String,
+    },
 }
 
 impl Key {
@@ -76,6 +81,7 @@ impl QueueKey for Key {
         match self {
             Key::Namespace(ns) | Key::OptOut(ns) | Key::ListPods(ns) => ns,
             Key::Owner(o) => &o.namespace,
+            Key::CertificateRequest { namespace, .. } => namespace,
             _ => "",
         }
     }
@@ -204,13 +210,38 @@ pub async fn run(
     // the namespace store, since its events are filtered with it.
     let selectors: Vec<String> = pod_selectors(&reconciler).into_iter().collect();
     for (stream_id, selector) in selectors.iter().enumerate() {
+        let api = Api::<DynamicObject>::all_with(client.clone(), &pod_resource());
         let stream =
-            watcher(Api::<Pod>::all(client.clone()), watcher::Config::default().labels(selector)).default_backoff();
+            watcher::watcher(api, watcher::Config::default().labels(selector).page_size(500)).default_backoff();
         let (tx, index, namespaces, reconciler) = (tx.clone(), index.clone(), namespaces.clone(), reconciler.clone());
         let mut listed = listed.clone();
         tasks.spawn(async move {
             if listed.wait_for(|done| *done).await.is_ok() {
                 pod_events(stream_id, stream, tx, index, namespaces, reconciler).await;
+            }
+        });
+    }
+
+    // PodCertificateRequests of keyward's signers, not answered yet: each is signed or denied.
+    if let Some(version) = reconciler.settings().pod_certificates {
+        let api = Api::<kube::api::DynamicObject>::all_with(client.clone(), &version.api_resource());
+        let stream = watcher::watcher(api, watcher::Config::default().page_size(500)).default_backoff();
+        let tx = tx.clone();
+        tasks.spawn(async move {
+            let stream = stream.touched_objects();
+            futures::pin_mut!(stream);
+            while let Some(event) = stream.next().await {
+                match event {
+                    Ok(object) => {
+                        if let Ok(request) = crate::signer::Request::read(&object) {
+                            if !request.decided && crate::signer::is_keyward_signer(&request.signer_name) {
+                                let _ = tx
+                                    .send(Key::CertificateRequest { namespace: request.namespace, name: request.name });
+                            }
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "PodCertificateRequest watch failed; retrying with backoff"),
+                }
             }
         });
     }
@@ -470,7 +501,7 @@ fn opted_out(ns: &str, tx: &mpsc::UnboundedSender<Key>, index: &Index, _reconcil
 /// The pods of one profile's selector: each, first thing, dropped unless its namespace opted in.
 async fn pod_events(
     stream_id: usize,
-    stream: impl Stream<Item = watcher::Result<Event<Pod>>>,
+    stream: impl Stream<Item = watcher::Result<Event<DynamicObject>>>,
     tx: mpsc::UnboundedSender<Key>,
     index: Index,
     namespaces: Store<Namespace>,
@@ -505,7 +536,7 @@ async fn pod_events(
 /// Works out what a pod claims, if its namespace opted in, and queues its owner.
 async fn observe_pod(
     stream_id: usize,
-    pod: &Pod,
+    pod: &DynamicObject,
     tx: &mpsc::UnboundedSender<Key>,
     index: &Index,
     namespaces: &Store<Namespace>,
@@ -594,6 +625,7 @@ fn key_label(key: &Key) -> &'static str {
         Key::AttestationKey => "attestation-key",
         Key::ServingCert => "serving-cert",
         Key::MatchConditions => "match-conditions",
+        Key::CertificateRequest { .. } => "pod-certificate",
     }
 }
 
@@ -656,6 +688,7 @@ async fn work(
         Key::AttestationKey => reconciler.attestation_key().await,
         Key::ServingCert => reconciler.serving_cert().await,
         Key::MatchConditions => reconciler.match_conditions().await,
+        Key::CertificateRequest { namespace, name } => reconciler.sign(namespace, name).await,
     };
     match result {
         Ok(outcome) => outcome,
@@ -677,7 +710,7 @@ async fn list_pods(
     ns: &str,
     tx: &mpsc::UnboundedSender<Key>,
 ) -> Result<(), crate::Error> {
-    let api = Api::<Pod>::namespaced(client.clone(), ns);
+    let api = Api::<DynamicObject>::namespaced_with(client.clone(), ns, &pod_resource());
     for (stream_id, selector) in pod_selectors(reconciler).iter().enumerate() {
         let mut params = ListParams::default().labels(selector).limit(500);
         loop {
@@ -692,6 +725,12 @@ async fn list_pods(
         }
     }
     Ok(())
+}
+
+/// Pods, read as the apiserver sends them: untyped, so that a field newer than this build's
+/// Kubernetes types (a `podCertificate` volume, say) is kept when a pod is re-evaluated.
+pub fn pod_resource() -> ApiResource {
+    ApiResource::erase::<Pod>(&())
 }
 
 /// The label selectors of the profiles that provide per-owner objects (their pods are the

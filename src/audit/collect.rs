@@ -9,7 +9,7 @@ use futures::StreamExt;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
 use keyward_engine::inject::ObjectKind;
 use keyward_engine::ProfileSet;
 use kube::api::{ApiResource, DynamicObject, ListParams};
@@ -116,9 +116,12 @@ pub async fn gather(
     };
 
     // The pods, a page at a time.
+    // Untyped, as the apiserver sends them: a field newer than this build's Kubernetes types
+    // (a `podCertificate` volume) must reach the engine, or the pod looks changed.
+    let pod_resource = keyward_controller::run::pod_resource();
     let pods = match &scope.namespace {
-        Some(ns) => Api::<Pod>::namespaced(client.clone(), ns),
-        None => Api::<Pod>::all(client.clone()),
+        Some(ns) => Api::<DynamicObject>::namespaced_with(client.clone(), ns, &pod_resource),
+        None => Api::<DynamicObject>::all_with(client.clone(), &pod_resource),
     };
     let mut examined: Vec<Examined> = Vec::new();
     let mut params = ListParams::default().limit(PAGE);

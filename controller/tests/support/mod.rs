@@ -20,6 +20,8 @@ use kube::Client;
 use serde_json::{json, Value};
 use tokio::sync::{broadcast, Notify};
 
+pub mod pcr;
+
 type ResponseBody = UnsyncBoxBody<Bytes, Infallible>;
 
 /// One request the fake served.
@@ -367,7 +369,7 @@ impl FakeApi {
         let method = parts.method.as_str().to_string();
         let path = parts.uri.path().to_string();
         let query = parts.uri.query().unwrap_or_default().to_string();
-        let (resource, namespace, name) = parse_path(&path);
+        let (resource, namespace, name, subresource) = parse_path(&path);
         let params: BTreeMap<String, String> = query
             .split('&')
             .filter(|p| !p.is_empty())
@@ -408,7 +410,9 @@ impl FakeApi {
             let (status, response) = if watch {
                 (200, None)
             } else {
-                self.respond(&mut state, client, &method, &resource, &namespace, &name, &params, body.clone())
+                let object =
+                    Target { resource: &resource, namespace: &namespace, name: &name, subresource: &subresource };
+                self.respond(&mut state, client, &method, &object, &params, body.clone())
             };
             state.calls.push(Call {
                 client: client.to_string(),
@@ -436,18 +440,16 @@ impl FakeApi {
             .unwrap()
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn respond(
         &self,
         state: &mut State,
         client: &str,
         method: &str,
-        resource: &str,
-        namespace: &str,
-        name: &str,
+        target: &Target<'_>,
         params: &BTreeMap<String, String>,
         body: Option<Value>,
     ) -> (u16, Option<Value>) {
+        let Target { resource, namespace, name, subresource } = *target;
         if let Some(f) = state.failures.iter_mut().find(|f| {
             f.times > 0
                 && f.method == method
@@ -529,6 +531,28 @@ impl FakeApi {
                 }
                 state.objects.insert(key, object.clone());
                 (201, object, Some("ADDED"))
+            }
+            // The status subresource: only `.status` changes, as the apiserver's status strategy
+            // keeps the rest; a PodCertificateRequest's status is validated as the apiserver does.
+            "PUT" if subresource == "status" => {
+                let body = body.unwrap_or(Value::Null);
+                let Some(current) = state.objects.get(&key).cloned() else {
+                    return (404, Some(status(404, "NotFound", &format!("{resource} {name:?} not found"))));
+                };
+                if body["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"] {
+                    return (409, Some(status(409, "Conflict", "the object has been modified; please apply your changes to the latest version and try again")));
+                }
+                if resource.ends_with("/podcertificaterequests") {
+                    if let Err(why) = pcr::validate_status_update(&current, &body["status"], SystemTime::now()) {
+                        return (422, Some(status(422, "Invalid", &why)));
+                    }
+                }
+                let mut object = current;
+                object["status"] = body["status"].clone();
+                state.rv += 1;
+                object["metadata"]["resourceVersion"] = json!(state.rv.to_string());
+                previous = state.objects.insert(key, object.clone());
+                (200, object, Some("MODIFIED"))
             }
             "PUT" => {
                 let mut object = body.unwrap_or(Value::Null);
@@ -710,7 +734,17 @@ fn decode(s: &str) -> String {
 }
 
 /// `(group/version/resource, namespace, name)` of an API path.
-fn parse_path(path: &str) -> (String, String, String) {
+/// What a request is about.
+#[derive(Clone, Copy)]
+struct Target<'a> {
+    resource: &'a str,
+    namespace: &'a str,
+    name: &'a str,
+    subresource: &'a str,
+}
+
+/// `(group/version/resource, namespace, name, subresource)` of a request path.
+fn parse_path(path: &str) -> (String, String, String, String) {
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     let (gv, rest) = match segments.first() {
         Some(&"api") => (format!("/{}", segments.get(1).unwrap_or(&"")), &segments[2.min(segments.len())..]),
@@ -719,12 +753,17 @@ fn parse_path(path: &str) -> (String, String, String) {
             &segments[3.min(segments.len())..],
         ),
     };
-    let (namespace, resource, name) = if rest.first() == Some(&"namespaces") && rest.len() >= 3 {
-        (rest[1], rest[2], rest.get(3).copied().unwrap_or(""))
+    let (namespace, resource, name, subresource) = if rest.first() == Some(&"namespaces") && rest.len() >= 3 {
+        (rest[1], rest[2], rest.get(3).copied().unwrap_or(""), rest.get(4).copied().unwrap_or(""))
     } else {
-        ("", rest.first().copied().unwrap_or(""), rest.get(1).copied().unwrap_or(""))
+        (
+            "",
+            rest.first().copied().unwrap_or(""),
+            rest.get(1).copied().unwrap_or(""),
+            rest.get(2).copied().unwrap_or(""),
+        )
     };
-    (format!("{gv}/{resource}"), namespace.to_string(), name.to_string())
+    (format!("{gv}/{resource}"), namespace.to_string(), name.to_string(), subresource.to_string())
 }
 
 fn merge(target: &mut Value, patch: &Value) {
@@ -910,6 +949,21 @@ impl keyward_engine::Attestor for KeysAttestor {
 /// The fms driver pod as the apiserver stores it after keyward's webhook admitted it (signed
 /// with `keys` when given), in `namespace`, for the owner `owner_name` with `owner_uid`.
 pub fn fms_pod(keys: Option<&Keys>, namespace: &str, pod_name: &str, owner_name: &str, owner_uid: &str) -> Value {
+    // Parsed once: tests seed pods by the thousand.
+    static BUILTIN: std::sync::OnceLock<ProfileSet> = std::sync::OnceLock::new();
+    let profiles = BUILTIN.get_or_init(|| ProfileSet::builtin().unwrap());
+    admitted_fms_pod(profiles, keys, namespace, pod_name, owner_name, owner_uid)
+}
+
+/// The same, admitted under `profiles`.
+pub fn admitted_fms_pod(
+    profiles: &ProfileSet,
+    keys: Option<&Keys>,
+    namespace: &str,
+    pod_name: &str,
+    owner_name: &str,
+    owner_uid: &str,
+) -> Value {
     let mut pod = fixture("lmeval-fms-driver-pod.json");
     pod["metadata"]["name"] = json!(pod_name);
     pod["metadata"]["ownerReferences"][0]["name"] = json!(owner_name);
@@ -919,9 +973,6 @@ pub fn fms_pod(keys: Option<&Keys>, namespace: &str, pod_name: &str, owner_name:
     if let Some(a) = &attestor {
         facts = facts.attested_by(a);
     }
-    // Parsed once: tests seed pods by the thousand.
-    static BUILTIN: std::sync::OnceLock<ProfileSet> = std::sync::OnceLock::new();
-    let profiles = BUILTIN.get_or_init(|| ProfileSet::builtin().unwrap());
     let decision = keyward_engine::decide(&facts, &serde_json::value::to_raw_value(&pod).unwrap(), profiles);
     assert!(decision.allowed(), "{:?}", decision.message());
     let patch: json_patch::Patch = serde_json::from_value(serde_json::to_value(decision.patch()).unwrap()).unwrap();

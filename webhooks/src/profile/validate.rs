@@ -92,8 +92,9 @@ pub(super) fn validate(source: &str, doc: ProfileDocument, errors: &mut Vec<Prof
 
     let mut profile =
         Profile { name: doc.metadata.name, source: source.to_string(), spec: doc.spec, issues_per_owner: false };
-    profile.issues_per_owner =
-        profile.provides_per_owner(|p| matches!(p, Provision::ClientCertificate | Provision::GeneratedToken { .. }));
+    profile.issues_per_owner = profile.provides_per_owner(|p| {
+        matches!(p, Provision::ClientCertificate | Provision::GeneratedToken { .. } | Provision::PodCertificate)
+    });
     if profile.issues_per_owner && profile.spec.controller_owners.is_empty() {
         // An identity is issued per owner: the controller checks that the owner exists with
         // the kind and API group named here before it issues anything.

@@ -1,0 +1,390 @@
+//! keyward as a Kubernetes certificate signer (KEP-4317, pod certificates): for a pod whose
+//! profile delivers its client certificate as a `podCertificate` volume, the kubelet makes the
+//! key on the node and asks the signer `keyward.io/<name>` through a PodCertificateRequest; the
+//! apiserver has checked that the kubelet runs that pod and holds the key. keyward answers with
+//! the owner's certificate, or a denial a person can act on.
+//!
+//! Pure: what a request says ([`Request::read`]), what to answer ([`decide`]), and the status
+//! that answers it ([`issued_status`], [`denied_status`]). The calls are in `reconcile`.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use base64::Engine as _;
+use keyward_certs::attestation::Keys;
+use keyward_engine::kinds::SIGNER_DOMAIN;
+use keyward_engine::ProfileSet;
+use kube::api::{ApiResource, DynamicObject};
+use serde_json::{json, Value};
+use x509_parser::prelude::FromDer;
+
+use crate::desired::{self, Attested, Owner, PodVerdict, Want};
+
+/// Which version of `certificates.k8s.io` serves PodCertificateRequests in this cluster: v1
+/// from Kubernetes 1.37, v1beta1 in 1.35 and 1.36 (behind the `PodCertificateRequest` gate).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApiVersion {
+    V1,
+    V1beta1,
+}
+
+impl ApiVersion {
+    pub const GROUP: &'static str = "certificates.k8s.io";
+    pub const PLURAL: &'static str = "podcertificaterequests";
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::V1 => "v1",
+            Self::V1beta1 => "v1beta1",
+        }
+    }
+
+    pub fn api_resource(self) -> ApiResource {
+        ApiResource {
+            group: Self::GROUP.into(),
+            version: self.as_str().into(),
+            api_version: format!("{}/{}", Self::GROUP, self.as_str()),
+            kind: "PodCertificateRequest".into(),
+            plural: Self::PLURAL.into(),
+        }
+    }
+}
+
+/// Whether `signer` is in keyward's domain (requests of other signers are never touched).
+pub fn is_keyward_signer(signer: &str) -> bool {
+    signer.strip_prefix(SIGNER_DOMAIN).is_some_and(|rest| rest.starts_with('/'))
+}
+
+/// The signer names the profiles deliver pod certificates for, with their profile.
+pub fn signers(profiles: &ProfileSet) -> Vec<(String, String)> {
+    profiles
+        .iter()
+        .filter_map(|p| {
+            let pc = p.spec.inject.client_certificate.as_ref()?.pod_certificate.as_ref()?;
+            (p.spec.inject.client_certificate.as_ref()?.delivery == keyward_engine::kinds::Delivery::PodCertificate)
+                .then(|| (pc.signer_name.clone(), p.name.clone()))
+        })
+        .collect()
+}
+
+// === impl Request ===
+
+/// A PodCertificateRequest, as far as the signer reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    pub namespace: String,
+    pub name: String,
+    pub signer_name: String,
+    pub pod_name: String,
+    pub pod_uid: String,
+    pub service_account_name: String,
+    pub node_name: String,
+    pub max_expiration_seconds: i64,
+    /// The DER SubjectPublicKeyInfo to certify (`pkixPublicKey`, or the key of
+    /// `stubPKCS10Request`), or why there is none.
+    pub public_key: Result<Vec<u8>, String>,
+    /// Issued, Denied or Failed already: its status may not change again.
+    pub decided: bool,
+}
+
+/// The default of `spec.maxExpirationSeconds` (the apiserver writes it when the kubelet
+/// leaves it out).
+const DEFAULT_MAX_EXPIRATION: i64 = 86_400;
+
+impl Request {
+    /// Reads the fields the signer needs; `Err` names what is missing (then the request is
+    /// not one the apiserver would have accepted, and is left alone).
+    pub fn read(object: &DynamicObject) -> Result<Self, String> {
+        let spec = &object.data["spec"];
+        let text = |field: &str| -> Result<String, String> {
+            spec[field]
+                .as_str()
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .ok_or_else(|| format!("spec.{field} is missing"))
+        };
+        let namespace = object.metadata.namespace.clone().ok_or("metadata.namespace is missing")?;
+        let name = object.metadata.name.clone().ok_or("metadata.name is missing")?;
+        let public_key = public_key(spec);
+        let decided = object.data["status"]["conditions"].as_array().is_some_and(|conditions| {
+            conditions
+                .iter()
+                .any(|c| matches!(c["type"].as_str(), Some("Issued" | "Denied" | "Failed")) && c["status"] == "True")
+        });
+        Ok(Self {
+            namespace,
+            name,
+            signer_name: text("signerName")?,
+            pod_name: text("podName")?,
+            pod_uid: text("podUID")?,
+            service_account_name: text("serviceAccountName")?,
+            node_name: text("nodeName")?,
+            max_expiration_seconds: spec["maxExpirationSeconds"].as_i64().unwrap_or(DEFAULT_MAX_EXPIRATION),
+            public_key,
+            decided,
+        })
+    }
+}
+
+/// The key to certify: `stubPKCS10Request` (Kubernetes 1.36 on) or `pkixPublicKey` (1.35).
+/// The apiserver has verified the proof of possession of either.
+fn public_key(spec: &Value) -> Result<Vec<u8>, String> {
+    let bytes = |field: &str| {
+        spec[field].as_str().filter(|s| !s.is_empty()).map(|b64| {
+            base64::engine::general_purpose::STANDARD.decode(b64).map_err(|e| format!("spec.{field}: not base64: {e}"))
+        })
+    };
+    if let Some(csr) = bytes("stubPKCS10Request") {
+        let csr = csr?;
+        let (_, request) = x509_parser::certification_request::X509CertificationRequest::from_der(&csr)
+            .map_err(|e| format!("spec.stubPKCS10Request: not a PKCS#10 request: {e}"))?;
+        return Ok(request.certification_request_info.subject_pki.raw.to_vec());
+    }
+    bytes("pkixPublicKey").unwrap_or_else(|| Err("neither spec.stubPKCS10Request nor spec.pkixPublicKey is set".into()))
+}
+
+// === impl Verdict ===
+
+/// What to answer a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Issue `identity` for `owner` once the owner is confirmed to exist (the one fact left to
+    /// ask the API), valid at most `validity`.
+    Issue { owner: Owner, identity: String, profile: String, validity: Duration },
+    /// Deny, with a condition reason and a message that says what to do.
+    Deny { reason: &'static str, message: String },
+}
+
+/// What the signer knows about the request's pod and namespace.
+#[derive(Debug, Clone, Copy)]
+pub struct Facts<'a> {
+    /// The pod as stored now (`None`: no pod of that name).
+    pub pod: Option<&'a serde_json::value::RawValue>,
+    pub opted_in: bool,
+    pub keys: &'a Keys,
+    pub trust_domain: &'a str,
+    /// The longest life keyward gives a client certificate (`--client-cert-validity`).
+    pub validity: Duration,
+}
+
+/// Decides a request of one of keyward's signers: the pod exists with the request's UID,
+/// service account and node; its namespace opted in; a profile whose signer this is selects
+/// it and it carries exactly that profile's injection, attested by keyward's webhook. Facts a
+/// pod creator cannot forge: the UID and node come from the apiserver's own check of the
+/// kubelet; the attestation from keyward's key.
+pub fn decide(request: &Request, profiles: &ProfileSet, facts: Facts<'_>) -> Verdict {
+    let deny = |reason: &'static str, message: String| Verdict::Deny { reason, message };
+    let pod_ref = format!("pod {}/{}", request.namespace, request.pod_name);
+    let Some(profile) = signers(profiles).into_iter().find(|(s, _)| *s == request.signer_name).map(|(_, p)| p) else {
+        return deny(
+            "UnknownSigner",
+            format!(
+                "no keyward profile delivers pod certificates from signer {:?}; the profiles name {:?}",
+                request.signer_name,
+                signers(profiles).into_iter().map(|(s, _)| s).collect::<Vec<_>>()
+            ),
+        );
+    };
+    if !facts.opted_in {
+        return deny(
+            "NamespaceNotOptedIn",
+            format!("namespace {} is not labelled {}={}: keyward signs only for opted-in namespaces; label it and recreate the pod", request.namespace, desired::OPT_IN.0, desired::OPT_IN.1),
+        );
+    }
+    let Some(raw) = facts.pod else {
+        return deny("PodNotFound", format!("{pod_ref} does not exist (deleted, or never created)"));
+    };
+    let Ok(pod) = serde_json::from_str::<PodIdentity>(raw.get()) else {
+        return deny("PodNotFound", format!("{pod_ref} could not be read as a pod"));
+    };
+    if pod.metadata.uid != request.pod_uid {
+        return deny(
+            "PodUIDMismatch",
+            format!(
+                "{pod_ref} has UID {}, not {} as requested: the pod was recreated; its kubelet asks again",
+                pod.metadata.uid, request.pod_uid
+            ),
+        );
+    }
+    let account = pod.spec.service_account_name.as_deref().unwrap_or("default");
+    if account != request.service_account_name || pod.spec.node_name.as_deref() != Some(request.node_name.as_str()) {
+        return deny(
+            "PodMismatch",
+            format!(
+                "{pod_ref} runs as service account {account:?} on node {:?}, not {:?} on {:?} as requested",
+                pod.spec.node_name.as_deref().unwrap_or_default(),
+                request.service_account_name,
+                request.node_name
+            ),
+        );
+    }
+    let claim = match desired::for_pod(profiles, raw, &request.namespace, facts.trust_domain) {
+        PodVerdict::Claim(claim) => claim,
+        PodVerdict::Nothing(why) | PodVerdict::Unverifiable(why) => {
+            return deny("NotInjected", format!("{pod_ref} is not one keyward injected for signer {:?}: {why}; recreate it in an opted-in namespace", request.signer_name));
+        }
+    };
+    let wanted = claim.wants.iter().find_map(|d| match &d.want {
+        Want::PodCertificate { owner, identity } if d.name == request.signer_name && claim.profile == profile => {
+            Some((owner.clone(), identity.clone()))
+        }
+        _ => None,
+    });
+    let Some((owner, identity)) = wanted else {
+        return deny(
+            "NotInjected",
+            format!(
+                "{pod_ref} is injected by profile {:?}, which does not use signer {:?}",
+                claim.profile, request.signer_name
+            ),
+        );
+    };
+    match claim.attested(facts.keys) {
+        Attested::Valid => {}
+        Attested::Missing => {
+            return deny("NoAttestation", format!("{pod_ref} carries no admission attestation (keyward.io/attestation): keyward's webhook did not admit it as such; have the operator create it again"));
+        }
+        Attested::Forged => {
+            return deny("ForgedAttestation", format!("{pod_ref}'s admission attestation does not verify: it was not written by keyward's webhook for this owner, profile and injection; have the operator create it again"));
+        }
+    }
+    if let Err(reason) = &request.public_key {
+        return deny("UnsupportedKey", format!("the request's key cannot be read: {reason}"));
+    }
+    let asked = Duration::from_secs(u64::try_from(request.max_expiration_seconds).unwrap_or(0));
+    Verdict::Issue { owner, identity, profile, validity: facts.validity.min(asked) }
+}
+
+/// The parts of a pod the identity check reads.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PodIdentity {
+    metadata: PodMeta,
+    #[serde(default)]
+    spec: PodSpecIdentity,
+}
+
+#[derive(serde::Deserialize)]
+struct PodMeta {
+    #[serde(default)]
+    uid: String,
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct PodSpecIdentity {
+    service_account_name: Option<String>,
+    node_name: Option<String>,
+}
+
+// === the answers ===
+
+/// When an issued certificate is valid, and when the kubelet should start refreshing it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    pub not_before: SystemTime,
+    pub begin_refresh_at: SystemTime,
+    pub not_after: SystemTime,
+}
+
+/// The apiserver's bounds: at least an hour of life, `notBefore` within five minutes of its
+/// clock, and `beginRefreshAt` at least ten minutes inside either end.
+const MIN_LIFE: Duration = Duration::from_secs(3600);
+const BACKDATE: Duration = Duration::from_secs(60);
+const REFRESH_MARGIN: Duration = Duration::from_secs(600);
+
+/// The window for a certificate of life `validity` issued at `now`: backdated a minute (clock
+/// skew), in whole seconds, refreshed at two thirds of its life.
+pub fn window(now: SystemTime, validity: Duration) -> Window {
+    let seconds = now.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
+    let not_before = UNIX_EPOCH + Duration::from_secs(seconds) - BACKDATE;
+    let life = Duration::from_secs(validity.max(MIN_LIFE).as_secs());
+    let not_after = not_before + life;
+    let refresh = (life * 2 / 3).clamp(REFRESH_MARGIN, life - REFRESH_MARGIN);
+    Window { not_before, begin_refresh_at: not_before + Duration::from_secs(refresh.as_secs()), not_after }
+}
+
+fn condition(kind: &str, reason: &str, message: &str, now: SystemTime, generation: Option<i64>) -> Value {
+    let mut c = json!({"type": kind, "status": "True", "reason": reason, "message": message,
+                       "lastTransitionTime": keyward_certs::rfc3339(whole(now))});
+    if let Some(g) = generation {
+        c["observedGeneration"] = json!(g);
+    }
+    c
+}
+
+fn whole(t: SystemTime) -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(t.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs())
+}
+
+/// The status that issues `chain_pem` valid over `window`; written in one update, as the
+/// apiserver allows no later change.
+pub fn issued_status(
+    chain_pem: &str,
+    window: &Window,
+    identity: &str,
+    now: SystemTime,
+    generation: Option<i64>,
+) -> Value {
+    json!({
+        "conditions": [condition("Issued", "Issued", &format!("issued by keyward for {identity}"), now, generation)],
+        "certificateChain": chain_pem,
+        "notBefore": keyward_certs::rfc3339(window.not_before),
+        "beginRefreshAt": keyward_certs::rfc3339(window.begin_refresh_at),
+        "notAfter": keyward_certs::rfc3339(window.not_after),
+    })
+}
+
+/// The status that denies a request.
+pub fn denied_status(reason: &str, message: &str, now: SystemTime, generation: Option<i64>) -> Value {
+    json!({"conditions": [condition("Denied", reason, message, now, generation)]})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(s)
+    }
+
+    #[test]
+    fn the_window_is_what_the_apiserver_accepts() {
+        let w = window(t(1_000_000) + Duration::from_millis(700), Duration::from_secs(86_400));
+        assert_eq!(w.not_before, t(1_000_000 - 60));
+        assert_eq!(w.not_after, t(1_000_000 - 60 + 86_400));
+        assert_eq!(w.begin_refresh_at, t(1_000_000 - 60 + 57_600));
+        // The shortest life Kubernetes allows still leaves ten minutes at each end.
+        let w = window(t(1_000_000), Duration::from_secs(600));
+        assert_eq!(w.not_after.duration_since(w.not_before).unwrap(), Duration::from_secs(3600));
+        assert_eq!(w.begin_refresh_at, w.not_before + Duration::from_secs(2400));
+        let w = window(t(1_000_000), Duration::from_secs(3600));
+        assert!(w.begin_refresh_at >= w.not_before + REFRESH_MARGIN);
+        assert!(w.begin_refresh_at <= w.not_after - REFRESH_MARGIN);
+    }
+
+    #[test]
+    fn only_keyward_io_signers_are_keywards() {
+        assert!(is_keyward_signer("keyward.io/lmeval"));
+        for other in
+            ["keyward.io", "keyward.iox/a", "kubernetes.io/kube-apiserver-client-pod", "example.com/keyward.io/x"]
+        {
+            assert!(!is_keyward_signer(other), "{other}");
+        }
+    }
+
+    #[test]
+    fn statuses_are_one_terminal_condition() {
+        let w = window(t(1_800_000_000), Duration::from_secs(7200));
+        let s = issued_status("PEM", &w, "spiffe://x", t(1_800_000_000), Some(1));
+        assert_eq!(
+            s,
+            json!({"conditions": [{"type": "Issued", "status": "True", "reason": "Issued", "message": "issued by keyward for spiffe://x", "lastTransitionTime": "2027-01-15T08:00:00Z", "observedGeneration": 1}],
+                   "certificateChain": "PEM", "notBefore": "2027-01-15T07:59:00Z", "beginRefreshAt": "2027-01-15T09:19:00Z", "notAfter": "2027-01-15T09:59:00Z"})
+        );
+        let s = denied_status("PodNotFound", "gone", t(1_800_000_000), None);
+        assert_eq!(
+            s,
+            json!({"conditions": [{"type": "Denied", "status": "True", "reason": "PodNotFound", "message": "gone", "lastTransitionTime": "2027-01-15T08:00:00Z"}]})
+        );
+    }
+}

@@ -1,0 +1,345 @@
+//! keyward as the signer of pod certificates (`delivery: podCertificate`), against the fake
+//! API, which checks every status update as the apiserver does (`support::pcr`): the kubelet's
+//! requests for an injected, attested pod get the owner's identity; every other request is
+//! denied with a reason a person can act on, or, for another signer, never touched; only the
+//! leader answers; and the issued chain works for mutual TLS with the client CA as the only
+//! trust anchor.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic is the test failure report
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use keyward_controller::signer::ApiVersion;
+use keyward_controller::{LeaderElector, Leadership, LeaseConfig, Settings};
+use keyward_engine::ProfileSet;
+use serde_json::{json, Value};
+use support::pcr::{self, KeyField};
+use support::*;
+use x509_parser::prelude::FromDer;
+
+const SIGNER: &str = "keyward.io/lmeval";
+const NODE: &str = "worker-1";
+
+/// deploy/profiles/lmeval-pod-certificate.yaml: the built-in `lmeval`, delivering pod
+/// certificates.
+fn profiles() -> ProfileSet {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/profiles/lmeval-pod-certificate.yaml");
+    ProfileSet::from_sources([(path.to_string(), std::fs::read_to_string(path).unwrap())]).unwrap()
+}
+
+fn signing(version: ApiVersion) -> Settings {
+    Settings { pod_certificates: Some(version), ..settings() }
+}
+
+/// The fms driver pod of `owner`, as stored once keyward's webhook admitted it under the pod
+/// certificate profile (attested with `keys`, when given) and the scheduler bound it to NODE.
+fn pod(keys: Option<&keyward_certs::attestation::Keys>, namespace: &str, name: &str, owner: &str, uid: &str) -> Value {
+    let mut pod = admitted_fms_pod(&profiles(), keys, namespace, name, owner, uid);
+    pod["spec"]["nodeName"] = json!(NODE);
+    pod
+}
+
+/// A key the kubelet made, and its DER SubjectPublicKeyInfo.
+fn kubelet_key() -> (rcgen::KeyPair, Vec<u8>) {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let spki = rcgen::PublicKeyData::subject_public_key_info(&key);
+    (key, spki)
+}
+
+/// The kubelet's 1.36+ stub: a PKCS#10 request with nothing but the key.
+fn stub_csr(key: &rcgen::KeyPair) -> Vec<u8> {
+    let mut params = rcgen::CertificateParams::default();
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params.serialize_request(key).unwrap().der().to_vec()
+}
+
+fn pcr_of(fake: &FakeApi, version: ApiVersion, namespace: &str, name: &str) -> Value {
+    fake.get(&format!("certificates.k8s.io/{}", version.as_str()), "PodCertificateRequest", namespace, name)
+        .unwrap_or_else(|| panic!("no request {namespace}/{name}"))
+}
+
+/// Waits until the request has a condition; returns it.
+async fn answered(fake: &FakeApi, version: ApiVersion, namespace: &str, name: &str) -> Value {
+    fake.until(LIMIT, |f| {
+        let pcr = pcr_of(f, version, namespace, name);
+        pcr["status"]["conditions"].get(0).is_some().then_some(pcr)
+    })
+    .await
+}
+
+struct Signer {
+    fake: FakeApi,
+    ca: ClientCa,
+    reconciler: Arc<keyward_controller::Reconciler>,
+    keys: keyward_certs::attestation::Keys,
+    _run: tokio::task::JoinHandle<()>,
+}
+
+async fn signer(version: ApiVersion) -> Signer {
+    let fake = FakeApi::default();
+    fake.seed(opted_in("team-a"));
+    fake.seed(namespace("elsewhere"));
+    fake.seed(owner());
+    let ca = client_ca();
+    let reconciler = reconciler_with(fake.client("keyward"), profiles(), &ca, Leadership::always(), signing(version));
+    let keys = attestation_keys(&reconciler).await;
+    let run = start(&fake, reconciler.clone(), Leadership::always(), &ca, "keyward");
+    Signer { fake, ca, reconciler, keys, _run: run }
+}
+
+/// The issued leaf: its URIs, its key, its validity in seconds, and whether the CA signed it.
+fn leaf_of(pcr: &Value, ca_pem: &str) -> (Vec<String>, Vec<u8>, i64, bool) {
+    let chain = pcr["status"]["certificateChain"].as_str().unwrap();
+    let der = x509_parser::pem::parse_x509_pem(chain.as_bytes()).unwrap().1.contents;
+    let (_, leaf) = x509_parser::certificate::X509Certificate::from_der(&der).unwrap();
+    let ca_der = x509_parser::pem::parse_x509_pem(ca_pem.as_bytes()).unwrap().1.contents;
+    let (_, ca) = x509_parser::certificate::X509Certificate::from_der(&ca_der).unwrap();
+    let signed = leaf.verify_signature(Some(ca.public_key())).is_ok();
+    let uris = cert_uris(chain);
+    let life = leaf.validity().not_after.timestamp() - leaf.validity().not_before.timestamp();
+    (uris, leaf.public_key().raw.to_vec(), life, signed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kubelets_request_for_an_injected_attested_pod_gets_the_owners_identity() {
+    for version in [ApiVersion::V1beta1, ApiVersion::V1] {
+        let s = signer(version).await;
+        let pod = pod(Some(&s.keys), "team-a", "evaljob-sample", "evaljob-sample", OWNER_UID);
+        s.fake.seed(pod.clone());
+        let (key, spki) = kubelet_key();
+        // 1.35 sends the key itself; 1.36 on, a PKCS#10 stub.
+        let field =
+            if version == ApiVersion::V1beta1 { KeyField::Pkix(&spki) } else { KeyField::Stub(&stub_csr(&key)) };
+        let api_version = format!("certificates.k8s.io/{}", version.as_str());
+        s.fake.seed(pcr::request(&api_version, "req-7xk2p", &pod, SIGNER, field));
+
+        let pcr = answered(&s.fake, version, "team-a", "req-7xk2p").await;
+        let condition = &pcr["status"]["conditions"][0];
+        assert_eq!(
+            (condition["type"].as_str(), condition["reason"].as_str()),
+            (Some("Issued"), Some("Issued")),
+            "{pcr:#}"
+        );
+        let (uris, leaf_key, life, signed) = leaf_of(&pcr, s.ca.ca.cert_pem());
+        assert_eq!(uris, [IDENTITY]);
+        assert_eq!(leaf_key, spki, "the leaf certifies the kubelet's key");
+        assert!(signed, "signed by the client CA");
+        // keyward's validity (24 h), within the request's maximum (24 h).
+        assert_eq!(life, 86_400);
+        // No Secret: the key never left the node.
+        assert!(s.fake.get("v1", "Secret", "team-a", "evaljob-sample-lmeval-client").is_none());
+        s.fake.until(LIMIT, |_| (s.reconciler.metrics().pod_certificate_count("issued") == 1).then_some(())).await;
+        // The request is answered once: it is terminal now.
+        let puts = s
+            .fake
+            .calls()
+            .iter()
+            .filter(|c| c.method == "PUT" && c.resource.ends_with("podcertificaterequests"))
+            .count();
+        assert_eq!(puts, 1, "{version:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_other_request_is_denied_saying_why_and_another_signers_is_never_touched() {
+    let version = ApiVersion::V1beta1;
+    let s = signer(version).await;
+    let api_version = "certificates.k8s.io/v1beta1";
+    let (_, spki) = kubelet_key();
+    let good = pod(Some(&s.keys), "team-a", "evaljob-sample", "evaljob-sample", OWNER_UID);
+    s.fake.seed(good.clone());
+    // An unattested pod (created while the webhook could not attest), one whose attestation
+    // was copied from another pod, one whose owner is gone, one in a namespace that did not
+    // opt in.
+    let unattested = pod(None, "team-a", "unattested", "evaljob-sample", OWNER_UID);
+    s.fake.seed(unattested.clone());
+    let mut forged = pod(Some(&s.keys), "team-a", "forged", "other-job", "uid-other");
+    forged["metadata"]["annotations"]["keyward.io/attestation"] =
+        good["metadata"]["annotations"]["keyward.io/attestation"].clone();
+    s.fake.seed(forged.clone());
+    let orphan = pod(Some(&s.keys), "team-a", "orphan", "gone-job", "uid-gone");
+    s.fake.seed(orphan.clone());
+    let elsewhere = pod(Some(&s.keys), "elsewhere", "evaljob-sample", "evaljob-sample", OWNER_UID);
+    s.fake.seed(elsewhere.clone());
+
+    let mut requests: BTreeMap<&str, Value> = BTreeMap::new();
+    let mut on = |name: &'static str, pod: &Value, signer: &str, edit: &dyn Fn(&mut Value)| {
+        let mut r = pcr::request(api_version, name, pod, signer, KeyField::Pkix(&spki));
+        edit(&mut r);
+        requests.insert(name, r);
+    };
+    on("unknown-signer", &good, "keyward.io/other", &|_| {});
+    on("no-pod", &good, SIGNER, &|r| r["spec"]["podName"] = json!("never-created"));
+    on("recreated", &good, SIGNER, &|r| r["spec"]["podUID"] = json!("uid-of-an-earlier-pod"));
+    on("other-node", &good, SIGNER, &|r| r["spec"]["nodeName"] = json!("worker-2"));
+    on("unattested", &unattested, SIGNER, &|_| {});
+    on("forged", &forged, SIGNER, &|_| {});
+    on("orphan", &orphan, SIGNER, &|_| {});
+    on("elsewhere", &elsewhere, SIGNER, &|_| {});
+    on("not-ours", &good, "example.com/signer", &|_| {});
+    for r in requests.values() {
+        s.fake.seed(r.clone());
+    }
+
+    let expected = [
+        ("elsewhere", "NamespaceNotOptedIn", "namespace elsewhere is not labelled keyward.io/inject=enabled: keyward signs only for opted-in namespaces; label it and recreate the pod"),
+        ("forged", "ForgedAttestation", "pod team-a/forged's admission attestation does not verify: it was not written by keyward's webhook for this owner, profile and injection; have the operator create it again"),
+        ("no-pod", "PodNotFound", "pod team-a/never-created does not exist (deleted, or never created)"),
+        ("orphan", "OwnerMissing", "its owner LMEvalJob gone-job does not exist with UID uid-gone: keyward issues only for a live owner"),
+        ("other-node", "PodMismatch", "pod team-a/evaljob-sample runs as service account \"default\" on node \"worker-1\", not \"default\" on \"worker-2\" as requested"),
+        ("recreated", "PodUIDMismatch", "pod team-a/evaljob-sample has UID pod-uid-team-a-evaljob-sample, not uid-of-an-earlier-pod as requested: the pod was recreated; its kubelet asks again"),
+        ("unattested", "NoAttestation", "pod team-a/unattested carries no admission attestation (keyward.io/attestation): keyward's webhook did not admit it as such; have the operator create it again"),
+        ("unknown-signer", "UnknownSigner", "no keyward profile delivers pod certificates from signer \"keyward.io/other\"; the profiles name [\"keyward.io/lmeval\"]"),
+    ];
+    for (name, reason, message) in expected {
+        let namespace = if name == "elsewhere" { "elsewhere" } else { "team-a" };
+        let pcr = answered(&s.fake, version, namespace, name).await;
+        assert_eq!(
+            pcr["status"],
+            json!({"conditions": [{"type": "Denied", "status": "True", "reason": reason, "message": message,
+                   "lastTransitionTime": pcr["status"]["conditions"][0]["lastTransitionTime"], "observedGeneration": 1}]}),
+            "{name}"
+        );
+    }
+    s.fake.until(LIMIT, |_| (s.reconciler.metrics().pod_certificate_count("denied") == 8).then_some(())).await;
+    // Each denial is an Event on the request, for the person who looks at it.
+    let event = s
+        .fake
+        .until(LIMIT, |f| {
+            f.calls().into_iter().filter(|c| c.resource == "events.k8s.io/v1/events" && c.method == "POST").find_map(
+                |c| {
+                    c.body.filter(|e| {
+                        e["regarding"]["kind"] == "PodCertificateRequest" && e["regarding"]["name"] == "orphan"
+                    })
+                },
+            )
+        })
+        .await;
+    assert_eq!(
+        (event["reason"].as_str(), event["note"].as_str(), event["type"].as_str()),
+        (
+            Some("PodCertificateDenied"),
+            Some("its owner LMEvalJob gone-job does not exist with UID uid-gone: keyward issues only for a live owner"),
+            Some("Warning")
+        )
+    );
+    // Another signer's request: no status, no write.
+    assert!(pcr_of(&s.fake, version, "team-a", "not-ours")["status"].is_null());
+    assert!(!s.fake.attempted_writes().iter().any(|c| c.name == "not-ours"));
+}
+
+fn lease(id: &str) -> LeaseConfig {
+    let mut lease = LeaseConfig::new("keyward-controller", "keyward-system", id);
+    lease.lease_duration = Duration::from_secs(4);
+    lease.renew_deadline = Duration::from_secs(3);
+    lease.retry_period = Duration::from_millis(500);
+    lease
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_two_replicas_only_the_leader_answers() {
+    let fake = FakeApi::default();
+    fake.seed(opted_in("team-a"));
+    fake.seed(owner());
+    let ca = client_ca();
+    let mut replicas = Vec::new();
+    for id in ["replica-a", "replica-b"] {
+        let client = fake.client(id);
+        let elector = LeaderElector::new(client.clone(), lease(id));
+        let leadership = elector.leadership();
+        let election = tokio::spawn(elector.run(std::future::pending()));
+        let r = reconciler_with(client.clone(), profiles(), &ca, leadership.clone(), signing(ApiVersion::V1));
+        let run = start(&fake, r.clone(), leadership, &ca, id);
+        replicas.push((id, r, election, run));
+    }
+    let leader = fake
+        .until(LIMIT, |f| {
+            f.get("coordination.k8s.io/v1", "Lease", "keyward-system", "keyward-controller")
+                .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_string))
+        })
+        .await;
+    let keys = fake.until(LIMIT, |_| replicas.iter().find_map(|(_, r, _, _)| r.attestation_keys())).await;
+    let pod = pod(Some(&keys), "team-a", "evaljob-sample", "evaljob-sample", OWNER_UID);
+    fake.seed(pod.clone());
+    let (key, _) = kubelet_key();
+    fake.seed(pcr::request("certificates.k8s.io/v1", "req-1", &pod, SIGNER, KeyField::Stub(&stub_csr(&key))));
+    let pcr = answered(&fake, ApiVersion::V1, "team-a", "req-1").await;
+    assert_eq!(pcr["status"]["conditions"][0]["type"], "Issued");
+    let writers: Vec<String> = fake
+        .attempted_writes()
+        .into_iter()
+        .filter(|c| c.resource.ends_with("podcertificaterequests"))
+        .map(|c| c.client)
+        .collect();
+    assert_eq!(writers, [leader]);
+    for (_, _, election, run) in replicas {
+        election.abort();
+        run.abort();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_issued_chain_with_the_kubelets_key_passes_mutual_tls_against_the_client_ca_alone() {
+    let s = signer(ApiVersion::V1).await;
+    let pod = pod(Some(&s.keys), "team-a", "evaljob-sample", "evaljob-sample", OWNER_UID);
+    s.fake.seed(pod.clone());
+    let (key, _) = kubelet_key();
+    s.fake.seed(pcr::request("certificates.k8s.io/v1", "req-1", &pod, SIGNER, KeyField::Stub(&stub_csr(&key))));
+    let pcr = answered(&s.fake, ApiVersion::V1, "team-a", "req-1").await;
+    let chain = pcr["status"]["certificateChain"].as_str().unwrap().to_string();
+    // What the kubelet writes into the pod: tls.key (PKCS#8) and tls.crt (the chain).
+    let (client_key, client_chain) = (key.serialize_pem(), chain);
+
+    // A server (the operator's gRPC endpoint) that trusts only the client CA.
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from_pem_slice(s.ca.ca.cert_pem().as_bytes()).unwrap()).unwrap();
+    let verifier =
+        rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone()).build().unwrap();
+    let server_ca = keyward_certs::pki::Ca::mint("server CA", now(), Duration::from_secs(3600)).unwrap();
+    let serving = server_ca.issue_serving(&["localhost".into()], now(), Duration::from_secs(3600)).unwrap();
+    let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(
+            CertificateDer::pem_slice_iter(serving.cert_pem.as_bytes()).map(Result::unwrap).collect(),
+            PrivateKeyDer::from_pem_slice(serving.key_pem.as_bytes()).unwrap(),
+        )
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+    let accepted = tokio::spawn(async move {
+        let (tcp, _) = listener.accept().await.unwrap();
+        let tls = acceptor.accept(tcp).await.unwrap();
+        let peer = tls.get_ref().1.peer_certificates().unwrap()[0].to_vec();
+        let pem = format!(
+            "-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n",
+            base64::Engine::encode(&base64::engine::general_purpose::STANDARD, &peer)
+        );
+        cert_uris(&pem)
+    });
+
+    let mut server_roots = rustls::RootCertStore::empty();
+    server_roots.add(CertificateDer::from_pem_slice(server_ca.cert_pem().as_bytes()).unwrap()).unwrap();
+    let client = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(server_roots)
+        .with_client_auth_cert(
+            CertificateDer::pem_slice_iter(client_chain.as_bytes()).map(Result::unwrap).collect(),
+            PrivateKeyDer::from_pem_slice(client_key.as_bytes()).unwrap(),
+        )
+        .unwrap();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let _tls = connector.connect(name, tcp).await.unwrap();
+    assert_eq!(accepted.await.unwrap(), [IDENTITY], "the server reads the owner's SPIFFE ID");
+}
