@@ -251,6 +251,27 @@ fn the_controller_is_leader_elected_least_privileged_and_mounts_the_client_ca() 
         find(&docs, "ClusterRoleBinding", "keyward-controller-webhook-config")["subjects"],
         json!([{"kind": "ServiceAccount", "name": "keyward-controller", "namespace": "keyward-system"}])
     );
+    // The signer: its requests, their status, `sign` for keyward's signers only, and the pods
+    // they name by GET.
+    let signer = find(&docs, "ClusterRole", "keyward-controller-signer");
+    assert_eq!(
+        signer["rules"],
+        json!([
+            {"apiGroups": ["certificates.k8s.io"], "resources": ["podcertificaterequests"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["certificates.k8s.io"], "resources": ["podcertificaterequests/status"], "verbs": ["update"]},
+            {"apiGroups": ["certificates.k8s.io"], "resources": ["signers"], "resourceNames": ["keyward.io/*"], "verbs": ["sign"]},
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}
+        ])
+    );
+    assert_eq!(
+        find(&docs, "ClusterRoleBinding", "keyward-controller-signer")["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "keyward-controller", "namespace": "keyward-system"}])
+    );
+    assert_eq!(
+        keyward_controller::signer::SIGNER_RBAC_NAME,
+        signer["rules"][2]["resourceNames"][0],
+        "the rule names the signers the code serves"
+    );
     let lease = find(&docs, "Role", "keyward-controller-lease");
     assert_eq!(lease["metadata"]["namespace"], "keyward-system");
     assert_eq!(lease["rules"][1]["resourceNames"], json!(["keyward-controller"]));

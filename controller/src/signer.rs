@@ -49,6 +49,9 @@ impl ApiVersion {
     }
 }
 
+/// The `signers` resource name keyward's RBAC grants `sign` on: every name in its domain.
+pub const SIGNER_RBAC_NAME: &str = "keyward.io/*";
+
 /// Whether `signer` is in keyward's domain (requests of other signers are never touched).
 pub fn is_keyward_signer(signer: &str) -> bool {
     signer.strip_prefix(SIGNER_DOMAIN).is_some_and(|rest| rest.starts_with('/'))
