@@ -3,8 +3,9 @@
 //! volume lookups find keyward's volumes by name in the pods the apiserver really stores
 //! (`kube-api-access-*` first); its pod selectors pick the webhook and not the controller; its
 //! mTLS check passes only when the server answers, against a local `openssl s_server` with a
-//! good and a rogue client certificate; and it never deletes a kind cluster it did not create
-//! (run with stub `kind`, `docker` and `kubectl` on the PATH).
+//! good and a rogue client certificate; its pod certificate step runs on a cluster configured to
+//! serve them, with the shipped profile mounted; and it never deletes a kind cluster it did not
+//! create (run with stub `kind`, `docker` and `kubectl` on the PATH).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a panic is the test failure report
 
 use std::io::Write;
@@ -53,6 +54,51 @@ fn the_overlays_kind_sh_installs_are_the_shipped_installs_with_the_image_it_buil
     for (overlay, shipped) in [("local", "cert-manager"), ("local-self-managed", "self-managed")] {
         assert!(script.contains(&format!("apply -k \"$ROOT/deploy/overlays/{overlay}\"")), "{overlay}");
         same_but_the_image(&render(overlay), &render(shipped));
+    }
+}
+
+#[test]
+fn its_pod_certificate_step_runs_on_a_cluster_that_serves_them_with_the_shipped_profile_mounted() {
+    let script = std::fs::read_to_string(root().join("deploy/e2e/kind.sh")).unwrap();
+    assert!(script.contains("--config \"$ROOT/deploy/e2e/kind-config.yaml\""));
+    assert!(script.contains("apply -k \"$ROOT/deploy/overlays/local-pod-certificates\""));
+    // The default node image is a Kubernetes that has the API (1.35 on).
+    let image = script.lines().find_map(|l| l.strip_prefix("KIND_NODE_IMAGE=\"${KIND_NODE_IMAGE:-")).unwrap();
+    let minor: u32 = image.strip_prefix("kindest/node:v1.").unwrap().split('.').next().unwrap().parse().unwrap();
+    assert!(minor >= 35, "{image}");
+    // On 1.35 and 1.36 the feature gate and the v1beta1 API must be turned on.
+    let text = std::fs::read_to_string(root().join("deploy/e2e/kind-config.yaml")).unwrap();
+    let config = &keyward_engine::yaml::documents(&text).unwrap()[0].value;
+    assert_eq!(config["apiVersion"], "kind.x-k8s.io/v1alpha4");
+    assert_eq!(config["featureGates"]["PodCertificateRequest"], true);
+    assert_eq!(config["runtimeConfig"]["certificates.k8s.io/v1beta1/podcertificaterequests"], "true");
+
+    // The overlay: deploy/overlays/local, plus the shipped profile in a ConfigMap mounted as a
+    // directory in both Deployments and given to both with --profiles; nothing else differs.
+    let with = render("local-pod-certificates");
+    let without = render("local");
+    let profile = std::fs::read_to_string(root().join("deploy/profiles/lmeval-pod-certificate.yaml")).unwrap();
+    let config_map =
+        with.iter().find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == "keyward-profiles").unwrap();
+    assert_eq!(config_map["metadata"]["namespace"], "keyward-system");
+    assert_eq!(config_map["data"]["lmeval-pod-certificate.yaml"], profile.as_str());
+    let rest: Vec<Value> = with.iter().filter(|d| *d != config_map).cloned().collect();
+    assert_eq!(rest.len(), without.len());
+    for (mut w, o) in rest.into_iter().zip(without) {
+        if w["kind"] == "Deployment" {
+            let spec = &mut w["spec"]["template"]["spec"];
+            let volume = spec["volumes"].as_array_mut().unwrap().pop().unwrap();
+            assert_eq!(volume, serde_json::json!({"name": "profiles", "configMap": {"name": "keyward-profiles"}}));
+            let container = &mut spec["containers"][0];
+            let mount = container["volumeMounts"].as_array_mut().unwrap().pop().unwrap();
+            assert_eq!(
+                mount,
+                serde_json::json!({"name": "profiles", "mountPath": "/etc/keyward/profiles", "readOnly": true})
+            );
+            let arg = container["args"].as_array_mut().unwrap().pop().unwrap();
+            assert_eq!(arg, "--profiles=/etc/keyward/profiles");
+        }
+        assert_eq!(w, o);
     }
 }
 

@@ -4,14 +4,18 @@
 #   deploy/e2e/kind.sh            # create, test (cert-manager, then self-managed), delete
 #   KEEP=1 deploy/e2e/kind.sh     # keep the cluster afterwards to poke at it
 #
-# Needs: docker (with BuildKit), kind, kubectl, openssl. Pulls kindest/node, cert-manager and
+# Needs: docker (with BuildKit), kind (v0.31.0 or later, for Kubernetes 1.35), kubectl, openssl.
+# The cluster runs Kubernetes 1.35 with pod certificates on (deploy/e2e/kind-config.yaml), so
+# both deliveries of the client certificate run: a Secret, then a pod certificate. Pulls
+# kindest/node, cert-manager and
 # two small images from the internet. Exits non-zero on the first failure, and deletes the
 # cluster it created either way (unless KEEP=1); a cluster of that name that was already there
 # is refused, never deleted.
 set -euo pipefail
 
 CLUSTER="${CLUSTER:-keyward-e2e}"
-KIND_NODE_IMAGE="${KIND_NODE_IMAGE:-kindest/node:v1.32.2}"    # matchConditions: Kubernetes >= 1.30
+# kind v0.31.0's image; pod certificates need Kubernetes >= 1.35 (matchConditions, >= 1.30).
+KIND_NODE_IMAGE="${KIND_NODE_IMAGE:-kindest/node:v1.35.0@sha256:452d707d4862f52530247495d180205e029056831160e22870e37e3f6c1ac31f}"
 CERT_MANAGER_VERSION="${CERT_MANAGER_VERSION:-v1.16.2}"
 IMAGE="keyward:dev"                                           # what deploy/overlays/local installs
 NS="keyward-e2e-jobs"
@@ -64,7 +68,7 @@ say "kind cluster $CLUSTER ($KIND_NODE_IMAGE)"
 if cluster_exists "$CLUSTER"; then
   fail "a kind cluster named $CLUSTER exists already (KEEP=1 leaves one behind); delete it with 'kind delete cluster --name $CLUSTER', or run with CLUSTER=another-name"
 fi
-kind create cluster --name "$CLUSTER" --image "$KIND_NODE_IMAGE" --wait 120s
+kind create cluster --name "$CLUSTER" --image "$KIND_NODE_IMAGE" --config "$ROOT/deploy/e2e/kind-config.yaml" --wait 120s
 CREATED=1
 
 say "cert-manager $CERT_MANAGER_VERSION"
@@ -305,6 +309,42 @@ expect_contains "client certificate identity" \
   "URI:spiffe://cluster.local/ns/$NS/lmevaljob/e2e-eval"
 expect "injected pods listed by their profile label" \
   "$("${K[@]}" -n "$NS" get pods -l keyward.io/profile=lmeval -o jsonpath='{.items[*].metadata.name}')" "e2e-eval"
+
+say "pod certificates: the driver's key made by the kubelet, signed by keyward's controller"
+# The same driver under deploy/profiles/lmeval-pod-certificate.yaml (delivery: podCertificate),
+# mounted in both Deployments by deploy/overlays/local-pod-certificates.
+"${K[@]}" apply -k "$ROOT/deploy/overlays/local-pod-certificates"
+"${K[@]}" -n keyward-system rollout status deploy/keyward --timeout=180s
+"${K[@]}" -n keyward-system rollout status deploy/keyward-controller --timeout=180s
+expect_contains "controller signs" "$("${K[@]}" -n keyward-system logs deploy/keyward-controller)" "signing PodCertificateRequests"
+"${K[@]}" -n "$NS" apply -f - <<YAML
+apiVersion: foundation-model-stack.github.com.github.com/v1beta1
+kind: LMEvalJob
+metadata: {name: e2e-pc}
+spec: {}
+YAML
+pc_uid="$("${K[@]}" -n "$NS" get lmevaljob e2e-pc -o jsonpath='{.metadata.uid}')"
+sed -e "s/e2e-eval/e2e-pc/g" -e "s/$job_uid/$pc_uid/" "$WORK/driver.yaml" > "$WORK/driver-pc.yaml"
+"${K[@]}" --as="$LMEVAL_USER" --as-group=system:serviceaccounts -n "$NS" create -f "$WORK/driver-pc.yaml"
+# The kubelet asks keyward.io/lmeval through a PodCertificateRequest; the pod starts once issued.
+for _ in $(seq 90); do "${K[@]}" -n "$NS" logs e2e-pc 2>/dev/null | grep -q 'MTLS-' && break; sleep 2; done
+expect_contains "pod certificate driver files" "$("${K[@]}" -n "$NS" logs e2e-pc)" FILES-PRESENT
+expect_contains "pod certificate mTLS request answered" "$("${K[@]}" -n "$NS" logs e2e-pc)" MTLS-OK
+expect "pod certificate volume" \
+  "$("${K[@]}" -n "$NS" get pod e2e-pc -o jsonpath="$(volume_jsonpath keyward-client-cert 'projected.sources[0].podCertificate.signerName')")" keyward.io/lmeval
+pcr() { "${K[@]}" -n "$NS" get podcertificaterequests -o jsonpath="{.items[?(@.spec.podName==\"e2e-pc\")]$1}"; }
+expect "pod certificate request" "$(pcr '.status.conditions[0].type')" Issued
+expect_contains "pod certificate identity" "$(pcr '.status.certificateChain' | openssl x509 -noout -ext subjectAltName)" \
+  "URI:spiffe://cluster.local/ns/$NS/lmevaljob/e2e-pc"
+if "${K[@]}" -n "$NS" get secret e2e-pc-lmeval-client >/dev/null 2>&1; then
+  fail "a client certificate Secret was made for a pod certificate delivery"
+fi
+echo "ok: no Secret holds the pod certificate's key"
+# Back to the Secret delivery for the rest.
+"${K[@]}" apply -k "$ROOT/deploy/overlays/local"
+"${K[@]}" -n keyward-system delete configmap keyward-profiles
+"${K[@]}" -n keyward-system rollout status deploy/keyward --timeout=180s
+"${K[@]}" -n keyward-system rollout status deploy/keyward-controller --timeout=180s
 
 say "renew the serving certificate; keyward reloads it without a restart"
 restarts_before="$("${K[@]}" -n keyward-system get pods -l "$WEBHOOK_PODS" -o jsonpath='{.items[*].status.containerStatuses[0].restartCount}')"
