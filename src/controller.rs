@@ -144,16 +144,22 @@ async fn pod_certificate_api(
     choice: PodCertificates,
 ) -> anyhow::Result<Option<keyward_controller::signer::ApiVersion>> {
     use keyward_controller::signer::ApiVersion;
-    let versions = match choice {
-        PodCertificates::Off => return Ok(None),
-        PodCertificates::V1 => return Ok(Some(ApiVersion::V1)),
-        PodCertificates::V1beta1 => return Ok(Some(ApiVersion::V1beta1)),
-        PodCertificates::Auto => [ApiVersion::V1, ApiVersion::V1beta1],
-    };
-    for version in versions {
+    match choice {
+        PodCertificates::Off => Ok(None),
+        PodCertificates::V1 => Ok(Some(ApiVersion::V1)),
+        PodCertificates::V1beta1 => Ok(Some(ApiVersion::V1beta1)),
+        PodCertificates::Auto => served(client, ApiVersion::PLURAL).await,
+    }
+}
+
+/// The version of `certificates.k8s.io` that serves `plural`, by discovery (v1 preferred);
+/// `None` when neither does.
+async fn served(client: &kube::Client, plural: &str) -> anyhow::Result<Option<keyward_controller::signer::ApiVersion>> {
+    use keyward_controller::signer::ApiVersion;
+    for version in [ApiVersion::V1, ApiVersion::V1beta1] {
         let group_version = format!("{}/{}", ApiVersion::GROUP, version.as_str());
         match client.list_api_group_resources(&group_version).await {
-            Ok(list) if list.resources.iter().any(|r| r.name == ApiVersion::PLURAL) => return Ok(Some(version)),
+            Ok(list) if list.resources.iter().any(|r| r.name == plural) => return Ok(Some(version)),
             Ok(_) => {}
             Err(kube::Error::Api(e)) if e.code == 404 => {}
             Err(e) => bail!(
@@ -279,6 +285,11 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     }));
 
     let pod_certificates = pod_certificate_api(&client, args.pod_certificates).await?;
+    // The client CA as a ClusterTrustBundle linked to each signer, where the cluster serves them.
+    let trust_bundles = match pod_certificates {
+        Some(_) => served(&client, keyward_controller::signer::ApiVersion::TRUST_BUNDLES).await?,
+        None => None,
+    };
     let signers = keyward_controller::signer::signers(&profiles);
     match pod_certificates {
         Some(version) => {
@@ -303,6 +314,7 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         client_ca_secret: (args.client_ca == Source::SelfManaged).then(|| args.client_ca_secret.clone()),
         match_conditions_of: (args.webhook_match_conditions == Keeper::Managed).then(|| args.webhook_config.clone()),
         pod_certificates,
+        trust_bundles,
     };
     let reconciler_for = {
         let (client, client_ca, leadership, metrics, identity) =

@@ -251,15 +251,16 @@ fn the_controller_is_leader_elected_least_privileged_and_mounts_the_client_ca() 
         find(&docs, "ClusterRoleBinding", "keyward-controller-webhook-config")["subjects"],
         json!([{"kind": "ServiceAccount", "name": "keyward-controller", "namespace": "keyward-system"}])
     );
-    // The signer: its requests, their status, `sign` for keyward's signers only, and the pods
-    // they name by GET.
+    // The signer: its requests, their status, `sign` and `attest` for keyward's signers only, its
+    // trust bundles, and the pods they name by GET.
     let signer = find(&docs, "ClusterRole", "keyward-controller-signer");
     assert_eq!(
         signer["rules"],
         json!([
             {"apiGroups": ["certificates.k8s.io"], "resources": ["podcertificaterequests"], "verbs": ["get", "list", "watch"]},
             {"apiGroups": ["certificates.k8s.io"], "resources": ["podcertificaterequests/status"], "verbs": ["update"]},
-            {"apiGroups": ["certificates.k8s.io"], "resources": ["signers"], "resourceNames": ["keyward.io/*"], "verbs": ["sign"]},
+            {"apiGroups": ["certificates.k8s.io"], "resources": ["signers"], "resourceNames": ["keyward.io/*"], "verbs": ["sign", "attest"]},
+            {"apiGroups": ["certificates.k8s.io"], "resources": ["clustertrustbundles"], "verbs": ["get", "list", "create", "update", "delete"]},
             {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}
         ])
     );

@@ -35,6 +35,12 @@ pub enum Error {
     Watch { path: PathBuf, reason: String },
 }
 
+/// Parses an RFC 3339 time (what [`rfc3339`] writes); `None` when it is not one.
+pub fn parse_rfc3339(text: &str) -> Option<SystemTime> {
+    let t = time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339).ok()?;
+    Some(SystemTime::from(t))
+}
+
 /// RFC 3339 in UTC, for messages.
 pub fn rfc3339(t: SystemTime) -> String {
     let dt = time::OffsetDateTime::from(t);

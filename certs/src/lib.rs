@@ -23,7 +23,7 @@ pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use error::{rfc3339, Error};
+pub use error::{parse_rfc3339, rfc3339, Error};
 pub use pem::{CertInfo, PemPair, ServingCert};
 pub use rcgen::DnType;
 pub use store::{watch, CertStore, ReloadEvent, ReloadOutcome, ReloadSource, Trigger};

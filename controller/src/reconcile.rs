@@ -72,6 +72,8 @@ pub struct Settings {
     /// The version of `certificates.k8s.io` that serves PodCertificateRequests (`None`: the
     /// cluster does not, and keyward signs nothing).
     pub pod_certificates: Option<crate::signer::ApiVersion>,
+    /// The version that serves ClusterTrustBundles (`None`: none is published).
+    pub trust_bundles: Option<crate::signer::ApiVersion>,
 }
 
 impl Default for Settings {
@@ -89,6 +91,7 @@ impl Default for Settings {
             client_ca_secret: None,
             match_conditions_of: None,
             pod_certificates: None,
+            trust_bundles: None,
         }
     }
 }
@@ -772,6 +775,7 @@ impl Reconciler {
     /// Publishes the client CA's certificate to the namespaces named, and removes it from
     /// those no longer named.
     pub async fn publish_client_ca(&self) -> Result<(), Error> {
+        self.publish_trust_bundles().await?;
         if self.settings.publish_client_ca_to.is_empty() {
             return Ok(());
         }
@@ -826,6 +830,86 @@ impl Reconciler {
             }
         }
         first_error.map_or(Ok(()), Err)
+    }
+
+    /// One ClusterTrustBundle per signer the profiles use, linked to it, holding the client CA
+    /// (and, after a rotation, the CA it replaced, until everything that one signed expired);
+    /// bundles of signers no profile uses any more are deleted. Only keyward's own are touched.
+    async fn publish_trust_bundles(&self) -> Result<(), Error> {
+        let Some(version) = self.settings.trust_bundles else {
+            return Ok(());
+        };
+        let resource = version.trust_bundles();
+        let api = Api::<DynamicObject>::all_with(self.client.clone(), &resource);
+        let signers = signer::signers(&self.profiles);
+        let wanted: BTreeSet<String> = signers.iter().map(|(s, _)| signer::trust_bundle_name(s)).collect();
+        if !signers.is_empty() {
+            let ca = self.ca()?;
+            for (signer_name, profile) in &signers {
+                let name = signer::trust_bundle_name(signer_name);
+                let existing = api.get_opt(&name).await?;
+                if let Some(e) = &existing {
+                    if !is_managed(&e.metadata) {
+                        self.metrics.object("trust-bundle", Action::Foreign, true);
+                        tracing::warn!(%name, "a ClusterTrustBundle keyward does not manage has its name; left alone");
+                        continue;
+                    }
+                }
+                let there = existing.as_ref().map(|e| {
+                    let until = e
+                        .metadata
+                        .annotations
+                        .as_ref()
+                        .and_then(|a| a.get(signer::PREVIOUS_UNTIL))
+                        .and_then(|t| keyward_certs::parse_rfc3339(t));
+                    (e.data["spec"]["trustBundle"].as_str().unwrap_or_default().to_string(), until)
+                });
+                let (bundle, until) = signer::trust_bundle(
+                    ca.cert_pem(),
+                    there.as_ref().map(|(b, u)| (b.as_str(), *u)),
+                    SystemTime::now(),
+                    self.settings.client_cert_validity,
+                );
+                if there.as_ref().is_some_and(|(b, u)| *b == bundle && *u == until) {
+                    self.metrics.object("trust-bundle", Action::Unchanged, true);
+                    continue;
+                }
+                let mut meta = objects::meta("", &name, Some(profile), Scope::ClientCa, None);
+                meta.namespace = None;
+                let annotations = meta.annotations.get_or_insert_with(Default::default);
+                if let Some(t) = until {
+                    annotations.insert(signer::PREVIOUS_UNTIL.into(), keyward_certs::rfc3339(t));
+                }
+                let mut object = DynamicObject::new(&name, &resource);
+                object.metadata = meta;
+                object.data = serde_json::json!({"spec": {"signerName": signer_name, "trustBundle": bundle}});
+                self.leader.check()?;
+                let action = match existing {
+                    None => {
+                        api.create(&PostParams::default(), &object).await?;
+                        Action::Provisioned
+                    }
+                    Some(e) => {
+                        object.metadata.resource_version = e.metadata.resource_version.clone();
+                        api.replace(&name, &PostParams::default(), &object).await?;
+                        Action::Renewed
+                    }
+                };
+                self.metrics.object("trust-bundle", action, true);
+                tracing::info!(%name, signer = %signer_name, certificates = if until.is_some() { 2 } else { 1 }, "client CA trust bundle written");
+            }
+        }
+        let ours = list_all(api.clone(), &objects::managed_selector(Scope::ClientCa)).await?;
+        for bundle in ours {
+            let name = bundle.name_any();
+            if is_managed(&bundle.metadata) && !wanted.contains(&name) {
+                self.leader.check()?;
+                api.delete(&name, &DeleteParams::default()).await?;
+                self.metrics.object("trust-bundle", Action::Deleted, true);
+                tracing::info!(%name, "client CA trust bundle of a signer no profile uses removed");
+            }
+        }
+        Ok(())
     }
 
     /// Makes the attestation key Secret exist, rotates it when due, and loads its keys. Returns

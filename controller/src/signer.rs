@@ -39,12 +39,23 @@ impl ApiVersion {
     }
 
     pub fn api_resource(self) -> ApiResource {
+        self.resource("PodCertificateRequest", Self::PLURAL)
+    }
+
+    /// ClusterTrustBundles, in this version of the group.
+    pub fn trust_bundles(self) -> ApiResource {
+        self.resource("ClusterTrustBundle", Self::TRUST_BUNDLES)
+    }
+
+    pub const TRUST_BUNDLES: &'static str = "clustertrustbundles";
+
+    fn resource(self, kind: &str, plural: &str) -> ApiResource {
         ApiResource {
             group: Self::GROUP.into(),
             version: self.as_str().into(),
             api_version: format!("{}/{}", Self::GROUP, self.as_str()),
-            kind: "PodCertificateRequest".into(),
-            plural: Self::PLURAL.into(),
+            kind: kind.into(),
+            plural: plural.into(),
         }
     }
 }
@@ -342,6 +353,67 @@ pub fn denied_status(reason: &str, message: &str, now: SystemTime, generation: O
     json!({"conditions": [condition("Denied", reason, message, now, generation)]})
 }
 
+// === the trust bundle ===
+
+/// The ClusterTrustBundle that carries the client CA for `signer`: a signer-linked bundle's
+/// name must start with the signer name, `/` written `:`, and a `:`.
+pub fn trust_bundle_name(signer: &str) -> String {
+    format!("{}:client-ca", signer.replace('/', ":"))
+}
+
+/// The annotation on a trust bundle saying until when the CA it replaced stays in it.
+pub const PREVIOUS_UNTIL: &str = "keyward.io/previous-ca-until";
+
+/// What a signer's trust bundle holds: the current client CA first and, after a change of CA,
+/// the one it replaced until every certificate that one signed has expired (`overlap`, the
+/// longest life keyward gives a certificate, after the change is first seen). Returns the
+/// bundle and until when the previous CA stays.
+pub fn trust_bundle(
+    current_pem: &str,
+    existing: Option<(&str, Option<SystemTime>)>,
+    now: SystemTime,
+    overlap: Duration,
+) -> (String, Option<SystemTime>) {
+    let current = certificates(current_pem).into_iter().next().unwrap_or_default();
+    let (there, until) = existing.map(|(pem, until)| (certificates(pem), until)).unwrap_or_default();
+    let (kept, until) = match there.split_first() {
+        // Unchanged: the previous CA stays until its time is up.
+        Some((first, rest)) if *first == current => {
+            let kept: Vec<Vec<u8>> = match until {
+                Some(t) if now < t => rest.iter().filter(|c| **c != current).take(1).cloned().collect(),
+                _ => Vec::new(),
+            };
+            let until = if kept.is_empty() { None } else { until };
+            (kept, until)
+        }
+        // A new CA: the one it replaces stays for the overlap.
+        Some((first, _)) => (vec![first.clone()], Some(whole(now) + overlap)),
+        None => (Vec::new(), None),
+    };
+    let pem = std::iter::once(&current).chain(&kept).map(|der| pem_certificate(der)).collect();
+    (pem, until)
+}
+
+/// The DER certificates of a PEM bundle.
+fn certificates(pem: &str) -> Vec<Vec<u8>> {
+    x509_parser::pem::Pem::iter_from_buffer(pem.as_bytes())
+        .filter_map(Result::ok)
+        .filter(|p| p.label == "CERTIFICATE")
+        .map(|p| p.contents)
+        .collect()
+}
+
+fn pem_certificate(der: &[u8]) -> String {
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut out = String::from("-----BEGIN CERTIFICATE-----\n");
+    for line in b64.as_bytes().chunks(64) {
+        out.push_str(&String::from_utf8_lossy(line));
+        out.push('\n');
+    }
+    out.push_str("-----END CERTIFICATE-----\n");
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -363,6 +435,30 @@ mod tests {
         let w = window(t(1_000_000), Duration::from_secs(3600));
         assert!(w.begin_refresh_at >= w.not_before + REFRESH_MARGIN);
         assert!(w.begin_refresh_at <= w.not_after - REFRESH_MARGIN);
+    }
+
+    #[test]
+    fn the_trust_bundle_keeps_the_replaced_ca_for_the_overlap_only() {
+        let old = keyward_certs::pki::Ca::mint("old", t(1_800_000_000), Duration::from_secs(86_400 * 90)).unwrap();
+        let new = keyward_certs::pki::Ca::mint("new", t(1_800_000_000), Duration::from_secs(86_400 * 90)).unwrap();
+        let day = Duration::from_secs(86_400);
+        let (first, until) = trust_bundle(old.cert_pem(), None, t(1_800_000_000), day);
+        assert_eq!((certificates(&first), until), (certificates(old.cert_pem()), None));
+        assert_eq!(first, old.cert_pem().replace("\r", ""), "the same PEM back");
+        // Unchanged: the same bundle.
+        assert_eq!(trust_bundle(old.cert_pem(), Some((&first, None)), t(1_800_000_100), day), (first.clone(), None));
+        // Rotated: new first, the old one for a day.
+        let (both, until) = trust_bundle(new.cert_pem(), Some((&first, None)), t(1_800_000_200), day);
+        let expected: Vec<Vec<u8>> = [new.cert_pem(), old.cert_pem()].iter().flat_map(|p| certificates(p)).collect();
+        assert_eq!((certificates(&both), until), (expected, Some(t(1_800_000_200) + day)));
+        // Within the day: kept; after it: dropped.
+        assert_eq!(
+            trust_bundle(new.cert_pem(), Some((&both, until)), t(1_800_000_200) + day / 2, day),
+            (both.clone(), until)
+        );
+        let (after, until) = trust_bundle(new.cert_pem(), Some((&both, until)), t(1_800_000_200) + day, day);
+        assert_eq!((certificates(&after), until), (certificates(new.cert_pem()), None));
+        assert_eq!(trust_bundle_name("keyward.io/lmeval"), "keyward.io:lmeval:client-ca");
     }
 
     #[test]

@@ -2,8 +2,9 @@
 //! API, which checks every status update as the apiserver does (`support::pcr`): the kubelet's
 //! requests for an injected, attested pod get the owner's identity; every other request is
 //! denied with a reason a person can act on, or, for another signer, never touched; only the
-//! leader answers; and the issued chain works for mutual TLS with the client CA as the only
-//! trust anchor.
+//! leader answers; the client CA is published as each signer's ClusterTrustBundle, both CAs
+//! through a rotation; and the issued chain works for mutual TLS with that bundle as the only
+//! trust anchors.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a panic is the test failure report
 
 mod support;
@@ -31,7 +32,7 @@ fn profiles() -> ProfileSet {
 }
 
 fn signing(version: ApiVersion) -> Settings {
-    Settings { pod_certificates: Some(version), ..settings() }
+    Settings { pod_certificates: Some(version), trust_bundles: Some(version), ..settings() }
 }
 
 /// The fms driver pod of `owner`, as stored once keyward's webhook admitted it under the pod
@@ -282,7 +283,7 @@ async fn of_two_replicas_only_the_leader_answers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_issued_chain_with_the_kubelets_key_passes_mutual_tls_against_the_client_ca_alone() {
+async fn the_issued_chain_passes_mutual_tls_with_a_server_trusting_only_the_signers_trust_bundle() {
     let s = signer(ApiVersion::V1).await;
     let pod = pod(Some(&s.keys), "team-a", "evaljob-sample", "evaljob-sample", OWNER_UID);
     s.fake.seed(pod.clone());
@@ -293,12 +294,21 @@ async fn the_issued_chain_with_the_kubelets_key_passes_mutual_tls_against_the_cl
     // What the kubelet writes into the pod: tls.key (PKCS#8) and tls.crt (the chain).
     let (client_key, client_chain) = (key.serialize_pem(), chain);
 
-    // A server (the operator's gRPC endpoint) that trusts only the client CA.
+    // A server (the operator's gRPC endpoint) that trusts only what the signer's
+    // ClusterTrustBundle holds (as a pod mounting it with a clusterTrustBundle projection).
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let bundle = s
+        .fake
+        .until(LIMIT, |f| f.get("certificates.k8s.io/v1", "ClusterTrustBundle", "", "keyward.io:lmeval:client-ca"))
+        .await;
+    let anchors = bundle["spec"]["trustBundle"].as_str().unwrap().to_string();
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
-    roots.add(CertificateDer::from_pem_slice(s.ca.ca.cert_pem().as_bytes()).unwrap()).unwrap();
+    for anchor in CertificateDer::pem_slice_iter(anchors.as_bytes()) {
+        roots.add(anchor.unwrap()).unwrap();
+    }
+    assert_eq!(roots.len(), 1);
     let verifier =
         rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone()).build().unwrap();
     let server_ca = keyward_certs::pki::Ca::mint("server CA", now(), Duration::from_secs(3600)).unwrap();
@@ -342,4 +352,67 @@ async fn the_issued_chain_with_the_kubelets_key_passes_mutual_tls_against_the_cl
     let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
     let _tls = connector.connect(name, tcp).await.unwrap();
     assert_eq!(accepted.await.unwrap(), [IDENTITY], "the server reads the owner's SPIFFE ID");
+}
+
+fn bundle_of(fake: &FakeApi) -> Option<Value> {
+    fake.get("certificates.k8s.io/v1beta1", "ClusterTrustBundle", "", "keyward.io:lmeval:client-ca")
+}
+
+/// The PEM certificates of a trust bundle, as DER.
+fn ders(pem: &str) -> Vec<Vec<u8>> {
+    x509_parser::pem::Pem::iter_from_buffer(pem.as_bytes()).map(|p| p.unwrap().contents).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_ca_is_each_signers_trust_bundle_with_both_cas_through_a_rotation() {
+    let fake = FakeApi::default();
+    fake.seed(opted_in("team-a"));
+    let ca = client_ca();
+    let settings = Settings { trust_bundles: Some(ApiVersion::V1beta1), ..signing(ApiVersion::V1beta1) };
+    let r = reconciler_with(fake.client("keyward"), profiles(), &ca, Leadership::always(), settings.clone());
+    let _run = start(&fake, r.clone(), Leadership::always(), &ca, "keyward");
+    let bundle = fake.until(LIMIT, bundle_of).await;
+    assert_eq!(bundle["spec"]["signerName"], SIGNER);
+    assert_eq!(bundle["metadata"]["labels"]["app.kubernetes.io/managed-by"], "keyward");
+    let old = ders(ca.ca.cert_pem());
+    assert_eq!(ders(bundle["spec"]["trustBundle"].as_str().unwrap()), old);
+
+    // The client CA rotates (cert-manager wrote a new one into the mounted Secret): the new CA
+    // first, the old one kept as long as a certificate it signed may live.
+    let dir = ca.store.dir().to_path_buf();
+    let (new_cert, new_key) = (certs_fixture("ca-ec384.crt"), certs_fixture("ca-ec384-sec1.key"));
+    for (file, text) in [("tls.crt", &new_cert), ("tls.key", &new_key), ("ca.crt", &new_cert)] {
+        std::fs::write(dir.join(file), text).unwrap();
+    }
+    let rotated = std::time::SystemTime::now();
+    assert_eq!(ca.store.reload(keyward_certs::Trigger::Startup).as_str(), "loaded");
+    let bundle = fake
+        .until(LIMIT, |f| bundle_of(f).filter(|b| ders(b["spec"]["trustBundle"].as_str().unwrap()).len() == 2))
+        .await;
+    let expected: Vec<Vec<u8>> = ders(&new_cert).into_iter().chain(old.clone()).collect();
+    assert_eq!(ders(bundle["spec"]["trustBundle"].as_str().unwrap()), expected);
+    let until = keyward_certs::parse_rfc3339(
+        bundle["metadata"]["annotations"]["keyward.io/previous-ca-until"].as_str().unwrap(),
+    )
+    .unwrap();
+    let overlap = until.duration_since(rotated).unwrap_or_default().as_secs();
+    assert!((86_398..=86_401).contains(&overlap), "the old CA stays a certificate's life: {overlap}s");
+
+    // Once that time has passed (the annotation says so), the old CA goes.
+    let mut passed = bundle.clone();
+    passed["metadata"]["annotations"]["keyward.io/previous-ca-until"] = json!("2026-01-01T00:00:00Z");
+    fake.seed(passed);
+    r.publish_client_ca().await.unwrap();
+    let bundle = bundle_of(&fake).unwrap();
+    assert_eq!(ders(bundle["spec"]["trustBundle"].as_str().unwrap()), ders(&new_cert));
+    assert!(bundle["metadata"]["annotations"]["keyward.io/previous-ca-until"].is_null(), "{bundle:#}");
+
+    // No profile uses the signer any more: its bundle is removed; another's is never touched.
+    fake.seed(json!({"apiVersion": "certificates.k8s.io/v1beta1", "kind": "ClusterTrustBundle",
+        "metadata": {"name": "example.com:other:ca"}, "spec": {"signerName": "example.com/other", "trustBundle": new_cert}}));
+    let without =
+        reconciler_with(fake.client("keyward"), ProfileSet::builtin().unwrap(), &ca, Leadership::always(), settings);
+    without.publish_client_ca().await.unwrap();
+    assert!(bundle_of(&fake).is_none());
+    assert!(fake.get("certificates.k8s.io/v1beta1", "ClusterTrustBundle", "", "example.com:other:ca").is_some());
 }
