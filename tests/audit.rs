@@ -422,3 +422,62 @@ team-a     soon        lmeval   expiring            the client certificate in Se
 team-b     elsewhere   lmeval   not-injected        profile \"lmeval\" selects it, but it has no keyward injection: its namespace is not labelled keyward.io/inject=enabled; label it, then recreate the pod\n\
 10 findings (1 claim-mismatch, 1 expiring, 1 missing-dependency, 4 not-injected, 1 owner-gone, 1 stale, 1 webhook-config); 9 of 10 pods concern keyward, in 2 namespaces (1 page read)\n\
 ";
+
+#[test]
+fn a_pod_waiting_for_its_pod_certificate_says_why() {
+    use support::pcr::{self, KeyField};
+    let fake = healthy();
+    let path = "deploy/profiles/lmeval-pod-certificate.yaml";
+    let profiles =
+        keyward_engine::ProfileSet::from_sources([(path.to_string(), std::fs::read_to_string(path).unwrap())]).unwrap();
+    // Pods of that profile, scheduled an hour ago and not started.
+    let waiting = |name: &str| {
+        let mut pod = admitted_fms_pod(&profiles, None, "team-a", name, "good", "uid-good-job");
+        pod["metadata"]["creationTimestamp"] = json!(keyward_certs::rfc3339(now() - Duration::from_secs(3600)));
+        pod["spec"]["nodeName"] = json!("worker-1");
+        pod["status"] = json!({"phase": "Pending"});
+        fake.seed(pod.clone());
+        pod
+    };
+    let denied = waiting("denied");
+    let unanswered = waiting("unanswered");
+    waiting("unasked");
+    let started = waiting("started");
+    let api = "certificates.k8s.io/v1beta1";
+    let mut request = pcr::request(api, "req-d", &denied, "keyward.io/lmeval", KeyField::Pkix(b"key"));
+    request["status"] = json!({"conditions": [{"type": "Denied", "status": "True", "reason": "NamespaceNotOptedIn", "message": "namespace team-a is not labelled\nkeyward.io/inject=enabled", "lastTransitionTime": "2026-11-30T10:00:01Z"}]});
+    fake.seed(request);
+    fake.seed(pcr::request(api, "req-u", &unanswered, "keyward.io/lmeval", KeyField::Pkix(b"key")));
+    let mut issued = pcr::request(api, "req-s", &started, "keyward.io/lmeval", KeyField::Pkix(b"key"));
+    issued["status"] = json!({"conditions": [{"type": "Issued", "status": "True", "reason": "Issued", "message": "", "lastTransitionTime": "2026-11-30T10:00:01Z"}]});
+    fake.seed(issued);
+
+    let out = audit(&fake, &["-n", "team-a", "--profiles", path, "-o", "json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let pending: Vec<(String, String)> = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["finding"] == "certificate-pending")
+        .map(|f| (f["pod"].as_str().unwrap().to_string(), f["detail"].as_str().unwrap().to_string()))
+        .collect();
+    assert_eq!(
+        pending,
+        [
+            ("denied".to_string(), "its PodCertificateRequest to keyward.io/lmeval was denied (NamespaceNotOptedIn: \"namespace team-a is not labelled\\nkeyward.io/inject=enabled\"): the pod never starts; fix that, then recreate the pod".to_string()),
+            ("unanswered".to_string(), "its PodCertificateRequest req-u to keyward.io/lmeval is not answered (created 2026-12-01T10:00:00Z): is keyward's controller running with pod certificates on, and does a replica lead? see its logs".to_string()),
+            ("unasked".to_string(), "its kubelet has not asked keyward.io/lmeval for its certificate (no PodCertificateRequest): the cluster must serve PodCertificateRequests and the node's kubelet have the feature on (Kubernetes 1.35 and 1.36: the PodCertificateRequest feature gate; see the README, \"Pod certificates\")".to_string()),
+        ],
+        "{report:#}"
+    );
+    // Only the namespace where pods wait was asked, and nothing was written.
+    let lists: Vec<String> = fake
+        .calls()
+        .iter()
+        .filter(|c| c.resource.ends_with("/podcertificaterequests"))
+        .map(|c| format!("{} {}", c.resource, c.namespace))
+        .collect();
+    assert!(lists.iter().all(|l| l.ends_with(" team-a")), "{lists:?}");
+    assert!(fake.attempted_writes().is_empty());
+}

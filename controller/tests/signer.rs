@@ -141,6 +141,20 @@ async fn the_kubelets_request_for_an_injected_attested_pod_gets_the_owners_ident
             .filter(|c| c.method == "PUT" && c.resource.ends_with("podcertificaterequests"))
             .count();
         assert_eq!(puts, 1, "{version:?}");
+
+        // At beginRefreshAt the kubelet makes a new key and asks again: the same identity for it.
+        let (key, refreshed_spki) = kubelet_key();
+        let field = if version == ApiVersion::V1beta1 {
+            KeyField::Pkix(&refreshed_spki)
+        } else {
+            KeyField::Stub(&stub_csr(&key))
+        };
+        s.fake.seed(pcr::request(&api_version, "req-9qm4t", &pod, SIGNER, field));
+        let refreshed = answered(&s.fake, version, "team-a", "req-9qm4t").await;
+        let (uris, leaf_key, _, signed) = leaf_of(&refreshed, s.ca.ca.cert_pem());
+        assert_eq!((uris, signed), (vec![IDENTITY.to_string()], true));
+        assert_eq!(leaf_key, refreshed_spki);
+        assert_ne!(refreshed_spki, spki);
     }
 }
 

@@ -19,7 +19,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 use serde_json::Value;
 
-use super::findings::{self, Dependency, Examined, Finding, Kind, Lookups, NamespaceFacts, OwnerRef};
+use super::findings::{self, Dependency, Examined, Finding, Kind, Lookups, NamespaceFacts, OwnerRef, RequestState};
 
 /// Pods per LIST page (the apiserver's default chunk size for kubectl).
 pub const PAGE: u32 = 500;
@@ -188,6 +188,12 @@ pub async fn gather(
                 .into(),
         );
     }
+    // The PodCertificateRequests of namespaces where pods wait for a pod certificate.
+    let waiting: BTreeSet<String> =
+        examined.iter().filter(|e| e.awaiting.is_some()).map(|e| e.namespace().to_string()).collect();
+    if !waiting.is_empty() {
+        read_requests(client, &waiting, &mut lookups, &mut out.notes).await?;
+    }
     let owners: BTreeSet<OwnerRef> = examined.iter().filter_map(|e| e.owner.clone()).collect();
     // Each owner kind's resource, from discovery (a CRD names its plural as it likes).
     let mut resources: BTreeMap<(String, String), Option<ApiResource>> = BTreeMap::new();
@@ -218,6 +224,77 @@ pub async fn gather(
     }
     out.findings.sort();
     Ok(out)
+}
+
+/// The latest PodCertificateRequest of each pod in `namespaces`, by pod UID, from whichever
+/// version of the API the cluster serves (none: a note, and nothing to report per pod).
+async fn read_requests(
+    client: &Client,
+    namespaces: &BTreeSet<String>,
+    lookups: &mut Lookups,
+    notes: &mut Vec<String>,
+) -> Result<(), AuditError> {
+    use keyward_controller::signer::ApiVersion;
+    for version in [ApiVersion::V1, ApiVersion::V1beta1] {
+        let resource = version.api_resource();
+        let mut found = BTreeMap::new();
+        for ns in namespaces {
+            let api = Api::<DynamicObject>::namespaced_with(client.clone(), ns, &resource);
+            let mut params = ListParams::default().limit(PAGE);
+            loop {
+                let page = match api.list(&params).await {
+                    Ok(page) => page,
+                    Err(kube::Error::Api(e)) if e.code == 404 => break,
+                    Err(e) => return Err(api_error(format!("list podcertificaterequests in namespace {ns}"))(e)),
+                };
+                for request in page.items {
+                    let uid = request.data["spec"]["podUID"].as_str().unwrap_or_default().to_string();
+                    let created =
+                        request.metadata.creation_timestamp.as_ref().map(|t| t.0.to_string()).unwrap_or_default();
+                    let state = request_state(&request, &created);
+                    // The latest request of a pod tells (the kubelet asks again to refresh).
+                    let entry = found.entry((ns.clone(), uid)).or_insert((created.clone(), state.clone()));
+                    if created >= entry.0 {
+                        *entry = (created, state);
+                    }
+                }
+                match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                    Some(token) => params = params.continue_token(&token),
+                    None => break,
+                }
+            }
+        }
+        if !found.is_empty() || served(client, version).await? {
+            lookups.requests = found.into_iter().map(|(k, (_, s))| (k, s)).collect();
+            lookups.requests_read = true;
+            return Ok(());
+        }
+    }
+    notes.push("pods wait for pod certificates, but the cluster serves no PodCertificateRequest API (Kubernetes 1.35 on; see the README, \"Pod certificates\")".into());
+    Ok(())
+}
+
+/// Whether the cluster serves PodCertificateRequests at `version`.
+async fn served(client: &Client, version: keyward_controller::signer::ApiVersion) -> Result<bool, AuditError> {
+    let group_version = format!("{}/{}", keyward_controller::signer::ApiVersion::GROUP, version.as_str());
+    match client.list_api_group_resources(&group_version).await {
+        Ok(list) => Ok(list.resources.iter().any(|r| r.name == keyward_controller::signer::ApiVersion::PLURAL)),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
+        Err(e) => Err(api_error(format!("get /apis/{group_version}"))(e)),
+    }
+}
+
+fn request_state(request: &DynamicObject, created: &str) -> RequestState {
+    let conditions = request.data["status"]["conditions"].as_array().cloned().unwrap_or_default();
+    let text = |c: &Value, f: &str| c[f].as_str().unwrap_or_default().to_string();
+    match conditions.iter().find(|c| c["status"] == "True") {
+        Some(c) if c["type"] == "Issued" => RequestState::Issued,
+        Some(c) => RequestState::Denied { reason: text(c, "reason"), message: text(c, "message") },
+        None => RequestState::Unanswered {
+            name: request.metadata.name.clone().unwrap_or_default(),
+            since: created.to_string(),
+        },
+    }
 }
 
 /// Lookups in flight at once: enough to hide round trips, few enough for any apiserver's

@@ -32,6 +32,7 @@ pub enum Kind {
     CaBundle,
     DeploymentUnavailable,
     NoLeader,
+    CertificatePending,
 }
 
 impl Kind {
@@ -47,6 +48,7 @@ impl Kind {
             Self::CaBundle => "ca-bundle",
             Self::DeploymentUnavailable => "deployment-unavailable",
             Self::NoLeader => "no-leader",
+            Self::CertificatePending => "certificate-pending",
         }
     }
 }
@@ -91,12 +93,42 @@ pub struct Examined {
     /// The client certificate Secret it mounts.
     pub certificate: Option<Dependency>,
     pub owner: Option<OwnerRef>,
+    /// A pod that has not started and waits for a pod certificate from this signer: its
+    /// PodCertificateRequests are looked up.
+    pub awaiting: Option<Awaiting>,
     /// Whether keyward concerns itself with this pod at all (counted as audited).
     pub relevant: bool,
     namespace: String,
     pod: String,
     profile: Option<String>,
 }
+
+/// A pod waiting for a pod certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Awaiting {
+    pub signer: String,
+    pub pod_uid: String,
+    /// When the pod was created (RFC 3339), if it says.
+    pub created: Option<String>,
+}
+
+/// The latest PodCertificateRequest of a pod, as far as the audit tells.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RequestState {
+    Issued,
+    Denied {
+        reason: String,
+        message: String,
+    },
+    /// Not answered, since then (RFC 3339).
+    Unanswered {
+        name: String,
+        since: String,
+    },
+}
+
+/// How long a scheduled pod may wait for its kubelet's first request before it is a finding.
+const FIRST_REQUEST_GRACE: Duration = Duration::from_secs(120);
 
 /// What the cluster says about one namespace.
 #[derive(Debug, Clone, Default)]
@@ -199,6 +231,19 @@ pub fn examine(
         if let Ok(mutation) = &decision.outcome {
             for (_, injection) in &mutation.injections {
                 // A signer is not an object to look up.
+                for r in injection.requires.iter().filter(|r| r.kind == ObjectKind::Signer) {
+                    // Not started yet: it may wait for its certificate.
+                    if pod.pointer("/status/phase").and_then(Value::as_str) == Some("Pending") {
+                        e.awaiting = Some(Awaiting {
+                            signer: r.name.clone(),
+                            pod_uid: pod.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or_default().into(),
+                            created: pod
+                                .pointer("/metadata/creationTimestamp")
+                                .and_then(Value::as_str)
+                                .map(str::to_string),
+                        });
+                    }
+                }
                 for r in injection.requires.iter().filter(|r| r.kind != ObjectKind::Signer) {
                     let d = Dependency { kind: r.kind, namespace: namespace.to_string(), name: r.name.clone() };
                     if r.provision == Provision::ClientCertificate {
@@ -214,6 +259,10 @@ pub fn examine(
 }
 
 impl Examined {
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
     fn push(&mut self, finding: Kind, profile: Option<String>, detail: String) {
         self.findings.push(Finding {
             namespace: self.namespace.clone(),
@@ -250,6 +299,21 @@ impl Examined {
                 }
             }
         }
+        if let Some(awaiting) = self.awaiting.take() {
+            let key = (self.namespace.clone(), awaiting.pod_uid.clone());
+            let signer = &awaiting.signer;
+            match lookups.requests.get(&key) {
+                Some(RequestState::Denied { reason, message }) => self.push(Kind::CertificatePending, profile.clone(), format!("its PodCertificateRequest to {signer} was denied ({}: {}): the pod never starts; fix that, then recreate the pod", printable_word(reason), keyward_engine::text::quoted(message, 512))),
+                Some(RequestState::Unanswered { name, since }) => self.push(Kind::CertificatePending, profile.clone(), format!("its PodCertificateRequest {} to {signer} is not answered (created {}): is keyward's controller running with pod certificates on, and does a replica lead? see its logs", printable_name(name), printable_word(since))),
+                Some(RequestState::Issued) => {}
+                None => {
+                    let created = awaiting.created.as_deref().and_then(keyward_certs::parse_rfc3339);
+                    if lookups.requests_read && created.is_some_and(|c| c + FIRST_REQUEST_GRACE < now) {
+                        self.push(Kind::CertificatePending, profile.clone(), format!("its kubelet has not asked {signer} for its certificate (no PodCertificateRequest): the cluster must serve PodCertificateRequests and the node's kubelet have the feature on (Kubernetes 1.35 and 1.36: the PodCertificateRequest feature gate; see the README, \"Pod certificates\")"));
+                    }
+                }
+            }
+        }
         if let Some(owner) = self.owner.take() {
             match lookups.owners.get(&owner) {
                 Some(None) => self.push(Kind::OwnerGone, profile.clone(), format!("its owner {} {} does not exist: the pod is orphaned and its per-owner credentials are no longer renewed; delete the pod", owner.kind, owner.name)),
@@ -265,6 +329,10 @@ impl Examined {
 /// certificate, its notAfter (`None`: unreadable); per owner, its UID (`None`: gone).
 #[derive(Debug, Default)]
 pub struct Lookups {
+    /// The latest PodCertificateRequest per (namespace, pod UID), where they were read.
+    pub requests: BTreeMap<(String, String), RequestState>,
+    /// Whether PodCertificateRequests were read (the cluster serves them).
+    pub requests_read: bool,
     pub exists: BTreeMap<Dependency, bool>,
     pub not_after: BTreeMap<Dependency, Option<SystemTime>>,
     pub owners: BTreeMap<OwnerRef, Option<String>>,
@@ -380,6 +448,15 @@ fn printable_name(name: &str) -> String {
         Some((cut, _)) => format!("{}…", &quoted[..cut]),
         None => quoted,
     }
+}
+
+/// A word from the API (a condition's reason, a timestamp) as it is when it is one, else quoted
+/// with escapes and clipped.
+fn printable_word(word: &str) -> String {
+    if !word.is_empty() && word.len() <= 128 && word.chars().all(|c| c.is_ascii_alphanumeric() || "_,:.-".contains(c)) {
+        return word.to_string();
+    }
+    keyward_engine::text::quoted(word, 80)
 }
 
 #[cfg(test)]
