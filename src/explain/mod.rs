@@ -261,13 +261,14 @@ fn text_report(what: &str, facts: &RequestFacts<'_>, explanation: &Explanation, 
         if requires.peek().is_some() {
             line("requires:".into());
             for r in requires {
-                line(format!(
-                    "  - {:?} {}/{} (provided by {})",
-                    r.kind,
-                    facts.namespace,
-                    r.name,
-                    r.provided_by.as_str()
-                ));
+                line(match r.kind {
+                    // Cluster-wide, and not an object: what the pod waits for at start.
+                    keyward_engine::ObjectKind::Signer => format!(
+                        "  - Signer {} (keyward's controller signs the kubelet's PodCertificateRequests; Kubernetes 1.35+)",
+                        r.name
+                    ),
+                    kind => format!("  - {kind:?} {}/{} (provided by {})", facts.namespace, r.name, r.provided_by.as_str()),
+                });
             }
         }
         line(format!("patch:      {} operations (see --output json or --output diff)", m.ops.len()));
