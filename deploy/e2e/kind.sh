@@ -262,13 +262,13 @@ spec:
       schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
 YAML
 "${K[@]}" wait crd/lmevaljobs.foundation-model-stack.github.com.github.com --for=condition=Established --timeout=60s
-"${K[@]}" -n "$NS" apply -f - <<YAML
-apiVersion: foundation-model-stack.github.com.github.com/v1beta1
-kind: LMEvalJob
-metadata: {name: e2e-eval}
-spec: {}
-YAML
-job_uid="$("${K[@]}" -n "$NS" get lmevaljob e2e-eval -o jsonpath='{.metadata.uid}')"
+# new_job NAME: an LMEvalJob in $NS; prints its UID.
+new_job() {
+  printf 'apiVersion: foundation-model-stack.github.com.github.com/v1beta1\nkind: LMEvalJob\nmetadata: {name: %s}\nspec: {}\n' "$1" \
+    | "${K[@]}" -n "$NS" apply -f - >/dev/null
+  "${K[@]}" -n "$NS" get lmevaljob "$1" -o jsonpath='{.metadata.uid}'
+}
+job_uid="$(new_job e2e-eval)"
 # The check the driver runs is deploy/e2e/mtls-check.sh, the same file tests/e2e_script.rs runs
 # offline against a local openssl s_server (and a rogue client certificate, which must fail).
 "${K[@]}" -n "$NS" create configmap e2e-mtls-check --from-file=mtls-check.sh="$ROOT/deploy/e2e/mtls-check.sh"
@@ -317,13 +317,7 @@ say "pod certificates: the driver's key made by the kubelet, signed by keyward's
 "${K[@]}" -n keyward-system rollout status deploy/keyward --timeout=180s
 "${K[@]}" -n keyward-system rollout status deploy/keyward-controller --timeout=180s
 expect_contains "controller signs" "$("${K[@]}" -n keyward-system logs deploy/keyward-controller)" "signing PodCertificateRequests"
-"${K[@]}" -n "$NS" apply -f - <<YAML
-apiVersion: foundation-model-stack.github.com.github.com/v1beta1
-kind: LMEvalJob
-metadata: {name: e2e-pc}
-spec: {}
-YAML
-pc_uid="$("${K[@]}" -n "$NS" get lmevaljob e2e-pc -o jsonpath='{.metadata.uid}')"
+pc_uid="$(new_job e2e-pc)"
 sed -e "s/e2e-eval/e2e-pc/g" -e "s/$job_uid/$pc_uid/" "$WORK/driver.yaml" > "$WORK/driver-pc.yaml"
 "${K[@]}" --as="$LMEVAL_USER" --as-group=system:serviceaccounts -n "$NS" create -f "$WORK/driver-pc.yaml"
 # The kubelet asks keyward.io/lmeval through a PodCertificateRequest; the pod starts once issued.
