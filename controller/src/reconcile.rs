@@ -1263,46 +1263,64 @@ impl Reconciler {
             }
             signer::Verdict::Deny { reason, message } => Err((reason, message)),
         };
-        let (status, result) = match verdict {
+        let regarding = object.object_ref(&version.api_resource());
+        let (status, result, note) = match verdict {
             Ok((owner, identity, profile, validity)) => {
                 let window = signer::window(now, validity);
-                let spki = request.public_key.as_deref().map_err(|e| Error::Malformed(e.clone()))?;
-                let chain = identity::issue_for_key(&self.ca()?, namespace, &owner, &identity, spki, &window)?;
-                tracing::info!(%namespace, %name, pod = %request.pod_name, %identity, %profile, not_after = %keyward_certs::rfc3339(window.not_after), "pod certificate issued");
-                (signer::issued_status(&chain, &window, &identity, now, generation), "issued")
+                let issued = request
+                    .public_key
+                    .as_deref()
+                    .map_err(|reason| Error::Source { what: "the requested public key".into(), reason: reason.clone() })
+                    .and_then(|spki| identity::issue_for_key(&self.ca()?, namespace, &owner, &identity, spki, &window));
+                let chain = match issued {
+                    Ok(chain) => chain,
+                    Err(e) => return Err(self.sign_failed(&regarding, e).await),
+                };
+                let not_after = keyward_certs::rfc3339(window.not_after);
+                tracing::info!(%namespace, %name, pod = %request.pod_name, %identity, %profile, %not_after, "pod certificate issued");
+                let note = format!("issued {identity} for pod {}, valid until {not_after}", request.pod_name);
+                (signer::issued_status(&chain, &window, &identity, now, generation), "issued", note)
             }
             Err((reason, message)) => {
                 tracing::warn!(%namespace, %name, pod = %request.pod_name, %reason, %message, "pod certificate request denied");
-                (signer::denied_status(reason, &message, now, generation), "denied")
+                (signer::denied_status(reason, &message, now, generation), "denied", message)
             }
         };
         let mut answered = object.clone();
         answered.data["status"] = status;
         self.leader.check()?;
         if let Err(e) = api.replace_status(name, &PostParams::default(), &answered).await {
-            self.metrics.pod_certificate("failed");
-            return Err(e.into());
+            return Err(self.sign_failed(&regarding, e.into()).await);
         }
         self.metrics.pod_certificate(result);
-        if result == "denied" {
-            let message = answered.data["status"]["conditions"][0]["message"].as_str().unwrap_or_default().to_string();
-            self.event("PodCertificateDenied", &message, "Sign", &object.object_ref(&version.api_resource())).await;
+        match result {
+            "issued" => self.publish(EventType::Normal, "PodCertificateIssued", &note, "Sign", &regarding).await,
+            _ => self.event("PodCertificateDenied", &note, "Sign", &regarding).await,
         }
         Ok(Outcome::Done)
     }
 
+    /// A request that could not be answered (retried with backoff): counted, and a Warning
+    /// Event on it saying why.
+    async fn sign_failed(&self, regarding: &ObjectReference, e: Error) -> Error {
+        self.metrics.pod_certificate("failed");
+        let note = format!("keyward could not answer this request and retries: {e}");
+        self.event("PodCertificateFailed", &note, "Sign", regarding).await;
+        e
+    }
+
     /// A Warning Event on `regarding`, written by the leader only.
     async fn event(&self, reason: &str, note: &str, action: &str, regarding: &ObjectReference) {
+        self.publish(EventType::Warning, reason, note, action, regarding).await;
+    }
+
+    /// An Event of `type_` on `regarding`, written by the leader only.
+    async fn publish(&self, type_: EventType, reason: &str, note: &str, action: &str, regarding: &ObjectReference) {
         if !self.leader.is_leader() {
             return;
         }
-        let event = Event {
-            type_: EventType::Warning,
-            reason: reason.into(),
-            note: Some(note.into()),
-            action: action.into(),
-            secondary: None,
-        };
+        let event =
+            Event { type_, reason: reason.into(), note: Some(note.into()), action: action.into(), secondary: None };
         if let Err(e) = self.recorder.publish(&event, regarding).await {
             tracing::debug!(error = %e, "could not record the event");
         }

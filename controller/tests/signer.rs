@@ -130,6 +130,27 @@ async fn the_kubelets_request_for_an_injected_attested_pod_gets_the_owners_ident
         assert!(signed, "signed by the client CA");
         // keyward's validity (24 h), within the request's maximum (24 h).
         assert_eq!(life, 86_400);
+        // An Event for whoever looks at the request.
+        let event = s
+            .fake
+            .until(LIMIT, |f| {
+                f.calls()
+                    .into_iter()
+                    .filter(|c| c.resource == "events.k8s.io/v1/events" && c.method == "POST")
+                    .find_map(|c| {
+                        c.body
+                            .filter(|e| e["regarding"]["name"] == "req-7xk2p" && e["reason"] == "PodCertificateIssued")
+                    })
+            })
+            .await;
+        assert_eq!(event["type"], "Normal");
+        assert!(
+            event["note"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("issued {IDENTITY} for pod evaljob-sample, valid until ")),
+            "{event:#}"
+        );
         // No Secret: the key never left the node.
         assert!(s.fake.get("v1", "Secret", "team-a", "evaljob-sample-lmeval-client").is_none());
         s.fake.until(LIMIT, |_| (s.reconciler.metrics().pod_certificate_count("issued") == 1).then_some(())).await;
@@ -429,4 +450,32 @@ async fn the_client_ca_is_each_signers_trust_bundle_with_both_cas_through_a_rota
     without.publish_client_ca().await.unwrap();
     assert!(bundle_of(&fake).is_none());
     assert!(fake.get("certificates.k8s.io/v1beta1", "ClusterTrustBundle", "", "example.com:other:ca").is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_the_apiserver_refuses_is_counted_reported_and_retried() {
+    let s = signer(ApiVersion::V1).await;
+    let pod = pod(Some(&s.keys), "team-a", "evaljob-sample", "evaljob-sample", OWNER_UID);
+    s.fake.seed(pod.clone());
+    // The first status update fails (an apiserver restarting, say).
+    s.fake.fail("PUT", "podcertificaterequests", 500, 1);
+    let (key, _) = kubelet_key();
+    s.fake.seed(pcr::request("certificates.k8s.io/v1", "req-1", &pod, SIGNER, KeyField::Stub(&stub_csr(&key))));
+    let pcr = answered(&s.fake, ApiVersion::V1, "team-a", "req-1").await;
+    assert_eq!(pcr["status"]["conditions"][0]["type"], "Issued");
+    s.fake.until(LIMIT, |_| (s.reconciler.metrics().pod_certificate_count("issued") == 1).then_some(())).await;
+    assert_eq!(s.reconciler.metrics().pod_certificate_count("failed"), 1);
+    let failed = s
+        .fake
+        .calls()
+        .into_iter()
+        .filter(|c| c.resource == "events.k8s.io/v1/events" && c.method == "POST")
+        .filter_map(|c| c.body)
+        .find(|e| e["reason"] == "PodCertificateFailed")
+        .expect("a Warning Event for the failed answer");
+    assert_eq!(failed["type"], "Warning");
+    assert!(
+        failed["note"].as_str().unwrap().starts_with("keyward could not answer this request and retries: "),
+        "{failed:#}"
+    );
 }
