@@ -142,7 +142,7 @@ impl Default for Metrics {
         let objects = Family::<ObjectLabels, Counter>::default();
         registry.register(
             "objects",
-            "Objects reconciled, by kind (client-certificate|token|server-ca|service-account|role-binding|client-ca), action (issued|renewed|provisioned|unchanged|deleted|foreign) and result (ok|error)",
+            "Objects reconciled, by kind (client-certificate|token|server-ca|service-account|role-binding|client-ca|trust-bundle), action (issued|renewed|provisioned|unchanged|deleted|foreign) and result (ok|error)",
             objects.clone(),
         );
         let leader = Gauge::default();

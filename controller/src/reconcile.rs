@@ -775,9 +775,11 @@ impl Reconciler {
     /// Publishes the client CA's certificate to the namespaces named, and removes it from
     /// those no longer named.
     pub async fn publish_client_ca(&self) -> Result<(), Error> {
-        self.publish_trust_bundles().await?;
+        // The trust bundles and the ConfigMaps are independent: one failing does not hold up
+        // the other (the first error is returned, and the key retried).
+        let bundles = self.publish_trust_bundles().await;
         if self.settings.publish_client_ca_to.is_empty() {
-            return Ok(());
+            return bundles;
         }
         let ca = self.ca()?;
         let mut first_error = None;
@@ -829,7 +831,10 @@ impl Reconciler {
                 self.delete(&api, "ConfigMap", &ns, &cm.name_any(), cm.metadata.uid.clone()).await?;
             }
         }
-        first_error.map_or(Ok(()), Err)
+        match first_error {
+            Some(e) => Err(e),
+            None => bundles,
+        }
     }
 
     /// One ClusterTrustBundle per signer the profiles use, linked to it, holding the client CA
