@@ -152,22 +152,13 @@ async fn pod_certificate_api(
     }
 }
 
-/// The version of `certificates.k8s.io` that serves `plural`, by discovery (v1 preferred);
-/// `None` when neither does.
+/// The version of `certificates.k8s.io` that serves `plural`, by discovery (v1 preferred).
 async fn served(client: &kube::Client, plural: &str) -> anyhow::Result<Option<keyward_controller::signer::ApiVersion>> {
-    use keyward_controller::signer::ApiVersion;
-    for version in [ApiVersion::V1, ApiVersion::V1beta1] {
-        let group_version = format!("{}/{}", ApiVersion::GROUP, version.as_str());
-        match client.list_api_group_resources(&group_version).await {
-            Ok(list) if list.resources.iter().any(|r| r.name == plural) => return Ok(Some(version)),
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(e) => bail!(
-                "--pod-certificates auto: cannot read the API server's discovery of {group_version} ({e}); give --pod-certificates v1, v1beta1 or off"
-            ),
-        }
-    }
-    Ok(None)
+    keyward_controller::signer::served_version(client, plural).await.map_err(|e| {
+        anyhow::anyhow!(
+            "--pod-certificates auto: cannot read the API server's discovery of certificates.k8s.io ({e}); give --pod-certificates v1, v1beta1 or off"
+        )
+    })
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -244,15 +244,21 @@ pub fn ca_bundle(text: &[u8], what: &str) -> Result<String, Error> {
                 cert.subject()
             )));
         }
-        out.push_str("-----BEGIN CERTIFICATE-----\n");
-        let b64 = base64::engine::general_purpose::STANDARD.encode(der);
-        for line in b64.as_bytes().chunks(64) {
-            out.push_str(&String::from_utf8_lossy(line));
-            out.push('\n');
-        }
-        out.push_str("-----END CERTIFICATE-----\n");
+        out.push_str(&certificate_pem(der));
     }
     Ok(out)
+}
+
+/// A DER certificate as a PEM block (64-column base64, no headers).
+pub fn certificate_pem(der: &[u8]) -> String {
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut out = String::from("-----BEGIN CERTIFICATE-----\n");
+    for line in b64.as_bytes().chunks(64) {
+        out.push_str(&String::from_utf8_lossy(line));
+        out.push('\n');
+    }
+    out.push_str("-----END CERTIFICATE-----\n");
+    out
 }
 
 /// Reads and checks `dir/tls.crt` and `dir/tls.key`.

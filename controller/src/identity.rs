@@ -43,12 +43,7 @@ pub fn issue(
     now: SystemTime,
     validity: Duration,
 ) -> Result<Issued, Error> {
-    let subject = [
-        (DnType::OrganizationName, prefix(namespace, 64)),
-        (DnType::OrganizationalUnitName, prefix(&owner.kind, 64)),
-        (DnType::CommonName, prefix(&owner.name, 64)),
-    ];
-    let minted = ca.issue_client_identity(&subject, identity, now, validity)?;
+    let minted = ca.issue_client_identity(&subject(namespace, owner), identity, now, validity)?;
     Ok(Issued {
         cert_pem: minted.cert_pem,
         key_pem: minted.key_pem,
@@ -67,12 +62,17 @@ pub fn issue_for_key(
     spki_der: &[u8],
     window: &crate::signer::Window,
 ) -> Result<String, Error> {
-    let subject = [
+    Ok(ca.issue_for_key(spki_der, &subject(namespace, owner), identity, window.not_before, window.not_after)?)
+}
+
+/// O = namespace, OU = kind, CN = name, each cut to the 64 characters X.509 allows (the URI is
+/// the identity to trust; the subject is for servers that read it).
+fn subject<'a>(namespace: &'a str, owner: &'a Owner) -> [(DnType, &'a str); 3] {
+    [
         (DnType::OrganizationName, prefix(namespace, 64)),
         (DnType::OrganizationalUnitName, prefix(&owner.kind, 64)),
         (DnType::CommonName, prefix(&owner.name, 64)),
-    ];
-    Ok(ca.issue_for_key(spki_der, &subject, identity, window.not_before, window.not_after)?)
+    ]
 }
 
 /// Whether an existing certificate Secret's data is still good.

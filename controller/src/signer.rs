@@ -4,8 +4,9 @@
 //! apiserver has checked that the kubelet runs that pod and holds the key. keyward answers with
 //! the owner's certificate, or a denial a person can act on.
 //!
-//! Pure: what a request says ([`Request::read`]), what to answer ([`decide`]), and the status
-//! that answers it ([`issued_status`], [`denied_status`]). The calls are in `reconcile`.
+//! Pure but for discovery ([`served_version`]): what a request says ([`Request::read`]), what
+//! to answer ([`decide`]), and the status that answers it ([`issued_status`],
+//! [`denied_status`]). The calls are in `reconcile`.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -78,6 +79,22 @@ pub fn signers(profiles: &ProfileSet) -> Vec<(String, String)> {
                 .then(|| (pc.signer_name.clone(), p.name.clone()))
         })
         .collect()
+}
+
+/// The version of `certificates.k8s.io` that serves `plural` (PodCertificateRequests,
+/// ClusterTrustBundles), by discovery, v1 preferred; `None` when neither does. (The one API
+/// call in this module: the controller and `keyward audit` both ask it.)
+pub async fn served_version(client: &kube::Client, plural: &str) -> Result<Option<ApiVersion>, kube::Error> {
+    for version in [ApiVersion::V1, ApiVersion::V1beta1] {
+        let group_version = format!("{}/{}", ApiVersion::GROUP, version.as_str());
+        match client.list_api_group_resources(&group_version).await {
+            Ok(list) if list.resources.iter().any(|r| r.name == plural) => return Ok(Some(version)),
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(None)
 }
 
 // === impl Request ===
@@ -390,7 +407,7 @@ pub fn trust_bundle(
         Some((first, _)) => (vec![first.clone()], Some(whole(now) + overlap)),
         None => (Vec::new(), None),
     };
-    let pem = std::iter::once(&current).chain(&kept).map(|der| pem_certificate(der)).collect();
+    let pem = std::iter::once(&current).chain(&kept).map(|der| keyward_certs::pem::certificate_pem(der)).collect();
     (pem, until)
 }
 
@@ -401,17 +418,6 @@ fn certificates(pem: &str) -> Vec<Vec<u8>> {
         .filter(|p| p.label == "CERTIFICATE")
         .map(|p| p.contents)
         .collect()
-}
-
-fn pem_certificate(der: &[u8]) -> String {
-    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
-    let mut out = String::from("-----BEGIN CERTIFICATE-----\n");
-    for line in b64.as_bytes().chunks(64) {
-        out.push_str(&String::from_utf8_lossy(line));
-        out.push('\n');
-    }
-    out.push_str("-----END CERTIFICATE-----\n");
-    out
 }
 
 #[cfg(test)]

@@ -226,62 +226,49 @@ pub async fn gather(
     Ok(out)
 }
 
-/// The latest PodCertificateRequest of each pod in `namespaces`, by pod UID, from whichever
-/// version of the API the cluster serves (none: a note, and nothing to report per pod).
+/// The latest PodCertificateRequest of each pod in `namespaces`, by pod UID, from the version
+/// of the API the cluster serves (none: a note, and nothing to report per pod).
 async fn read_requests(
     client: &Client,
     namespaces: &BTreeSet<String>,
     lookups: &mut Lookups,
     notes: &mut Vec<String>,
 ) -> Result<(), AuditError> {
-    use keyward_controller::signer::ApiVersion;
-    for version in [ApiVersion::V1, ApiVersion::V1beta1] {
-        let resource = version.api_resource();
-        let mut found = BTreeMap::new();
-        for ns in namespaces {
-            let api = Api::<DynamicObject>::namespaced_with(client.clone(), ns, &resource);
-            let mut params = ListParams::default().limit(PAGE);
-            loop {
-                let page = match api.list(&params).await {
-                    Ok(page) => page,
-                    Err(kube::Error::Api(e)) if e.code == 404 => break,
-                    Err(e) => return Err(api_error(format!("list podcertificaterequests in namespace {ns}"))(e)),
-                };
-                for request in page.items {
-                    let uid = request.data["spec"]["podUID"].as_str().unwrap_or_default().to_string();
-                    let created =
-                        request.metadata.creation_timestamp.as_ref().map(|t| t.0.to_string()).unwrap_or_default();
-                    let state = request_state(&request, &created);
-                    // The latest request of a pod tells (the kubelet asks again to refresh).
-                    let entry = found.entry((ns.clone(), uid)).or_insert((created.clone(), state.clone()));
-                    if created >= entry.0 {
-                        *entry = (created, state);
-                    }
-                }
-                match page.metadata.continue_.filter(|c| !c.is_empty()) {
-                    Some(token) => params = params.continue_token(&token),
-                    None => break,
+    use keyward_controller::signer::{served_version, ApiVersion};
+    let served = served_version(client, ApiVersion::PLURAL)
+        .await
+        .map_err(api_error(format!("get /apis/{}", ApiVersion::GROUP)))?;
+    let Some(version) = served else {
+        notes.push("pods wait for pod certificates, but the cluster serves no PodCertificateRequest API (Kubernetes 1.35 on; see the README, \"Pod certificates\")".into());
+        return Ok(());
+    };
+    let resource = version.api_resource();
+    let mut found = BTreeMap::new();
+    for ns in namespaces {
+        let api = Api::<DynamicObject>::namespaced_with(client.clone(), ns, &resource);
+        let mut params = ListParams::default().limit(PAGE);
+        loop {
+            let page =
+                api.list(&params).await.map_err(api_error(format!("list podcertificaterequests in namespace {ns}")))?;
+            for request in page.items {
+                let uid = request.data["spec"]["podUID"].as_str().unwrap_or_default().to_string();
+                let created = request.metadata.creation_timestamp.as_ref().map(|t| t.0.to_string()).unwrap_or_default();
+                let state = request_state(&request, &created);
+                // The latest request of a pod tells (the kubelet asks again to refresh).
+                let entry = found.entry((ns.clone(), uid)).or_insert((created.clone(), state.clone()));
+                if created >= entry.0 {
+                    *entry = (created, state);
                 }
             }
-        }
-        if !found.is_empty() || served(client, version).await? {
-            lookups.requests = found.into_iter().map(|(k, (_, s))| (k, s)).collect();
-            lookups.requests_read = true;
-            return Ok(());
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(token) => params = params.continue_token(&token),
+                None => break,
+            }
         }
     }
-    notes.push("pods wait for pod certificates, but the cluster serves no PodCertificateRequest API (Kubernetes 1.35 on; see the README, \"Pod certificates\")".into());
+    lookups.requests = found.into_iter().map(|(k, (_, s))| (k, s)).collect();
+    lookups.requests_read = true;
     Ok(())
-}
-
-/// Whether the cluster serves PodCertificateRequests at `version`.
-async fn served(client: &Client, version: keyward_controller::signer::ApiVersion) -> Result<bool, AuditError> {
-    let group_version = format!("{}/{}", keyward_controller::signer::ApiVersion::GROUP, version.as_str());
-    match client.list_api_group_resources(&group_version).await {
-        Ok(list) => Ok(list.resources.iter().any(|r| r.name == keyward_controller::signer::ApiVersion::PLURAL)),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
-        Err(e) => Err(api_error(format!("get /apis/{group_version}"))(e)),
-    }
 }
 
 fn request_state(request: &DynamicObject, created: &str) -> RequestState {
