@@ -233,8 +233,6 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         ))
     })?
     .with_observer(move |outcome| observer.profile_reload(outcome.as_str()));
-    let store = Arc::new(store);
-    let profiles = store.profiles().current_arc();
     let identity = match args.identity.clone() {
         Some(id) if !id.is_empty() => id,
         _ => std::env::var("HOSTNAME")
@@ -242,6 +240,16 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
             .filter(|h| !h.is_empty())
             .context("--identity: give this replica's name (the pod's name), or set HOSTNAME")?,
     };
+    let lease = LeaseConfig::new(&args.lease_name, &args.namespace, &identity);
+    if let Some(problem) = lease.problem() {
+        bail!("leader election: {problem}");
+    }
+    let client = kube_client(args.api_timeout).await?;
+    // `delivery: auto` is decided by what this controller signs, from its own discovery (and
+    // written as the cluster facts for the webhook, which makes no API call).
+    let pod_certificates = pod_certificate_api(&client, args.pod_certificates).await?;
+    let store = Arc::new(store.with_facts(keyward_controller::signer::cluster_facts(pod_certificates)));
+    let profiles = store.profiles().current_arc();
     let issuing = issuing_profiles(&profiles);
     // Without --client-ca-dir no set that issues is accepted (above), so nothing reads this.
     let ca_dir = args.client_ca_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("keyward-no-client-ca"));
@@ -260,14 +268,8 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         Some(_) => Some(keyward_certs::watch(client_ca.clone(), args.cert_poll_interval)?),
         None => None,
     };
-    let _profile_watch =
-        if store.reloads() { Some(keyward_certs::watch(store.clone(), args.cert_poll_interval)?) } else { None };
+    let _profile_watches = store.watch(args.cert_poll_interval)?;
 
-    let client = kube_client(args.api_timeout).await?;
-    let lease = LeaseConfig::new(&args.lease_name, &args.namespace, &identity);
-    if let Some(problem) = lease.problem() {
-        bail!("leader election: {problem}");
-    }
     let elector = LeaderElector::new(client.clone(), lease);
     let leadership = elector.leadership();
     let (stop_election, election_stopped) = tokio::sync::oneshot::channel::<()>();
@@ -275,7 +277,6 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         let _ = election_stopped.await;
     }));
 
-    let pod_certificates = pod_certificate_api(&client, args.pod_certificates).await?;
     // The client CA as a ClusterTrustBundle linked to each signer, where the cluster serves them.
     let trust_bundles = match pod_certificates {
         Some(_) => served(&client, keyward_controller::signer::ApiVersion::TRUST_BUNDLES).await?,

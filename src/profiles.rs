@@ -1,5 +1,6 @@
-//! Where the profiles come from (the built-in set, a directory, or both), and the set of the
-//! moment, reloaded when `--profiles` changes.
+//! Where the profiles come from (the built-in set, a directory, or both), what `delivery: auto`
+//! resolves against (the cluster facts), and the set of the moment, reloaded when `--profiles`
+//! or `--cluster-facts` changes.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -9,7 +10,7 @@ use anyhow::{bail, Context};
 use arc_swap::ArcSwap;
 use clap::Args;
 use keyward_certs::Trigger;
-use keyward_engine::ProfileSet;
+use keyward_engine::{ClusterFacts, ProfileSet};
 use tokio::sync::watch;
 
 #[derive(Debug, Args)]
@@ -33,6 +34,12 @@ pub struct ProfileArgs {
         value_parser = parse_pin
     )]
     pub operator_namespaces: Vec<(String, String)>,
+    /// The cluster facts file (`facts.json` of the ConfigMap keyward-cluster-facts, which
+    /// keyward's controller writes from API discovery): whether keyward signs pod
+    /// certificates, which decides `delivery: auto`. Reloaded with the profiles; while it is
+    /// absent, `auto` delivers Secrets. (The controller and the audit ask discovery instead.)
+    #[arg(long, env = "KEYWARD_CLUSTER_FACTS", value_name = "FILE")]
+    pub cluster_facts: Option<PathBuf>,
 }
 
 impl ProfileArgs {
@@ -41,6 +48,10 @@ impl ProfileArgs {
             dir: self.profiles.clone(),
             with_builtin: !self.no_default_profiles,
             operator_namespaces: self.operator_namespaces.clone(),
+            facts: match &self.cluster_facts {
+                Some(file) => FactsSource::File(file.clone()),
+                None => FactsSource::Known(ClusterFacts::default()),
+            },
         }
     }
 }
@@ -62,29 +73,72 @@ pub struct ProfileSource {
     pub with_builtin: bool,
     /// `(profile, namespace)`: the operator namespace pinned in that profile's requesters.
     pub operator_namespaces: Vec<(String, String)>,
+    /// What `delivery: auto` resolves against.
+    pub facts: FactsSource,
+}
+
+/// Where the cluster facts come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FactsSource {
+    /// `--cluster-facts FILE`, read and reloaded with the profiles; no file is no facts.
+    File(PathBuf),
+    /// Known to this process (the controller's discovery, or nothing known).
+    Known(ClusterFacts),
+}
+
+/// What is read from disk for one set: the profile files and the facts file's text.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Files {
+    profiles: Vec<(String, String)>,
+    facts: Option<String>,
 }
 
 impl ProfileSource {
     pub fn load(&self) -> anyhow::Result<ProfileSet> {
-        let files = match &self.dir {
+        self.build(&self.read()?)
+    }
+
+    fn read(&self) -> anyhow::Result<Files> {
+        let profiles = match &self.dir {
             Some(dir) => read_sources(dir)?,
             None => Vec::new(),
         };
-        self.build(&files)
+        let facts = match &self.facts {
+            FactsSource::File(file) => read_facts(file)?,
+            FactsSource::Known(_) => None,
+        };
+        Ok(Files { profiles, facts })
     }
 
-    /// The set from the files read from `--profiles`, over the built-ins, with the pins.
-    fn build(&self, files: &[(String, String)]) -> anyhow::Result<ProfileSet> {
+    /// The set from the files read from `--profiles`, over the built-ins, with the pins,
+    /// `delivery: auto` resolved against the facts.
+    fn build(&self, files: &Files) -> anyhow::Result<ProfileSet> {
         let builtin = if self.with_builtin { ProfileSet::builtin()? } else { ProfileSet::default() };
         let mut set = match &self.dir {
             None => builtin,
-            Some(_) => builtin.overlay(ProfileSet::from_sources(files.iter().cloned())?)?,
+            Some(_) => builtin.overlay(ProfileSet::from_sources(files.profiles.iter().cloned())?)?,
         };
         for (profile, namespace) in &self.operator_namespaces {
             set.pin_operator_namespace(profile, namespace)
                 .map_err(|e| anyhow::anyhow!("--operator-namespace {profile}={namespace}: {e}"))?;
         }
+        let facts = match (&self.facts, &files.facts) {
+            (FactsSource::Known(facts), _) => *facts,
+            (FactsSource::File(_), None) => ClusterFacts::default(),
+            (FactsSource::File(file), Some(text)) => ClusterFacts::parse(text).map_err(|e| {
+                anyhow::anyhow!("--cluster-facts {}: {e} (keyward's controller writes this file; or render it with `keyward manifests cluster-facts`)", file.display())
+            })?,
+        };
+        set.resolve(facts);
         Ok(set)
+    }
+
+    /// Where the facts come from, for the log.
+    pub fn describe_facts(&self) -> String {
+        match &self.facts {
+            FactsSource::File(file) => file.display().to_string(),
+            FactsSource::Known(_) => "no --cluster-facts file".into(),
+        }
     }
 
     pub fn describe(&self) -> String {
@@ -94,6 +148,23 @@ impl ProfileSource {
             (Some(d), false) => d.display().to_string(),
         }
     }
+}
+
+/// The facts file's text; `None` while there is none (the optional ConfigMap not written yet).
+fn read_facts(file: &Path) -> anyhow::Result<Option<String>> {
+    use std::io::Read;
+    let opened = match std::fs::File::open(file) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(anyhow::anyhow!("--cluster-facts {}: cannot read ({e})", file.display())),
+    };
+    // Bounded: a facts file is a line; a larger one is refused by the parse, not read whole.
+    let mut text = String::new();
+    opened
+        .take(64 * 1024)
+        .read_to_string(&mut text)
+        .with_context(|| format!("--cluster-facts {}: cannot read", file.display()))?;
+    Ok(Some(text))
 }
 
 /// Reads one profile file, or every `*.yaml` / `*.yml` in a directory, sorted by name.
@@ -211,7 +282,7 @@ pub struct ProfileStore {
     watched: PathBuf,
     profiles: Profiles,
     /// The files of the set now served, to tell a change from a poll.
-    files: Mutex<Vec<(String, String)>>,
+    files: Mutex<Files>,
     last_error: Mutex<Option<String>>,
     check: Option<SetCheck>,
     observer: Option<ReloadObserver>,
@@ -231,10 +302,7 @@ impl ProfileStore {
         source: ProfileSource,
         check: impl Fn(&ProfileSet) -> Result<(), String> + Send + Sync + 'static,
     ) -> anyhow::Result<Self> {
-        let files = match &source.dir {
-            Some(dir) => read_sources(dir)?,
-            None => Vec::new(),
-        };
+        let files = source.read()?;
         let set = source.build(&files)?;
         check(&set).map_err(|e| anyhow::anyhow!("{e}"))?;
         let watched = match &source.dir {
@@ -255,15 +323,49 @@ impl ProfileStore {
         })
     }
 
+    /// The same store with the facts known to this process (the controller's discovery, made
+    /// after the set was checked): the set is resolved again, and so is every reload.
+    pub fn with_facts(mut self, facts: ClusterFacts) -> Self {
+        self.source.facts = FactsSource::Known(facts);
+        let set = Arc::new(ProfileSet::clone(&self.profiles.current()).resolved(facts));
+        self.profiles.0.store(set.clone());
+        self.changes.send_replace(set);
+        self
+    }
+
     /// Calls `observer` after every reload attempt (for metrics).
     pub fn with_observer(mut self, observer: impl Fn(&ProfileReload) + Send + Sync + 'static) -> Self {
         self.observer = Some(Box::new(observer));
         self
     }
 
-    /// Whether there is anything to reload (`--profiles` was given).
+    /// Whether there is anything to reload (`--profiles` or `--cluster-facts` was given).
     pub fn reloads(&self) -> bool {
-        self.source.dir.is_some()
+        self.source.dir.is_some() || matches!(self.source.facts, FactsSource::File(_))
+    }
+
+    /// Watches what the set is read from (the profiles' directory, the facts file's), each
+    /// change or poll reloading the whole set. Keep the watches for as long as it serves.
+    pub fn watch(self: &Arc<Self>, poll: std::time::Duration) -> anyhow::Result<Vec<keyward_certs::store::Watch>> {
+        let mut watches = Vec::new();
+        if self.source.dir.is_some() {
+            watches.push(keyward_certs::watch(self.clone(), poll)?);
+        }
+        if let FactsSource::File(file) = &self.source.facts {
+            let dir = match file.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+                _ => PathBuf::from("."),
+            };
+            if !dir.is_dir() {
+                bail!(
+                    "--cluster-facts {}: the directory {} does not exist (mount the ConfigMap keyward-cluster-facts there, optional: true)",
+                    file.display(),
+                    dir.display()
+                );
+            }
+            watches.push(keyward_certs::watch(Arc::new(FactsDir { store: self.clone(), dir }), poll)?);
+        }
+        Ok(watches)
     }
 
     pub fn profiles(&self) -> Profiles {
@@ -286,8 +388,10 @@ impl ProfileStore {
     }
 
     fn try_reload(&self) -> ProfileReload {
-        let Some(dir) = &self.source.dir else { return ProfileReload::Unchanged };
-        let files = match read_sources(dir) {
+        if !self.reloads() {
+            return ProfileReload::Unchanged;
+        }
+        let files = match self.source.read() {
             Ok(files) => files,
             Err(e) => return ProfileReload::Failed(format!("{e:#}")),
         };
@@ -317,6 +421,7 @@ impl ProfileStore {
                 tracing::info!(
                     ?trigger,
                     source = %self.source.describe(),
+                    cluster = %set.facts().describe(),
                     count = set.len(),
                     profiles = ?set.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
                     "profiles reloaded"
@@ -354,6 +459,22 @@ impl keyward_certs::ReloadSource for ProfileStore {
     }
 }
 
+/// The facts file's directory, watched for the same store: a change reloads the whole set.
+struct FactsDir {
+    store: Arc<ProfileStore>,
+    dir: PathBuf,
+}
+
+impl keyward_certs::ReloadSource for FactsDir {
+    fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn reload(&self, trigger: Trigger) {
+        self.store.reload(trigger);
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
@@ -370,7 +491,12 @@ mod tests {
     }
 
     fn source(dir: &Path) -> ProfileSource {
-        ProfileSource { dir: Some(dir.to_path_buf()), with_builtin: false, operator_namespaces: vec![] }
+        ProfileSource {
+            dir: Some(dir.to_path_buf()),
+            with_builtin: false,
+            operator_namespaces: vec![],
+            facts: FactsSource::Known(ClusterFacts::default()),
+        }
     }
 
     fn names(set: &ProfileSet) -> Vec<String> {
@@ -467,9 +593,84 @@ mod tests {
     }
 
     #[test]
+    fn delivery_auto_follows_the_cluster_facts_file_as_it_appears_changes_and_goes() {
+        let auto = "apiVersion: keyward.io/v1alpha1\nkind: InjectionProfile\nmetadata: {name: a}\nspec:\n  selector: {matchLabels: {app: a}}\n  requesters: {usernames: [bot]}\n  controllerOwners: [{apiGroup: batch, kind: Job}]\n  inject:\n    clientCertificate:\n      delivery: auto\n      secretName: \"{owner.name}-c\"\n      podCertificate: {signerName: keyward.io/a}\n      mountPath: /c\n";
+        let profiles_dir = tempfile::tempdir().unwrap();
+        let _profiles = KubeletVolume::new(profiles_dir.path(), &[("a.yaml", auto.as_bytes())]);
+        // The optional ConfigMap, not written yet: its directory is there, empty.
+        let facts_dir = tempfile::tempdir().unwrap();
+        let file = facts_dir.path().join(keyward_engine::cluster::FILE_NAME);
+        let mut source = source(profiles_dir.path());
+        source.facts = FactsSource::File(file.clone());
+        let store = Arc::new(ProfileStore::load(source, |_| Ok(())).unwrap());
+        assert!(store.reloads());
+        let delivery = |store: &ProfileStore| {
+            let set = store.profiles().current_arc();
+            let cc = set.get("a").unwrap().spec.inject.client_certificate.clone().unwrap();
+            (cc.effective(), set.facts().pod_certificates.as_str())
+        };
+        use keyward_engine::kinds::Delivery;
+        assert_eq!(delivery(&store), (Delivery::Secret, "off"));
+
+        // The controller writes the facts: the next reload delivers pod certificates.
+        let mut volume =
+            KubeletVolume::new(facts_dir.path(), &[("facts.json", b"{\"podCertificates\":\"v1beta1\"}\n")]);
+        assert_eq!(store.reload(Trigger::Watch), ProfileReload::Loaded);
+        assert_eq!(delivery(&store), (Delivery::PodCertificate, "v1beta1"));
+        assert_eq!(store.reload(Trigger::Poll), ProfileReload::Unchanged);
+
+        // A file that is not facts: refused, naming the flag; the last good set serves on.
+        volume.rotate(&[("facts.json", b"{\"podCertificates\": 1}")]);
+        let ProfileReload::Failed(error) = store.reload(Trigger::Watch) else { panic!("accepted") };
+        assert!(
+            error.starts_with(&format!("--cluster-facts {}: not keyward's cluster facts", file.display())),
+            "{error}"
+        );
+        assert!(
+            error.ends_with(
+                "(keyward's controller writes this file; or render it with `keyward manifests cluster-facts`)"
+            ),
+            "{error}"
+        );
+        assert_eq!(delivery(&store), (Delivery::PodCertificate, "v1beta1"));
+
+        // The controller no longer signs (the API was turned off): Secrets again.
+        volume.rotate(&[("facts.json", b"{\"podCertificates\":\"off\"}\n")]);
+        assert_eq!(store.reload(Trigger::Watch), ProfileReload::Loaded);
+        assert_eq!(delivery(&store), (Delivery::Secret, "off"));
+    }
+
+    #[test]
+    fn a_facts_directory_that_does_not_exist_is_refused_at_start_saying_what_to_mount() {
+        let store = Arc::new(
+            ProfileStore::load(
+                ProfileSource {
+                    dir: None,
+                    with_builtin: true,
+                    operator_namespaces: vec![],
+                    facts: FactsSource::File("/nonexistent/keyward/facts.json".into()),
+                },
+                |_| Ok(()),
+            )
+            .unwrap(),
+        );
+        let Err(err) = store.watch(std::time::Duration::from_secs(3600)) else { panic!("watched") };
+        let err = err.to_string();
+        assert_eq!(
+            err,
+            "--cluster-facts /nonexistent/keyward/facts.json: the directory /nonexistent/keyward does not exist (mount the ConfigMap keyward-cluster-facts there, optional: true)"
+        );
+    }
+
+    #[test]
     fn without_a_directory_there_is_nothing_to_reload() {
         let store = ProfileStore::load(
-            ProfileSource { dir: None, with_builtin: true, operator_namespaces: vec![] },
+            ProfileSource {
+                dir: None,
+                with_builtin: true,
+                operator_namespaces: vec![],
+                facts: FactsSource::Known(ClusterFacts::default()),
+            },
             |_| Ok(()),
         )
         .unwrap();

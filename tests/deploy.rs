@@ -310,6 +310,29 @@ fn the_webhook_mounts_the_attestation_key_the_controller_makes() {
 }
 
 #[test]
+fn the_webhook_reads_the_cluster_facts_the_controller_writes_in_every_overlay() {
+    use keyward_engine::cluster::{CONFIG_MAP, FILE_NAME};
+    for overlay in
+        ["cert-manager", "self-managed", "local", "local-self-managed", "local-pod-certificates", "openshift"]
+    {
+        let docs = render(overlay);
+        let pod = &find(&docs, "Deployment", "keyward")["spec"]["template"]["spec"];
+        let c = &pod["containers"][0];
+        let file = format!("/etc/keyward/cluster/{FILE_NAME}");
+        assert!(c["args"].as_array().unwrap().contains(&json!(format!("--cluster-facts={file}"))), "{overlay}");
+        let mount = c["volumeMounts"].as_array().unwrap().iter().find(|m| m["name"] == "cluster-facts").unwrap();
+        assert_eq!(mount["mountPath"], "/etc/keyward/cluster", "{overlay}: the file's directory, whole");
+        assert!(mount["subPath"].is_null(), "a directory, so the controller's updates reach it");
+        let volume = pod["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "cluster-facts").unwrap();
+        // Written by the controller in its own namespace (the webhook's); optional, so the
+        // webhook starts first and `auto` delivers Secrets until it is there.
+        assert_eq!(volume["configMap"], json!({"name": CONFIG_MAP, "optional": true}), "{overlay}");
+        let controller = find(&docs, "Deployment", "keyward-controller");
+        assert_eq!(controller["metadata"]["namespace"], find(&docs, "Deployment", "keyward")["metadata"]["namespace"]);
+    }
+}
+
+#[test]
 fn the_lmeval_built_in_is_pinned_to_its_operators_namespace_in_both_halves() {
     let docs = render("cert-manager");
     for deployment in ["keyward", "keyward-controller"] {

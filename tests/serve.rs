@@ -640,3 +640,55 @@ impl Load {
         assert!(self.ok.load(Ordering::Relaxed) >= min, "too few requests ran meanwhile");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delivery_auto_delivers_pod_certificates_once_the_controllers_facts_say_it_signs_them() {
+    // The lmeval profile with delivery: auto, mounted as the operator would.
+    let pod_certificate =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/profiles/lmeval-pod-certificate.yaml"))
+            .unwrap()
+            .replace(
+                "      delivery: podCertificate\n",
+                "      delivery: auto\n      secretName: \"{owner.name}-lmeval-client\"\n",
+            );
+    let (profiles, facts) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let _profiles = KubeletVolume::new(profiles.path(), &[("lmeval.yaml", pod_certificate.as_bytes())]);
+    let facts_file = facts.path().join("facts.json");
+    let tls = TlsDir::new();
+    let mut server = tls.start(&[
+        "--profiles",
+        profiles.path().to_str().unwrap(),
+        "--cluster-facts",
+        facts_file.to_str().unwrap(),
+        "--cert-poll-interval",
+        "1h",
+    ]);
+    let loaded = server.seen(|v| v["message"] == "profiles loaded").unwrap();
+    assert_eq!(loaded["cluster"], "pod certificates not signed (delivery: auto delivers Secrets)");
+    assert_eq!(loaded["cluster_facts"], facts_file.to_str().unwrap());
+    let review = fixture("admissionreview-lmeval.json");
+    let client_cert_volume = |response: &Value| {
+        let patch = decode_patch(response);
+        patch.as_array().unwrap().iter().find(|op| op["value"]["name"] == "keyward-client-cert").unwrap()["value"]
+            .clone()
+    };
+    let (mut client, _) = server.connect().await.unwrap();
+    // No facts yet (the optional ConfigMap is not written): a Secret, as on every cluster.
+    assert_eq!(
+        client_cert_volume(&client.mutate(&review).await.unwrap()),
+        json!({"name": "keyward-client-cert", "secret": {"secretName": "evaljob-sample-lmeval-client", "defaultMode": 420}})
+    );
+    // The controller found the API and signs: the kubelet writes the ConfigMap's file.
+    let _facts = KubeletVolume::new(facts.path(), &[("facts.json", b"{\"podCertificates\":\"v1beta1\"}\n")]);
+    let reloaded = server.wait_log(|v| v["message"] == "profiles reloaded");
+    assert_eq!(
+        reloaded["cluster"],
+        "pod certificates signed at certificates.k8s.io/v1beta1 (delivery: auto delivers them)"
+    );
+    assert_eq!(
+        client_cert_volume(&client.mutate(&review).await.unwrap()),
+        json!({"name": "keyward-client-cert", "projected": {"defaultMode": 420, "sources": [{"podCertificate": {
+            "signerName": "keyward.io/lmeval", "keyType": "ECDSAP256", "maxExpirationSeconds": 86400,
+            "keyPath": "tls.key", "certificateChainPath": "tls.crt"}}]}})
+    );
+}

@@ -19,6 +19,8 @@ pub enum Scope {
     Attestation,
     /// The self-managed serving certificate.
     Serving,
+    /// The cluster facts the webhook resolves `delivery: auto` against.
+    ClusterFacts,
 }
 
 impl Scope {
@@ -29,6 +31,7 @@ impl Scope {
             Self::ClientCa => "client-ca",
             Self::Attestation => "attestation",
             Self::Serving => "serving",
+            Self::ClusterFacts => "cluster-facts",
         }
     }
 }
@@ -142,6 +145,16 @@ pub fn client_ca_config_map(namespace: &str, name: &str, ca_pem: &str) -> Config
     ConfigMap {
         metadata: meta(namespace, name, None, Scope::ClientCa, None),
         data: Some(BTreeMap::from([(crate::identity::CA_CRT.to_string(), ca_pem.to_string())])),
+        ..ConfigMap::default()
+    }
+}
+
+/// The ConfigMap `keyward-cluster-facts` in keyward's namespace, which the webhook mounts.
+pub fn cluster_facts_config_map(namespace: &str, facts: &keyward_engine::ClusterFacts) -> ConfigMap {
+    use keyward_engine::cluster::{CONFIG_MAP, FILE_NAME};
+    ConfigMap {
+        metadata: meta(namespace, CONFIG_MAP, None, Scope::ClusterFacts, None),
+        data: Some(BTreeMap::from([(FILE_NAME.to_string(), facts.to_text())])),
         ..ConfigMap::default()
     }
 }

@@ -161,6 +161,10 @@ impl Reconciler {
     ) -> Self {
         let reporter = kube::runtime::events::Reporter { controller: "keyward".into(), instance: Some(instance) };
         let recorder = Recorder::new(client.clone(), reporter);
+        // `delivery: auto` is what this controller signs, whatever the set was resolved with.
+        let facts = crate::signer::cluster_facts(settings.pod_certificates);
+        let profiles =
+            if profiles.facts() == facts { profiles } else { Arc::new(ProfileSet::clone(&profiles).resolved(facts)) };
         Self {
             client,
             profiles,
@@ -915,6 +919,29 @@ impl Reconciler {
             }
         }
         Ok(())
+    }
+
+    /// Writes the cluster facts (whether this controller signs pod certificates, from its
+    /// discovery) where the webhook reads them: `delivery: auto` resolves the same in both.
+    pub async fn publish_cluster_facts(&self) -> Result<(), Error> {
+        let ns = &self.settings.namespace;
+        let object = objects::cluster_facts_config_map(ns, &self.profiles.facts());
+        let stores = lock(&self.stores).clone();
+        match self.ensure(ns, stores.as_ref().map(|s| &s.config_maps), object, |a, b| a.data == b.data).await {
+            Ok(Action::Foreign) => {
+                self.metrics.object("cluster-facts", Action::Foreign, true);
+                tracing::warn!(namespace = %ns, name = keyward_engine::cluster::CONFIG_MAP, "a ConfigMap keyward does not manage has the cluster facts' name; left alone (the webhook reads it: delete it, or make it say what this controller found)");
+                Ok(())
+            }
+            Ok(action) => {
+                self.metrics.object("cluster-facts", action, true);
+                Ok(())
+            }
+            Err(e) => {
+                self.metrics.object("cluster-facts", Action::Provisioned, false);
+                Err(e)
+            }
+        }
     }
 
     /// Makes the attestation key Secret exist, rotates it when due, and loads its keys. Returns

@@ -48,6 +48,8 @@ pub enum Key {
     Sweep,
     /// Publishing the client CA to `--publish-client-ca-to`.
     PublishClientCa,
+    /// Writing the cluster facts for the webhook.
+    ClusterFacts,
     /// Reading the server CA sources again.
     Sources,
     /// The attestation key Secret: created, rotated, read.
@@ -65,7 +67,7 @@ pub enum Key {
 
 impl Key {
     /// What the periodic resync, and a replica that becomes leader, queue.
-    pub const EVERYTHING: [Key; 7] = [
+    pub const EVERYTHING: [Key; 8] = [
         Key::ServingCert,
         Key::MatchConditions,
         Key::AttestationKey,
@@ -73,6 +75,7 @@ impl Key {
         Key::AllNamespaces,
         Key::Sweep,
         Key::PublishClientCa,
+        Key::ClusterFacts,
     ];
 }
 
@@ -621,6 +624,7 @@ fn key_label(key: &Key) -> &'static str {
         Key::OptOut(_) | Key::Sweep => "sweep",
         Key::ListPods(_) | Key::Owner(_) => "owner",
         Key::PublishClientCa => "client-ca",
+        Key::ClusterFacts => "cluster-facts",
         Key::Sources => "sources",
         Key::AttestationKey => "attestation-key",
         Key::ServingCert => "serving-cert",
@@ -676,6 +680,7 @@ async fn work(
             reconciler.sweep_namespaces(&opted_in(namespaces)).await.map(|()| Outcome::Done)
         }
         Key::PublishClientCa => reconciler.publish_client_ca().await.map(|()| Outcome::Done),
+        Key::ClusterFacts => reconciler.publish_cluster_facts().await.map(|()| Outcome::Done),
         Key::Sources => match reconciler.refresh_sources(&ca_sources(reconciler)).await {
             Ok(changed) => {
                 if changed {

@@ -12,6 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
 use keyward_certs::attestation::Keys;
+use keyward_engine::cluster::{ClusterFacts, PodCertificates};
 use keyward_engine::kinds::SIGNER_DOMAIN;
 use keyward_engine::ProfileSet;
 use kube::api::{ApiResource, DynamicObject};
@@ -69,16 +70,24 @@ pub fn is_keyward_signer(signer: &str) -> bool {
     signer.strip_prefix(SIGNER_DOMAIN).is_some_and(|rest| rest.starts_with('/'))
 }
 
-/// The signer names the profiles deliver pod certificates for, with their profile.
+/// The signer names the profiles deliver pod certificates for (`delivery: auto` as resolved),
+/// with their profile.
 pub fn signers(profiles: &ProfileSet) -> Vec<(String, String)> {
     profiles
         .iter()
-        .filter_map(|p| {
-            let pc = p.spec.inject.client_certificate.as_ref()?.pod_certificate.as_ref()?;
-            (p.spec.inject.client_certificate.as_ref()?.delivery == keyward_engine::kinds::Delivery::PodCertificate)
-                .then(|| (pc.signer_name.clone(), p.name.clone()))
-        })
+        .filter_map(|p| Some((p.spec.inject.client_certificate.as_ref()?.signer()?.to_string(), p.name.clone())))
         .collect()
+}
+
+/// The cluster facts of a controller that signs at `version` (`None`: does not sign).
+pub fn cluster_facts(version: Option<ApiVersion>) -> ClusterFacts {
+    ClusterFacts {
+        pod_certificates: match version {
+            None => PodCertificates::Off,
+            Some(ApiVersion::V1beta1) => PodCertificates::V1beta1,
+            Some(ApiVersion::V1) => PodCertificates::V1,
+        },
+    }
 }
 
 /// The version of `certificates.k8s.io` that serves `plural` (PodCertificateRequests,

@@ -479,3 +479,92 @@ async fn an_answer_the_apiserver_refuses_is_counted_reported_and_retried() {
         "{failed:#}"
     );
 }
+
+/// The pod certificate profile with `delivery: auto`: pod certificates where this controller
+/// signs them, the built-in's Secret elsewhere.
+fn auto_profiles() -> ProfileSet {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/profiles/lmeval-pod-certificate.yaml");
+    let text = std::fs::read_to_string(path).unwrap().replace(
+        "      delivery: podCertificate\n",
+        "      delivery: auto\n      secretName: \"{owner.name}-lmeval-client\"\n",
+    );
+    assert!(text.contains("delivery: auto"));
+    ProfileSet::from_sources([(format!("{path} (delivery: auto)"), text)]).unwrap()
+}
+
+fn facts_of(fake: &FakeApi) -> Option<Value> {
+    fake.get("v1", "ConfigMap", "keyward-system", "keyward-cluster-facts")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delivery_auto_follows_what_the_controller_signs_and_the_webhook_is_told() {
+    let version = ApiVersion::V1beta1;
+    let fake = FakeApi::default();
+    fake.seed(opted_in("team-a"));
+    fake.seed(owner());
+    const OTHER_UID: &str = "5f0c2c1e-8a53-4c43-9a52-3d2b8e1f0a77";
+    fake.seed(lmevaljob("team-a", "evaljob-other", OTHER_UID));
+    let ca = client_ca();
+    let reconciler =
+        reconciler_with(fake.client("keyward"), auto_profiles(), &ca, Leadership::always(), signing(version));
+    let keys = attestation_keys(&reconciler).await;
+    let _run = start(&fake, reconciler.clone(), Leadership::always(), &ca, "keyward");
+
+    // The facts the webhook mounts: this controller signs at v1beta1.
+    let facts = fake.until(LIMIT, facts_of).await;
+    assert_eq!(facts["data"], json!({"facts.json": "{\"podCertificates\":\"v1beta1\"}\n"}), "{facts:#}");
+    assert_eq!(facts["metadata"]["labels"]["app.kubernetes.io/managed-by"], "keyward");
+    let webhook_facts = keyward_engine::ClusterFacts::parse(facts["data"]["facts.json"].as_str().unwrap()).unwrap();
+
+    // A webhook that read them injects a pod certificate, and the signer issues it.
+    let informed = auto_profiles().resolved(webhook_facts);
+    let mut pod = admitted_fms_pod(&informed, Some(&keys), "team-a", "evaljob-sample", "evaljob-sample", OWNER_UID);
+    pod["spec"]["nodeName"] = json!(NODE);
+    let volume =
+        pod["spec"]["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "keyward-client-cert").unwrap();
+    assert_eq!(volume["projected"]["sources"][0]["podCertificate"]["signerName"], SIGNER, "{volume:#}");
+    fake.seed(pod.clone());
+    let (_, spki) = kubelet_key();
+    fake.seed(pcr::request("certificates.k8s.io/v1beta1", "req-auto1", &pod, SIGNER, KeyField::Pkix(&spki)));
+    let pcr = answered(&fake, version, "team-a", "req-auto1").await;
+    assert_eq!(pcr["status"]["conditions"][0]["reason"], "Issued", "{pcr:#}");
+    assert!(fake.get("v1", "Secret", "team-a", "evaljob-sample-lmeval-client").is_none());
+
+    // A webhook that had not read them yet (its first minute after the ConfigMap appeared)
+    // delivered a Secret: that pod is as keyward admits such pods too, and gets its Secret.
+    let uninformed = auto_profiles();
+    let pod = admitted_fms_pod(&uninformed, Some(&keys), "team-a", "evaljob-other-driver", "evaljob-other", OTHER_UID);
+    let volume =
+        pod["spec"]["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "keyward-client-cert").unwrap();
+    assert_eq!(volume["secret"]["secretName"], "evaljob-other-lmeval-client", "{volume:#}");
+    fake.seed(pod);
+    let secret = fake.until(LIMIT, |f| f.get("v1", "Secret", "team-a", "evaljob-other-lmeval-client")).await;
+    assert_eq!(secret["type"], "kubernetes.io/tls");
+    assert_eq!(
+        cert_uris(&secret_data(&secret, "tls.crt")),
+        ["spiffe://cluster.local/ns/team-a/lmevaljob/evaljob-other"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_that_does_not_sign_says_so_and_never_overwrites_a_foreign_facts_configmap() {
+    let fake = FakeApi::default();
+    let ca = client_ca();
+    let r = reconciler_with(fake.client("keyward"), auto_profiles(), &ca, Leadership::always(), settings());
+    r.publish_cluster_facts().await.unwrap();
+    let facts = facts_of(&fake).unwrap();
+    assert_eq!(facts["data"]["facts.json"], "{\"podCertificates\":\"off\"}\n");
+    // Its own, as found, is left as it is: no write.
+    let writes = |f: &FakeApi| f.calls().iter().filter(|c| c.method != "GET").count();
+    let before = writes(&fake);
+    r.publish_cluster_facts().await.unwrap();
+    assert_eq!(writes(&fake), before);
+
+    // Someone else's ConfigMap of that name: reported, never replaced.
+    let fake = FakeApi::default();
+    fake.seed(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "keyward-cluster-facts", "namespace": "keyward-system"}, "data": {"facts.json": "{\"podCertificates\":\"v1\"}"}}));
+    let r = reconciler_with(fake.client("keyward"), auto_profiles(), &ca, Leadership::always(), settings());
+    r.publish_cluster_facts().await.unwrap();
+    assert_eq!(facts_of(&fake).unwrap()["data"]["facts.json"], "{\"podCertificates\":\"v1\"}");
+    assert_eq!(r.metrics().object_count("cluster-facts", keyward_controller::metrics::Action::Foreign, true), 1);
+}

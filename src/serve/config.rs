@@ -255,7 +255,15 @@ mod tests {
         assert_eq!((c.max_connections, c.metrics_max_connections), (256, 16));
         assert_eq!(c.request_bytes_in_flight, 32 * 1024 * 1024);
         assert!(c.max_concurrent_decisions >= 1);
-        assert_eq!(c.profiles, ProfileSource { dir: None, with_builtin: true, operator_namespaces: vec![] });
+        assert_eq!(
+            c.profiles,
+            ProfileSource {
+                dir: None,
+                with_builtin: true,
+                operator_namespaces: vec![],
+                facts: crate::profiles::FactsSource::Known(Default::default())
+            }
+        );
     }
 
     #[test]

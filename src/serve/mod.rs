@@ -91,6 +91,8 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         count = profiles.len(),
         source = %config.profiles.describe(),
         profiles = ?profiles.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
+        cluster = %profiles.facts().describe(),
+        cluster_facts = %config.profiles.describe_facts(),
         reloads = store.reloads(),
         "profiles loaded"
     );
@@ -101,8 +103,7 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         None => None,
     };
 
-    let _profile_watch =
-        if store.reloads() { Some(keyward_certs::watch(store.clone(), config.cert_poll_interval)?) } else { None };
+    let _profile_watches = store.watch(config.cert_poll_interval)?;
     let observer = metrics.clone();
     let certs = Arc::new(CertStore::new(&tls_dir).with_observer(move |o| observer.observe_reload(o)));
     certs.reload(Trigger::Startup);

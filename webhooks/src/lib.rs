@@ -7,7 +7,8 @@
 //! - [`text`], [`names`]: clipping and quoting, Kubernetes' name rules, globs, name templates.
 //! - [`inject`]: the building blocks of an injection (volume, mount, env, audit entry, checks).
 //! - [`kinds`]: one module per kind of injection, and the registry that lists them.
-//! - [`profile`]: the `InjectionProfile` schema (listing the kinds), loading and validation.
+//! - [`profile`]: the `InjectionProfile` schema (listing the kinds), loading and validation;
+//!   [`cluster`]: the cluster facts `delivery: auto` resolves against.
 //! - [`pod`]: the narrow view of the pod, decoded from the raw request.
 //! - [`select`], `plan`, `check`, [`audit`], [`attest`]: selection, the patch, the self-check, the
 //!   record, and the admission attestation's payload.
@@ -19,6 +20,7 @@
 pub mod attest;
 pub mod audit;
 mod check;
+pub mod cluster;
 pub mod engine;
 mod error;
 pub mod inject;
@@ -39,6 +41,7 @@ pub use audit::{
     AuditRecord, ContainerScope, ANNOTATION_INJECTED, ANNOTATION_ORIGINAL_SA, LABEL_PROFILE,
     TOTAL_ANNOTATION_SIZE_LIMIT,
 };
+pub use cluster::ClusterFacts;
 pub use engine::{
     decide, explain, Decision, Denial, Explanation, Mutation, ProfileTrace, Reason, RequestFacts, Requester,
 };

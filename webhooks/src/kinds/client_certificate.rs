@@ -4,7 +4,9 @@
 //! - `podCertificate`: a projected `podCertificate` volume. The kubelet makes the key on the
 //!   node and asks keyward's controller, as the signer named here, through a
 //!   PodCertificateRequest; the key is never stored in the API. Files: `tls.key`, `tls.crt`
-//!   (the chain), and with `bundleFileEnv` also `credentials.pem` (the key, then the chain).
+//!   (the chain), and with `bundleFileEnv` also `credentials.pem` (the key, then the chain);
+//! - `auto`: `podCertificate` where keyward signs them (the cluster facts, [`crate::cluster`]),
+//!   else `secret`; both are configured, and the files and env vars are the same either way.
 
 use serde::{Deserialize, Serialize};
 
@@ -51,6 +53,10 @@ pub struct ClientCertificate {
     /// client CA) or the admin.
     #[serde(default = "keyward")]
     pub provider: Provider,
+    /// What `delivery: auto` resolved to against the cluster facts ([`Self::resolve`]); `None`
+    /// until resolved, which delivers a Secret (what every cluster supports).
+    #[serde(skip)]
+    pub resolved: Option<Delivery>,
 }
 
 /// How a client certificate reaches the pod.
@@ -60,6 +66,18 @@ pub enum Delivery {
     #[default]
     Secret,
     PodCertificate,
+    /// `podCertificate` where keyward's controller signs them, else `secret`.
+    Auto,
+}
+
+impl Delivery {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Secret => "secret",
+            Self::PodCertificate => "podCertificate",
+            Self::Auto => "auto",
+        }
+    }
 }
 
 /// What the kubelet asks keyward's signer for.
@@ -120,6 +138,34 @@ fn keyward() -> Provider {
     Provider::Keyward
 }
 
+// === impl ClientCertificate ===
+
+impl ClientCertificate {
+    /// The delivery pods get: as set, or what `auto` resolved to (a Secret until resolved).
+    pub fn effective(&self) -> Delivery {
+        match self.delivery {
+            Delivery::Auto => self.resolved.unwrap_or(Delivery::Secret),
+            set => set,
+        }
+    }
+
+    /// Resolves `delivery: auto`: a pod certificate when keyward signs them (`signed`), else a
+    /// Secret. Other deliveries are as set.
+    pub fn resolve(&mut self, signed: bool) {
+        self.resolved = (self.delivery == Delivery::Auto).then_some(if signed {
+            Delivery::PodCertificate
+        } else {
+            Delivery::Secret
+        });
+    }
+
+    /// The signer it names, when pods get pod certificates.
+    pub fn signer(&self) -> Option<&str> {
+        let p = self.pod_certificate.as_ref()?;
+        (self.effective() == Delivery::PodCertificate).then_some(p.signer_name.as_str())
+    }
+}
+
 /// Why `name` cannot be one of keyward's signer names, if it cannot.
 pub fn signer_name_problem(name: &str) -> Option<String> {
     match name.split_once('/') {
@@ -142,57 +188,60 @@ impl Kind for ClientCertificate {
             key_file_env,
             bundle_file_env,
             provider,
+            resolved: _,
         } = self;
-        match delivery {
-            Delivery::Secret => {
-                match secret_name {
-                    None => check.problem("secretName", "required with delivery: secret (the Secret the pod mounts)"),
-                    Some(name) if *provider == Provider::Keyward && !name.uses_owner() => check.problem(
-                        "secretName",
-                        format!("{:?}: keyward issues one client certificate per owner, so the name must include {{owner.name}}; or set provider: user", name.as_str()),
-                    ),
-                    Some(_) => {}
-                }
-                if pod_certificate.is_some() {
-                    check.problem(
-                        "podCertificate",
-                        "only with delivery: podCertificate; remove it, or set the delivery",
-                    );
-                }
-                if bundle_file_env.is_some() {
-                    check.problem(
-                        "bundleFileEnv",
-                        "only with delivery: podCertificate (a Secret holds no credential bundle)",
-                    );
-                }
+        let delivery = delivery.as_str();
+        let (by_secret, by_signer) = match self.delivery {
+            Delivery::Secret => (true, false),
+            Delivery::PodCertificate => (false, true),
+            Delivery::Auto => (true, true),
+        };
+        if by_secret {
+            match secret_name {
+                None => check.problem("secretName", format!("required with delivery: {delivery} (the Secret the pod mounts)")),
+                Some(name) if *provider == Provider::Keyward && !name.uses_owner() => check.problem(
+                    "secretName",
+                    format!("{:?}: keyward issues one client certificate per owner, so the name must include {{owner.name}}; or set provider: user", name.as_str()),
+                ),
+                Some(_) => {}
             }
-            Delivery::PodCertificate => {
-                if secret_name.is_some() {
-                    check.problem(
-                        "secretName",
-                        "not with delivery: podCertificate (no Secret is made: the key stays on the node); remove it",
-                    );
+            if bundle_file_env.is_some() {
+                check.problem(
+                    "bundleFileEnv",
+                    format!("not with delivery: {delivery} (a Secret holds no credential bundle); use certFileEnv and keyFileEnv, or delivery: podCertificate"),
+                );
+            }
+        } else if secret_name.is_some() {
+            check.problem(
+                "secretName",
+                "not with delivery: podCertificate (no Secret is made: the key stays on the node); remove it, or use delivery: auto",
+            );
+        }
+        if by_signer {
+            if *provider == Provider::User {
+                check.problem("provider", format!("with delivery: {delivery} keyward's controller is the signer; remove provider: user, or deliver a Secret of your own"));
+            }
+            match pod_certificate {
+                None => {
+                    check.problem("podCertificate", format!("required with delivery: {delivery} (at least signerName)"))
                 }
-                if *provider == Provider::User {
-                    check.problem("provider", "with delivery: podCertificate keyward's controller is the signer; remove provider: user, or deliver a Secret of your own");
-                }
-                match pod_certificate {
-                    None => {
-                        check.problem("podCertificate", "required with delivery: podCertificate (at least signerName)")
+                Some(p) => {
+                    if let Some(problem) = signer_name_problem(&p.signer_name) {
+                        check.problem("podCertificate.signerName", problem);
                     }
-                    Some(p) => {
-                        if let Some(problem) = signer_name_problem(&p.signer_name) {
-                            check.problem("podCertificate.signerName", problem);
-                        }
-                        if !(MIN_EXPIRATION_SECONDS..=MAX_EXPIRATION_SECONDS).contains(&p.max_expiration_seconds) {
-                            check.problem(
-                                "podCertificate.maxExpirationSeconds",
-                                format!("{} is outside {MIN_EXPIRATION_SECONDS}..={MAX_EXPIRATION_SECONDS}, the range Kubernetes accepts for a signer outside kubernetes.io", p.max_expiration_seconds),
-                            );
-                        }
+                    if !(MIN_EXPIRATION_SECONDS..=MAX_EXPIRATION_SECONDS).contains(&p.max_expiration_seconds) {
+                        check.problem(
+                            "podCertificate.maxExpirationSeconds",
+                            format!("{} is outside {MIN_EXPIRATION_SECONDS}..={MAX_EXPIRATION_SECONDS}, the range Kubernetes accepts for a signer outside kubernetes.io", p.max_expiration_seconds),
+                        );
                     }
                 }
             }
+        } else if pod_certificate.is_some() {
+            check.problem(
+                "podCertificate",
+                "only with delivery: podCertificate or auto; remove it, or set the delivery",
+            );
         }
         check.volume_name("volumeName", volume_name);
         check.mount_path("mountPath", mount_path);
@@ -209,7 +258,7 @@ impl Kind for ClientCertificate {
 
     fn plan(&self, pod: &TemplateContext<'_>) -> Result<Injection, Unresolved> {
         let mount = MountSpec { volume: self.volume_name.clone(), path: self.mount_path.clone() };
-        let (source, requirement, item) = match (&self.delivery, &self.secret_name, &self.pod_certificate) {
+        let (source, requirement, item) = match (self.effective(), &self.secret_name, &self.pod_certificate) {
             (Delivery::PodCertificate, _, Some(p)) => {
                 let source = Source::PodCertificate(PodCertificateSource {
                     signer_name: p.signer_name.clone(),
@@ -223,7 +272,7 @@ impl Kind for ClientCertificate {
                 let item = AuditItem::new("clientCertificate").with("signer", &p.signer_name);
                 (source, requirement, item)
             }
-            (Delivery::Secret, Some(template), _) => {
+            (Delivery::Secret | Delivery::Auto, Some(template), _) => {
                 let secret = template.resolve(pod).map_err(|reason| Unresolved { field: "secretName", reason })?;
                 let provision = match self.provider {
                     Provider::Keyward => Provision::ClientCertificate,
@@ -240,7 +289,7 @@ impl Kind for ClientCertificate {
                     reason: "required with delivery: podCertificate".into(),
                 })
             }
-            (Delivery::Secret, None, _) => {
+            (Delivery::Secret | Delivery::Auto, None, _) => {
                 return Err(Unresolved { field: "secretName", reason: "required with delivery: secret".into() })
             }
         };
@@ -255,15 +304,17 @@ impl Kind for ClientCertificate {
     }
 
     fn describe(&self, injection: &Injection) -> String {
+        let chosen = if self.delivery == Delivery::Auto { ", chosen by delivery: auto" } else { "" };
         match injection.item.get("signer") {
             Some(signer) => format!(
-                "client certificate: key made on the node, signed by {signer} (podCertificate), at {}",
+                "client certificate: key made on the node, signed by {signer} (podCertificate{chosen}), at {}",
                 self.mount_path
             ),
             None => format!(
-                "client certificate: Secret {} at {}",
+                "client certificate: Secret {} at {}{}",
                 injection.item.get("secret").unwrap_or_default(),
-                self.mount_path
+                self.mount_path,
+                if chosen.is_empty() { "" } else { " (delivery: auto, and keyward signs no pod certificates here)" }
             ),
         }
     }
@@ -382,7 +433,7 @@ mod tests {
         assert_eq!(
             problems(&spec),
             [
-                "spec.inject.k.secretName: not with delivery: podCertificate (no Secret is made: the key stays on the node); remove it",
+                "spec.inject.k.secretName: not with delivery: podCertificate (no Secret is made: the key stays on the node); remove it, or use delivery: auto",
                 "spec.inject.k.provider: with delivery: podCertificate keyward's controller is the signer; remove provider: user, or deliver a Secret of your own",
                 "spec.inject.k.podCertificate.signerName: \"example.com/x\" is not one of keyward's signer names: use keyward.io/<name>, <name> a DNS-1123 subdomain (e.g. keyward.io/lmeval)",
                 "spec.inject.k.podCertificate.maxExpirationSeconds: 60 is outside 3600..=7862400, the range Kubernetes accepts for a signer outside kubernetes.io",
@@ -399,13 +450,80 @@ mod tests {
             problems(&spec),
             [
                 "spec.inject.k.secretName: required with delivery: secret (the Secret the pod mounts)",
-                "spec.inject.k.podCertificate: only with delivery: podCertificate; remove it, or set the delivery",
-                "spec.inject.k.bundleFileEnv: only with delivery: podCertificate (a Secret holds no credential bundle)",
+                "spec.inject.k.bundleFileEnv: not with delivery: secret (a Secret holds no credential bundle); use certFileEnv and keyFileEnv, or delivery: podCertificate",
+                "spec.inject.k.podCertificate: only with delivery: podCertificate or auto; remove it, or set the delivery",
             ]
         );
         for bad in ["keyward.io/", "keyward.io/Upper", "keyward.io/a/b", "keyward.io"] {
             assert!(signer_name_problem(bad).is_some(), "{bad}");
         }
+    }
+
+    #[test]
+    fn auto_is_a_secret_until_resolved_and_the_files_are_the_same_either_way() {
+        let mut spec: ClientCertificate = yaml(
+            "delivery: auto\nsecretName: \"{owner.name}-c\"\npodCertificate: {signerName: keyward.io/lmeval}\nmountPath: /m\ncertFileEnv: CERT\nkeyFileEnv: KEY\n",
+        );
+        assert!(problems(&spec).is_empty(), "{:?}", problems(&spec));
+        let plan = |spec: &ClientCertificate| with_pod(Some("job"), &[], |pod| spec.plan(pod)).unwrap();
+        let env = |i: &Injection| i.env.iter().map(EnvSpec::to_json).collect::<Vec<_>>();
+        let mount = |i: &Injection| i.volume.clone().unwrap().1.to_json();
+
+        // Not resolved (no cluster facts): a Secret, as on every cluster.
+        let unresolved = plan(&spec);
+        assert_eq!(spec.effective(), Delivery::Secret);
+        assert_eq!(unresolved.requires, [Requirement::new(ObjectKind::Secret, "job-c", Provision::ClientCertificate)]);
+        assert_eq!(spec.signer(), None);
+        assert_eq!(
+            spec.describe(&unresolved),
+            "client certificate: Secret job-c at /m (delivery: auto, and keyward signs no pod certificates here)"
+        );
+
+        spec.resolve(true);
+        let signed = plan(&spec);
+        assert_eq!(spec.effective(), Delivery::PodCertificate);
+        assert_eq!(spec.signer(), Some("keyward.io/lmeval"));
+        assert_eq!(
+            signed.requires,
+            [Requirement::new(ObjectKind::Signer, "keyward.io/lmeval", Provision::PodCertificate)]
+        );
+        assert_eq!(
+            signed.volume.clone().unwrap().0.to_json()["projected"]["sources"][0]["podCertificate"]["signerName"],
+            "keyward.io/lmeval"
+        );
+        assert_eq!(
+            spec.describe(&signed),
+            "client certificate: key made on the node, signed by keyward.io/lmeval (podCertificate, chosen by delivery: auto), at /m"
+        );
+        // The workload sees the same paths and env whichever way it came.
+        assert_eq!((env(&signed), mount(&signed)), (env(&unresolved), mount(&unresolved)));
+
+        spec.resolve(false);
+        assert_eq!(plan(&spec), unresolved);
+        // A set delivery is never changed by resolving.
+        let mut set: ClientCertificate = yaml("secretName: \"{owner.name}-c\"\nmountPath: /m\n");
+        set.resolve(true);
+        assert_eq!(set.effective(), Delivery::Secret);
+    }
+
+    #[test]
+    fn auto_needs_both_deliveries_configured_and_nothing_only_one_can_give() {
+        let spec: ClientCertificate = yaml("delivery: auto\nmountPath: /m\nbundleFileEnv: B\nprovider: user\n");
+        assert_eq!(
+            problems(&spec),
+            [
+                "spec.inject.k.secretName: required with delivery: auto (the Secret the pod mounts)",
+                "spec.inject.k.bundleFileEnv: not with delivery: auto (a Secret holds no credential bundle); use certFileEnv and keyFileEnv, or delivery: podCertificate",
+                "spec.inject.k.provider: with delivery: auto keyward's controller is the signer; remove provider: user, or deliver a Secret of your own",
+                "spec.inject.k.podCertificate: required with delivery: auto (at least signerName)",
+            ]
+        );
+        let spec: ClientCertificate =
+            yaml("delivery: auto\nsecretName: fixed\npodCertificate: {signerName: keyward.io/x}\nmountPath: /m\n");
+        assert_eq!(
+            problems(&spec),
+            ["spec.inject.k.secretName: \"fixed\": keyward issues one client certificate per owner, so the name must include {owner.name}; or set provider: user"]
+        );
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub use schema::{
     OwnerKind, ProfileDocument, ProfileSpec, Requesters, SelectorOperator, API_VERSION, KIND,
 };
 
+use crate::cluster::ClusterFacts;
 use crate::error::Error;
 use crate::names::{is_dns1123_label, service_account_pattern, DNS1123_LABEL_RULE};
 
@@ -54,6 +55,8 @@ pub struct ProfileSet {
     profiles: Vec<Profile>,
     /// [`Self::annotations_read`], worked out once: every request needs it.
     annotation_keys: Vec<String>,
+    /// What `delivery: auto` was resolved against ([`Self::resolve`]).
+    facts: ClusterFacts,
 }
 
 impl Default for ProfileSet {
@@ -64,7 +67,7 @@ impl Default for ProfileSet {
 
 impl ProfileSet {
     pub(crate) fn new(profiles: Vec<Profile>) -> Self {
-        let mut set = Self { profiles, annotation_keys: Vec::new() };
+        let mut set = Self { profiles, annotation_keys: Vec::new(), facts: ClusterFacts::default() };
         set.annotation_keys = annotation_keys(&set.profiles);
         set
     }
@@ -84,7 +87,8 @@ impl ProfileSet {
 
     /// A set of profiles validated one by one: refused when two select a common pod.
     fn checked(profiles: Vec<Profile>) -> Result<Self, Error> {
-        let errors = overlap::overlaps(&profiles);
+        let mut errors = overlap::overlaps(&profiles);
+        errors.extend(shared_signers(&profiles));
         if errors.is_empty() {
             Ok(Self::new(profiles))
         } else {
@@ -106,6 +110,33 @@ impl ProfileSet {
 
     pub fn get(&self, name: &str) -> Option<&Profile> {
         self.profiles.iter().find(|p| p.name == name)
+    }
+
+    /// Resolves every `delivery: auto` against `facts` (pod certificates where keyward signs
+    /// them, else Secrets). Resolving again re-decides from what the profiles say.
+    pub fn resolve(&mut self, facts: ClusterFacts) {
+        self.facts = facts;
+        for cc in self.profiles.iter_mut().filter_map(|p| p.spec.inject.client_certificate.as_mut()) {
+            cc.resolve(facts.pod_certificates.signed());
+        }
+    }
+
+    /// This set, resolved against `facts`.
+    pub fn resolved(mut self, facts: ClusterFacts) -> Self {
+        self.resolve(facts);
+        self
+    }
+
+    /// The facts `delivery: auto` was resolved against.
+    pub fn facts(&self) -> ClusterFacts {
+        self.facts
+    }
+
+    /// Whether a profile leaves its delivery to the cluster (`delivery: auto`).
+    pub fn has_auto(&self) -> bool {
+        self.profiles.iter().any(|p| {
+            p.spec.inject.client_certificate.as_ref().is_some_and(|cc| cc.delivery == crate::kinds::Delivery::Auto)
+        })
     }
 
     /// The annotations whose values the engine reads: keyward's own, and those the profiles
@@ -143,6 +174,32 @@ impl ProfileSet {
         }
         Ok(p.spec.requesters.usernames.clone())
     }
+}
+
+/// A signer name serves one profile: the signer checks a request against its profile, and the
+/// profile's trust bundle is named after it, so two profiles on one signer would each be
+/// checked against, and published as, the other.
+fn shared_signers(profiles: &[Profile]) -> Vec<crate::error::ProfileError> {
+    let mut errors = Vec::new();
+    let signer = |p: &Profile| {
+        let pc = p.spec.inject.client_certificate.as_ref()?.pod_certificate.as_ref()?;
+        Some(pc.signer_name.clone())
+    };
+    for (i, profile) in profiles.iter().enumerate() {
+        let Some(name) = signer(profile) else { continue };
+        if let Some(first) = profiles[..i].iter().find(|p| signer(p).as_ref() == Some(&name)) {
+            errors.push(crate::error::ProfileError {
+                source: profile.source.clone(),
+                profile: Some(profile.name.clone()),
+                field: "spec.inject.clientCertificate.podCertificate.signerName".into(),
+                reason: format!(
+                    "{name:?} is already profile {:?}'s signer ({}); a signer serves one profile: give this one its own, e.g. keyward.io/{}",
+                    first.name, first.source, profile.name
+                ),
+            });
+        }
+    }
+    errors
 }
 
 fn annotation_keys(profiles: &[Profile]) -> Vec<String> {
@@ -311,6 +368,33 @@ spec:
         let merged = base.clone().overlay(user).unwrap();
         assert_eq!(merged.len(), base.len());
         assert_eq!(merged.get("lmeval").unwrap().source, "profiles/test.yaml");
+    }
+
+    #[test]
+    fn two_profiles_cannot_share_a_signer_and_auto_resolves_with_the_set() {
+        let cert = "    clientCertificate:\n      delivery: auto\n      secretName: \"{owner.name}-c\"\n      podCertificate: {signerName: keyward.io/demo}\n      mountPath: /c\n";
+        let one = format!("{VALID}{cert}")
+            .replace("  inject:\n", "  controllerOwners: [{apiGroup: batch, kind: Job}]\n  inject:\n");
+        let other = one.replace("name: demo\n", "name: other\n").replace("app: demo", "app: other");
+        let errs = load(&format!("{one}---\n{other}")).unwrap_err();
+        assert_eq!(
+            errs,
+            ["profiles/test.yaml: profile \"other\": spec.inject.clientCertificate.podCertificate.signerName: \"keyward.io/demo\" is already profile \"demo\"'s signer (profiles/test.yaml); a signer serves one profile: give this one its own, e.g. keyward.io/other"]
+        );
+        let set = load(&format!("{one}---\n{}", other.replace("keyward.io/demo", "keyward.io/other"))).unwrap();
+        assert!(set.has_auto());
+        let delivery = |set: &ProfileSet| {
+            let cc = set.get("demo").unwrap().spec.inject.client_certificate.clone().unwrap();
+            (cc.effective(), cc.signer().map(str::to_string))
+        };
+        assert_eq!(delivery(&set), (crate::kinds::Delivery::Secret, None));
+        let signed = ClusterFacts { pod_certificates: crate::cluster::PodCertificates::V1beta1 };
+        let set = set.resolved(signed);
+        assert_eq!(set.facts(), signed);
+        assert_eq!(delivery(&set), (crate::kinds::Delivery::PodCertificate, Some("keyward.io/demo".into())));
+        let set = set.resolved(ClusterFacts::default());
+        assert_eq!(delivery(&set), (crate::kinds::Delivery::Secret, None));
+        assert!(!ProfileSet::builtin().unwrap().has_auto());
     }
 
     #[test]
