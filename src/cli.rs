@@ -79,6 +79,20 @@ enum ManifestsCommand {
         #[arg(long, default_value = "keyward")]
         service: String,
     },
+    /// The ConfigMap keyward-cluster-facts, which the webhook reads to decide `delivery: auto`:
+    /// whether keyward signs pod certificates. keyward's controller writes it itself (and takes
+    /// this one over); render it to set it from GitOps, or to see what the controller would write.
+    ClusterFacts {
+        /// `auto` (ask the cluster's discovery, with your kubeconfig), `v1`, `v1beta1` or `off`:
+        /// as the controller's --pod-certificates.
+        #[arg(long, value_enum, default_value_t = crate::controller::PodCertificates::Auto)]
+        pod_certificates: crate::controller::PodCertificates,
+        /// The namespace keyward runs in.
+        #[arg(long, default_value = "keyward-system")]
+        namespace: String,
+        #[command(flatten)]
+        access: crate::kubeconfig::KubeconfigArgs,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -132,6 +146,10 @@ impl Cli {
                 let set = profiles.source().load()?;
                 let options = crate::manifests::WebhookOptions { namespace, service };
                 print!("{}", crate::manifests::webhook_yaml(&set, &options)?);
+                Ok(ExitCode::SUCCESS)
+            }
+            Command::Manifests(ManifestsCommand::ClusterFacts { pod_certificates, namespace, access }) => {
+                print!("{}", crate::manifests::cluster_facts_yaml(pod_certificates, &namespace, &access)?);
                 Ok(ExitCode::SUCCESS)
             }
             Command::Certs(command) => crate::certs::run(command),

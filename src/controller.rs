@@ -100,7 +100,9 @@ pub struct ControllerArgs {
     /// Which certificates.k8s.io version serves PodCertificateRequests, for profiles that
     /// deliver pod certificates: `auto` (asked of the API server's discovery at start), `v1`
     /// (Kubernetes 1.37 on), `v1beta1` (1.35 and 1.36, with the PodCertificateRequest feature
-    /// gate and runtime config), or `off` (keyward signs nothing).
+    /// gate and runtime config), or `off` (keyward signs nothing). Written, as the cluster
+    /// facts, to the ConfigMap keyward-cluster-facts in --namespace for the webhook: it decides
+    /// `delivery: auto`.
     #[arg(long, env = "KEYWARD_POD_CERTIFICATES", value_enum, default_value_t = PodCertificates::Auto)]
     pod_certificates: PodCertificates,
     /// The webhook's Service in --namespace: its DNS names go into the serving certificate,
@@ -130,7 +132,7 @@ enum Source {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum PodCertificates {
+pub enum PodCertificates {
     Auto,
     V1,
     V1beta1,
@@ -139,7 +141,7 @@ enum PodCertificates {
 
 /// The version of `certificates.k8s.io` that serves PodCertificateRequests, as `choice` says
 /// or, for `auto`, as discovery says (v1 preferred).
-async fn pod_certificate_api(
+pub async fn pod_certificate_api(
     client: &kube::Client,
     choice: PodCertificates,
 ) -> anyhow::Result<Option<keyward_controller::signer::ApiVersion>> {

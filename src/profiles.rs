@@ -150,6 +150,19 @@ impl ProfileSource {
     }
 }
 
+/// `profiles` with `delivery: auto` resolved as keyward's controller resolves it in the cluster
+/// `client` reaches (by discovery); `None` when no profile leaves its delivery to the cluster.
+pub async fn resolved_by_discovery(client: &kube::Client, profiles: &ProfileSet) -> anyhow::Result<Option<ProfileSet>> {
+    use keyward_controller::signer::{cluster_facts, served_version, ApiVersion};
+    if !profiles.has_auto() {
+        return Ok(None);
+    }
+    let served = served_version(client, ApiVersion::PLURAL)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot read the discovery of {} (for delivery: auto): {e}", ApiVersion::GROUP))?;
+    Ok(Some(profiles.clone().resolved(cluster_facts(served))))
+}
+
 /// The facts file's text; `None` while there is none (the optional ConfigMap not written yet).
 fn read_facts(file: &Path) -> anyhow::Result<Option<String>> {
     use std::io::Read;

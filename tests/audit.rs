@@ -166,6 +166,18 @@ fn text(b: &[u8]) -> String {
     String::from_utf8(b.to_vec()).unwrap()
 }
 
+/// The lmeval profile with delivery: auto, written to a file in `dir`.
+fn auto_profile(dir: &std::path::Path) -> std::path::PathBuf {
+    let auto = std::fs::read_to_string("deploy/profiles/lmeval-pod-certificate.yaml").unwrap().replace(
+        "      delivery: podCertificate\n",
+        "      delivery: auto\n      secretName: \"{owner.name}-lmeval-client\"\n",
+    );
+    assert!(auto.contains("delivery: auto"));
+    let path = dir.join("lmeval-auto.yaml");
+    std::fs::write(&path, &auto).unwrap();
+    path
+}
+
 #[test]
 fn a_healthy_cluster_has_no_findings_and_exits_0() {
     let fake = healthy();
@@ -325,6 +337,42 @@ fn keyward_itself_is_checked_its_deployments_its_leader_and_the_ca_bundle() {
 }
 
 #[test]
+fn explain_resolves_delivery_auto_by_the_cluster_or_the_facts_file_and_says_which() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = auto_profile(dir.path());
+    let profile = profile.to_str().unwrap();
+    let pod = "tests/fixtures/lmeval-fms-driver-pod.json";
+    let line = |out: &Output| {
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let out = text(&out.stdout);
+        out.lines().find(|l| l.contains("client certificate:")).unwrap_or_else(|| panic!("{out}")).trim().to_string()
+    };
+    let secret = "client certificate: Secret evaljob-sample-lmeval-client at /var/run/secrets/keyward/lmeval-client (delivery: auto: a Secret where keyward signs no pod certificates)";
+    let signed = "client certificate: key made on the node, signed by keyward.io/lmeval (podCertificate, chosen by delivery: auto), at /var/run/secrets/keyward/lmeval-client";
+    let fake = healthy();
+    // Offline and told nothing: what the webhook does without the cluster facts.
+    assert!(line(&against(&fake, &["explain", "--profiles", profile, pod])).ends_with(secret));
+    // Offline, with the facts file the webhook reads.
+    let facts = dir.path().join("facts.json");
+    std::fs::write(&facts, "{\"podCertificates\":\"v1\"}\n").unwrap();
+    let out = against(&fake, &["explain", "--profiles", profile, "--cluster-facts", facts.to_str().unwrap(), pod]);
+    assert!(line(&out).ends_with(signed), "{}", line(&out));
+    // --cluster: as keyward's controller decides there, by discovery; none served here yet.
+    let cluster = ["explain", "--cluster", "--kubeconfig", "{kubeconfig}", "--profiles", profile, pod];
+    assert!(line(&against(&fake, &cluster)).ends_with(secret));
+    let driver = fms_pod(None, "team-a", "p", "good", "uid-good-job");
+    fake.seed(support::pcr::request(
+        "certificates.k8s.io/v1beta1",
+        "req-1",
+        &driver,
+        "keyward.io/lmeval",
+        support::pcr::KeyField::Pkix(b"key"),
+    ));
+    assert!(line(&against(&fake, &cluster)).ends_with(signed));
+    assert!(fake.attempted_writes().is_empty(), "read-only");
+}
+
+#[test]
 fn explain_cluster_reads_the_opt_in_and_which_dependencies_exist() {
     let fake = healthy();
     let pod = "tests/fixtures/lmeval-fms-driver-pod.json";
@@ -479,5 +527,96 @@ fn a_pod_waiting_for_its_pod_certificate_says_why() {
         .map(|c| format!("{} {}", c.resource, c.namespace))
         .collect();
     assert!(lists.iter().all(|l| l.ends_with(" team-a")), "{lists:?}");
+    assert!(fake.attempted_writes().is_empty());
+}
+
+#[test]
+fn with_delivery_auto_a_pod_admitted_either_way_is_as_keyward_admits_it() {
+    use support::pcr::{self, KeyField};
+    // The lmeval profile with delivery: auto; the cluster serves PodCertificateRequest v1beta1.
+    let dir = tempfile::tempdir().unwrap();
+    let path = auto_profile(dir.path());
+    let profiles = keyward_engine::ProfileSet::from_sources([(
+        path.display().to_string(),
+        std::fs::read_to_string(&path).unwrap(),
+    )])
+    .unwrap();
+    let fake = healthy();
+    // healthy()'s pod "good" got a Secret (a webhook without the cluster facts); this one a
+    // pod certificate (a webhook that has them), issued, and the pod running.
+    let informed = profiles
+        .clone()
+        .resolved(keyward_controller::signer::cluster_facts(Some(keyward_controller::signer::ApiVersion::V1beta1)));
+    let mut pod = admitted_fms_pod(&informed, None, "team-a", "informed", "good", "uid-good-job");
+    assert!(pod.to_string().contains("\"podCertificate\""));
+    pod["metadata"]["creationTimestamp"] = json!("2026-11-30T10:00:00Z");
+    pod["spec"]["nodeName"] = json!("worker-1");
+    pod["status"] = json!({"phase": "Running"});
+    fake.seed(pod.clone());
+    let mut issued =
+        pcr::request("certificates.k8s.io/v1beta1", "req-i", &pod, "keyward.io/lmeval", KeyField::Pkix(b"key"));
+    issued["status"] = json!({"conditions": [{"type": "Issued", "status": "True", "reason": "Issued", "message": "", "lastTransitionTime": "2026-11-30T10:00:01Z"}]});
+    fake.seed(issued);
+
+    let out = audit(&fake, &["-n", "team-a", "--profiles", path.to_str().unwrap()]);
+    assert_eq!(
+        (out.status.code(), text(&out.stdout)),
+        (Some(0), "no findings; 2 of 3 pods concern keyward, in 1 namespace (1 page read)\n".to_string()),
+        "{}",
+        text(&out.stderr)
+    );
+    // Each is checked for what it got: the Secret pod's Secret, gone now, is missed (and
+    // nothing is said of a signer for it, nor of a Secret for the other).
+    fake.remove("v1", "Secret", "team-a", "good-lmeval-client");
+    let out = audit(&fake, &["-n", "team-a", "--profiles", path.to_str().unwrap(), "-o", "json"]);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let found: Vec<(&str, &str, &str)> = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| (f["pod"].as_str().unwrap(), f["finding"].as_str().unwrap(), f["detail"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        found,
+        [("good", "missing-dependency", "Secret good-lmeval-client does not exist: the pod cannot start (or restart) without it; if keyward provides it, see the controller's logs; otherwise create it")],
+        "{report:#}"
+    );
+}
+
+#[test]
+fn manifests_cluster_facts_renders_what_the_controller_writes_from_discovery_or_as_told() {
+    let facts_of = |out: &Output| {
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let yaml = text(&out.stdout);
+        assert!(yaml.starts_with("# Generated by `keyward manifests cluster-facts`: "), "{yaml}");
+        let object: Value = serde_saphyr::from_str(&yaml).unwrap();
+        assert_eq!(
+            (&object["kind"], &object["metadata"]["name"], &object["metadata"]["namespace"]),
+            (&json!("ConfigMap"), &json!("keyward-cluster-facts"), &json!("keyward-system"))
+        );
+        // Labelled as the controller's, so that it takes the object over and keeps it current.
+        assert_eq!(object["metadata"]["labels"]["app.kubernetes.io/managed-by"], "keyward");
+        let text = object["data"]["facts.json"].as_str().unwrap().to_string();
+        keyward_engine::ClusterFacts::parse(&text).unwrap().pod_certificates.as_str().to_string()
+    };
+    // As told, offline: no cluster is asked.
+    let fake = FakeApi::default();
+    let out =
+        against(&fake, &["manifests", "cluster-facts", "--pod-certificates", "v1", "--kubeconfig", "{kubeconfig}"]);
+    assert_eq!(facts_of(&out), "v1");
+    assert!(fake.calls().is_empty());
+    // From discovery: nothing served, then PodCertificateRequests at v1beta1.
+    let out = against(&fake, &["manifests", "cluster-facts", "--kubeconfig", "{kubeconfig}"]);
+    assert_eq!(facts_of(&out), "off");
+    let pod = fms_pod(None, "team-a", "p", "good", "uid-good-job");
+    fake.seed(support::pcr::request(
+        "certificates.k8s.io/v1beta1",
+        "req-1",
+        &pod,
+        "keyward.io/lmeval",
+        support::pcr::KeyField::Pkix(b"key"),
+    ));
+    let out = against(&fake, &["manifests", "cluster-facts", "--kubeconfig", "{kubeconfig}"]);
+    assert_eq!(facts_of(&out), "v1beta1");
     assert!(fake.attempted_writes().is_empty());
 }

@@ -8,7 +8,6 @@
 use std::collections::BTreeMap;
 
 use keyward_engine::attest;
-use keyward_engine::cluster::{ClusterFacts, PodCertificates};
 use keyward_engine::engine::decide_object;
 use keyward_engine::inject::{CaSource, Provision, RoleBinding, RoleKind};
 use keyward_engine::names::{is_dns1123_label, is_dns1123_subdomain, Labels, TemplateContext};
@@ -293,11 +292,12 @@ pub fn for_pod(profiles: &ProfileSet, pod: &RawValue, namespace: &str, trust_dom
     // `delivery: auto` is resolved by the webhook from the cluster facts it last read, which
     // lag the controller's discovery: a pod admitted under the other resolution is as keyward
     // admits such pods too (the attestation, checked next, says the webhook admitted it).
-    if decision.reason != Reason::AlreadyInjected && profiles.has_auto() {
-        let other = profiles.clone().resolved(other_resolution(profiles.facts()));
-        let again = decide_object(&facts, &object, &other);
-        if again.reason == Reason::AlreadyInjected {
-            decision = again;
+    if decision.reason != Reason::AlreadyInjected {
+        if let Some(other) = profiles.other_resolution() {
+            let again = decide_object(&facts, &object, &other);
+            if again.reason == Reason::AlreadyInjected {
+                decision = again;
+            }
         }
     }
     let Some(profile) = decision.profile.clone() else {
@@ -360,15 +360,6 @@ pub fn for_pod(profiles: &ProfileSet, pod: &RawValue, namespace: &str, trust_dom
         injected.as_deref().unwrap_or_default(),
     );
     PodVerdict::Claim(PodClaim { profile, owner, wants, attestation, payload })
-}
-
-/// The facts under which every `delivery: auto` resolves the other way.
-fn other_resolution(facts: ClusterFacts) -> ClusterFacts {
-    let pod_certificates = match facts.pod_certificates {
-        PodCertificates::Off => PodCertificates::V1,
-        PodCertificates::V1 | PodCertificates::V1beta1 => PodCertificates::Off,
-    };
-    ClusterFacts { pod_certificates }
 }
 
 /// Why an identity cannot be made from this owner, if it cannot: each value that becomes part

@@ -114,6 +114,9 @@ fn report_exit(p: &Printed) -> ExitCode {
 
 async fn audit(args: &AuditArgs, profiles: &ProfileSet) -> anyhow::Result<Printed> {
     let (client, default_namespace) = args.cluster.client().await?;
+    // `delivery: auto` as keyward's controller resolves it: by what the cluster serves.
+    let resolved = crate::profiles::resolved_by_discovery(&client, profiles).await?;
+    let profiles = resolved.as_ref().unwrap_or(profiles);
     let scope = Scope {
         namespace: if args.all_namespaces { None } else { Some(args.namespace.clone().unwrap_or(default_namespace)) },
         webhook_config: args.webhook_config.clone(),

@@ -54,6 +54,12 @@ pub fn run(file: &Path, profiles: &ProfileSet, options: &ExplainOptions) -> anyh
         }
         None => None,
     };
+    // With the cluster at hand, `delivery: auto` as keyward's controller resolves it there.
+    let resolved = match &cluster {
+        Some((runtime, client)) => runtime.block_on(crate::profiles::resolved_by_discovery(client, profiles))?,
+        None => None,
+    };
+    let profiles = resolved.as_ref().unwrap_or(profiles);
     let several = subjects.len() > 1;
     let (mut out, mut reports, mut all_allowed) = (String::new(), Vec::new(), true);
     for subject in &subjects {

@@ -314,7 +314,11 @@ impl Kind for ClientCertificate {
                 "client certificate: Secret {} at {}{}",
                 injection.item.get("secret").unwrap_or_default(),
                 self.mount_path,
-                if chosen.is_empty() { "" } else { " (delivery: auto, and keyward signs no pod certificates here)" }
+                if chosen.is_empty() {
+                    ""
+                } else {
+                    " (delivery: auto: a Secret where keyward signs no pod certificates)"
+                }
             ),
         }
     }
@@ -476,7 +480,7 @@ mod tests {
         assert_eq!(spec.signer(), None);
         assert_eq!(
             spec.describe(&unresolved),
-            "client certificate: Secret job-c at /m (delivery: auto, and keyward signs no pod certificates here)"
+            "client certificate: Secret job-c at /m (delivery: auto: a Secret where keyward signs no pod certificates)"
         );
 
         spec.resolve(true);

@@ -127,6 +127,21 @@ impl ProfileSet {
         self
     }
 
+    /// The set with every `delivery: auto` resolved the other way, when a profile has one: what
+    /// a webhook that has not read the latest cluster facts admits pods under. `None` when no
+    /// profile leaves its delivery to the cluster.
+    pub fn other_resolution(&self) -> Option<ProfileSet> {
+        use crate::cluster::PodCertificates;
+        if !self.has_auto() {
+            return None;
+        }
+        let pod_certificates = match self.facts.pod_certificates {
+            PodCertificates::Off => PodCertificates::V1,
+            PodCertificates::V1 | PodCertificates::V1beta1 => PodCertificates::Off,
+        };
+        Some(self.clone().resolved(ClusterFacts { pod_certificates }))
+    }
+
     /// The facts `delivery: auto` was resolved against.
     pub fn facts(&self) -> ClusterFacts {
         self.facts
@@ -392,9 +407,13 @@ spec:
         let set = set.resolved(signed);
         assert_eq!(set.facts(), signed);
         assert_eq!(delivery(&set), (crate::kinds::Delivery::PodCertificate, Some("keyward.io/demo".into())));
+        let other = set.other_resolution().unwrap();
+        assert_eq!(delivery(&other), (crate::kinds::Delivery::Secret, None));
+        assert_eq!(delivery(&other.other_resolution().unwrap()).0, crate::kinds::Delivery::PodCertificate);
         let set = set.resolved(ClusterFacts::default());
         assert_eq!(delivery(&set), (crate::kinds::Delivery::Secret, None));
         assert!(!ProfileSet::builtin().unwrap().has_auto());
+        assert!(ProfileSet::builtin().unwrap().other_resolution().is_none());
     }
 
     #[test]
