@@ -317,6 +317,9 @@ say "pod certificates: the driver's key made by the kubelet, signed by keyward's
 "${K[@]}" -n keyward-system rollout status deploy/keyward --timeout=180s
 "${K[@]}" -n keyward-system rollout status deploy/keyward-controller --timeout=180s
 expect_contains "controller signs" "$("${K[@]}" -n keyward-system logs deploy/keyward-controller)" "signing PodCertificateRequests"
+# What it told the webhook for profiles with delivery: auto (webhooks/src/cluster.rs).
+expect "cluster facts" "$("${K[@]}" -n keyward-system get configmap keyward-cluster-facts -o jsonpath='{.data.facts\.json}')" \
+  '{"podCertificates":"v1beta1"}'
 pc_uid="$(new_job e2e-pc)"
 sed -e "s/e2e-eval/e2e-pc/g" -e "s/$job_uid/$pc_uid/" "$WORK/driver.yaml" > "$WORK/driver-pc.yaml"
 "${K[@]}" --as="$LMEVAL_USER" --as-group=system:serviceaccounts -n "$NS" create -f "$WORK/driver-pc.yaml"
