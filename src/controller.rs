@@ -150,16 +150,19 @@ pub async fn pod_certificate_api(
         PodCertificates::Off => Ok(None),
         PodCertificates::V1 => Ok(Some(ApiVersion::V1)),
         PodCertificates::V1beta1 => Ok(Some(ApiVersion::V1beta1)),
-        PodCertificates::Auto => served(client, ApiVersion::PLURAL).await,
+        PodCertificates::Auto => served(client, ApiVersion::PLURAL).await.context("--pod-certificates auto"),
     }
 }
 
 /// The version of `certificates.k8s.io` that serves `plural`, by discovery (v1 preferred).
 async fn served(client: &kube::Client, plural: &str) -> anyhow::Result<Option<keyward_controller::signer::ApiVersion>> {
     keyward_controller::signer::served_version(client, plural).await.map_err(|e| {
-        anyhow::anyhow!(
-            "--pod-certificates auto: cannot read the API server's discovery of certificates.k8s.io ({e}); give --pod-certificates v1, v1beta1 or off"
-        )
+        let fix = if plural == keyward_controller::signer::ApiVersion::PLURAL {
+            "; give --pod-certificates v1, v1beta1 or off"
+        } else {
+            ""
+        };
+        anyhow::anyhow!("cannot read the API server's discovery of certificates.k8s.io for {plural} ({e}){fix}")
     })
 }
 
@@ -279,11 +282,9 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         let _ = election_stopped.await;
     }));
 
-    // The client CA as a ClusterTrustBundle linked to each signer, where the cluster serves them.
-    let trust_bundles = match pod_certificates {
-        Some(_) => served(&client, keyward_controller::signer::ApiVersion::TRUST_BUNDLES).await?,
-        None => None,
-    };
+    // Where the cluster serves ClusterTrustBundles: the client CA as one linked to each signer,
+    // and the server CAs profiles deliver by `clusterTrustBundle` projection.
+    let trust_bundles = served(&client, keyward_controller::signer::ApiVersion::TRUST_BUNDLES).await?;
     let signers = keyward_controller::signer::signers(&profiles);
     match pod_certificates {
         Some(version) => {

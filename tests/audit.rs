@@ -166,11 +166,12 @@ fn text(b: &[u8]) -> String {
     String::from_utf8(b.to_vec()).unwrap()
 }
 
-/// The lmeval profile with delivery: auto, written to a file in `dir`.
+/// The built-in lmeval profile with delivery: auto (its server CA still a copied ConfigMap),
+/// written to a file in `dir`.
 fn auto_profile(dir: &std::path::Path) -> std::path::PathBuf {
-    let auto = std::fs::read_to_string("deploy/profiles/lmeval-pod-certificate.yaml").unwrap().replace(
-        "      delivery: podCertificate\n",
-        "      delivery: auto\n      secretName: \"{owner.name}-lmeval-client\"\n",
+    let auto = std::fs::read_to_string("webhooks/profiles/lmeval.yaml").unwrap().replace(
+        "      secretName: \"{owner.name}-lmeval-client\"\n",
+        "      delivery: auto\n      secretName: \"{owner.name}-lmeval-client\"\n      podCertificate: {signerName: keyward.io/lmeval}\n",
     );
     assert!(auto.contains("delivery: auto"));
     let path = dir.join("lmeval-auto.yaml");
@@ -619,4 +620,53 @@ fn manifests_cluster_facts_renders_what_the_controller_writes_from_discovery_or_
     let out = against(&fake, &["manifests", "cluster-facts", "--kubeconfig", "{kubeconfig}"]);
     assert_eq!(facts_of(&out), "v1beta1");
     assert!(fake.attempted_writes().is_empty());
+}
+
+#[test]
+fn a_server_ca_trust_bundle_is_looked_up_cluster_wide_by_explain_and_the_audit() {
+    let fake = healthy();
+    let profile = "deploy/profiles/lmeval-pod-certificate.yaml";
+    let pod = "tests/fixtures/lmeval-fms-driver-pod.json";
+    let explain = |output: &str| {
+        let out = against(
+            &fake,
+            &["explain", "--cluster", "--kubeconfig", "{kubeconfig}", "--profiles", profile, "-o", output, pod],
+        );
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    // Missing: said, and where it comes from. (The signer is not an object: not looked up.)
+    let report: Value = serde_json::from_str(&explain("json")).unwrap();
+    assert_eq!(
+        report["cluster"]["requires"],
+        json!([{"kind": "ClusterTrustBundle", "name": "keyward-lmeval-server-ca", "providedBy": "keyward", "exists": false}])
+    );
+    assert!(explain("text").contains("  - ClusterTrustBundle keyward-lmeval-server-ca: missing now (keyward's controller publishes it from the profile's source; see its logs)\n"));
+    // A pod of that profile whose bundle is missing: a missing dependency for the audit.
+    let profiles =
+        keyward_engine::ProfileSet::from_sources([(profile.to_string(), std::fs::read_to_string(profile).unwrap())])
+            .unwrap();
+    let mut driver = admitted_fms_pod(&profiles, None, "team-a", "pc-driver", "good", "uid-good-job");
+    driver["status"] = json!({"phase": "Running"});
+    fake.seed(driver);
+    let out = audit(&fake, &["-n", "team-a", "--profiles", profile, "-o", "json"]);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let missing: Vec<&str> = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["finding"] == "missing-dependency" && f["pod"] == "pc-driver")
+        .map(|f| f["detail"].as_str().unwrap())
+        .collect();
+    assert_eq!(missing, ["ClusterTrustBundle keyward-lmeval-server-ca does not exist: the pod cannot start (or restart) without it; if keyward provides it (a server CA, published once for the cluster), see the controller's logs; otherwise create it"], "{report:#}");
+
+    // Published (at v1beta1, as a 1.35 cluster serves it): found by both.
+    fake.seed(json!({"apiVersion": "certificates.k8s.io/v1beta1", "kind": "ClusterTrustBundle",
+        "metadata": {"name": "keyward-lmeval-server-ca"}, "spec": {"trustBundle": "x"}}));
+    let report: Value = serde_json::from_str(&explain("json")).unwrap();
+    assert_eq!(report["cluster"]["requires"][0]["exists"], true);
+    let out = audit(&fake, &["-n", "team-a", "--profiles", profile, "-o", "json"]);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(report["findings"].as_array().unwrap().iter().all(|f| f["pod"] != "pc-driver"), "{report:#}");
+    assert!(fake.attempted_writes().is_empty(), "read-only");
 }

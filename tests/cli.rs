@@ -124,13 +124,14 @@ fn explain_text_lists_what_the_pod_requires_and_every_profile() {
         out.contains("requires:\n  - Secret team-a/evaljob-sample-lmeval-client (provided by keyward)\n  - ConfigMap team-a/keyward-lmeval-server-ca (provided by keyward)\n"),
         "{out}"
     );
-    // Delivered as a pod certificate: the signer instead of the Secret.
+    // Delivered as a pod certificate: the signer instead of the Secret, and the cluster's trust
+    // bundle instead of the namespace's ConfigMap.
     let o = keyward(&["explain", "--profiles", "deploy/profiles/lmeval-pod-certificate.yaml", FMS_POD], None);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let out = stdout(&o);
     assert!(out.contains("  - client certificate: key made on the node, signed by keyward.io/lmeval (podCertificate), at /var/run/secrets/keyward/lmeval-client\n"), "{out}");
     assert!(
-        out.contains("requires:\n  - Signer keyward.io/lmeval (keyward's controller signs the kubelet's PodCertificateRequests; Kubernetes 1.35+)\n  - ConfigMap team-a/keyward-lmeval-server-ca (provided by keyward)\n"),
+        out.contains("requires:\n  - Signer keyward.io/lmeval (keyward's controller signs the kubelet's PodCertificateRequests; Kubernetes 1.35+)\n  - ClusterTrustBundle keyward-lmeval-server-ca (cluster-wide, provided by keyward; Kubernetes 1.33+ with ClusterTrustBundle projection)\n"),
         "{out}"
     );
     let o = keyward(&["explain", "tests/fixtures/kuberay-worker-k8s-auth.json"], None);

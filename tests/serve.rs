@@ -380,6 +380,8 @@ async fn sigterm_finishes_the_request_in_flight() {
     stream.write_all(head.as_bytes()).await.unwrap();
     stream.write_all(&review[..review.len() / 2]).await.unwrap();
     stream.flush().await.unwrap();
+    // The request has begun (a connection with no request yet is idle, and closed at shutdown).
+    server.wait_metric("keyward_requests_in_flight{listener=\"webhook\"}", 1.0).await;
     std::process::Command::new("kill").args(["-TERM", &server.pid().to_string()]).status().unwrap();
     server.wait_log(|v| v["message"] == "shutting down: no new connections; finishing requests in flight");
     stream.write_all(&review[review.len() / 2..]).await.unwrap();

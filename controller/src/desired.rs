@@ -184,6 +184,41 @@ pub fn for_namespace(
     (out, problems)
 }
 
+/// A server CA keyward publishes once for the cluster, as a ClusterTrustBundle (unlinked: no
+/// signer) that pods mount with a `clusterTrustBundle` projection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WantedBundle {
+    pub name: String,
+    pub profile: String,
+    pub source: SourceKey,
+}
+
+/// The server CA bundles the profiles want keyward to publish.
+pub fn trust_bundles(
+    profiles: &ProfileSet,
+    operator_namespaces: &BTreeMap<String, String>,
+) -> (Vec<WantedBundle>, Vec<Unplannable>) {
+    let labels = Labels::new();
+    // A bundle's name is not templated: any pod context plans it.
+    let ctx = TemplateContext { namespace: "stand-in", owner_name: None, labels: &labels };
+    let (mut out, mut problems) = (Vec::new(), Vec::new());
+    for profile in profiles.iter() {
+        for (_, kind) in profile.spec.inject.kinds() {
+            let Ok(injection) = kind.plan(&ctx) else { continue };
+            for requirement in injection.requires {
+                let Provision::TrustBundle { source, .. } = &requirement.provision else { continue };
+                match source_key(source, operator_namespaces.get(&profile.name)) {
+                    Ok(source) => {
+                        out.push(WantedBundle { name: requirement.name.clone(), profile: profile.name.clone(), source })
+                    }
+                    Err(reason) => problems.push(Unplannable { profile: profile.name.clone(), reason }),
+                }
+            }
+        }
+    }
+    (out, problems)
+}
+
 fn source_key(source: &CaSource, operator_namespace: Option<&String>) -> Result<SourceKey, String> {
     let (config_map, object) = match (&source.secret, &source.config_map) {
         (Some(o), None) => (false, o),

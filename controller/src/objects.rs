@@ -21,6 +21,8 @@ pub enum Scope {
     Serving,
     /// The cluster facts the webhook resolves `delivery: auto` against.
     ClusterFacts,
+    /// A server CA published as a ClusterTrustBundle.
+    ServerCaBundle,
 }
 
 impl Scope {
@@ -32,6 +34,7 @@ impl Scope {
             Self::Attestation => "attestation",
             Self::Serving => "serving",
             Self::ClusterFacts => "cluster-facts",
+            Self::ServerCaBundle => "server-ca-bundle",
         }
     }
 }

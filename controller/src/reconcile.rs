@@ -921,6 +921,106 @@ impl Reconciler {
         Ok(())
     }
 
+    /// The server CAs the profiles deliver by `clusterTrustBundle` projection, each published
+    /// once for the cluster as an unlinked ClusterTrustBundle of the name the profile gives,
+    /// from its source (read again at each resync, so a rotated CA follows); keyward's bundles
+    /// no profile wants any more are deleted. One whose source is unusable keeps what it holds.
+    pub async fn publish_server_ca_bundles(&self) -> Result<(), Error> {
+        let (wanted, problems) = desired::trust_bundles(&self.profiles, &self.settings.operator_namespaces);
+        for p in &problems {
+            tracing::warn!(profile = %p.profile, reason = %p.reason, "a server CA trust bundle cannot be planned");
+        }
+        let Some(version) = self.settings.trust_bundles else {
+            if !wanted.is_empty() {
+                tracing::error!(
+                    bundles = ?wanted.iter().map(|w| &w.name).collect::<Vec<_>>(),
+                    "profiles deliver a server CA by clusterTrustBundle projection, but this cluster serves no ClusterTrustBundle API: their pods do not start; enable it (see the README, \"Pod certificates\") or use configMapName"
+                );
+            }
+            return Ok(());
+        };
+        let resource = version.trust_bundles();
+        let api = Api::<DynamicObject>::all_with(self.client.clone(), &resource);
+        let mut first_error = None;
+        for w in &wanted {
+            let subject = format!("ClusterTrustBundle {}", w.name);
+            let pem = match self.source(&w.source).await {
+                Ok(pem) => pem,
+                Err(Error::Source { what, reason }) => {
+                    let note = format!(
+                        "{subject} for profile {:?} is not published: {what}: {reason}; pods that need it wait until the source holds a CA certificate",
+                        w.profile
+                    );
+                    self.raise(Condition::ServerCaSourceUnusable, &subject, &note, None).await;
+                    continue;
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                    continue;
+                }
+            };
+            self.resolve(Condition::ServerCaSourceUnusable, &subject);
+            match self.write_bundle(&api, &resource, w, &pem).await {
+                Ok(action) => self.metrics.object("server-ca-bundle", action, true),
+                Err(e) => {
+                    self.metrics.object("server-ca-bundle", Action::Provisioned, false);
+                    tracing::warn!(error = %e, name = %w.name, "publishing the server CA trust bundle failed; will retry");
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        let names: BTreeSet<&str> = wanted.iter().map(|w| w.name.as_str()).collect();
+        for bundle in list_all(api.clone(), &objects::managed_selector(Scope::ServerCaBundle)).await? {
+            let name = bundle.name_any();
+            if is_managed(&bundle.metadata) && !names.contains(name.as_str()) {
+                self.leader.check()?;
+                api.delete(&name, &DeleteParams::default()).await?;
+                self.metrics.object("server-ca-bundle", Action::Deleted, true);
+                tracing::info!(%name, "server CA trust bundle no profile delivers removed");
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Creates or replaces one server CA bundle; another's of that name is left alone.
+    async fn write_bundle(
+        &self,
+        api: &Api<DynamicObject>,
+        resource: &kube::api::ApiResource,
+        w: &desired::WantedBundle,
+        pem: &str,
+    ) -> Result<Action, Error> {
+        let existing = api.get_opt(&w.name).await?;
+        if let Some(e) = &existing {
+            if !is_managed(&e.metadata) {
+                tracing::warn!(name = %w.name, profile = %w.profile, "a ClusterTrustBundle keyward does not manage has the server CA bundle's name; left alone");
+                return Ok(Action::Foreign);
+            }
+            if e.data["spec"]["trustBundle"].as_str() == Some(pem) && e.data["spec"]["signerName"].is_null() {
+                return Ok(Action::Unchanged);
+            }
+        }
+        let mut meta = objects::meta("", &w.name, Some(&w.profile), Scope::ServerCaBundle, None);
+        meta.namespace = None;
+        let mut object = DynamicObject::new(&w.name, resource);
+        object.metadata = meta;
+        object.data = serde_json::json!({"spec": {"trustBundle": pem}});
+        self.leader.check()?;
+        match existing {
+            None => {
+                api.create(&PostParams::default(), &object).await?;
+                tracing::info!(name = %w.name, profile = %w.profile, "server CA trust bundle published");
+                Ok(Action::Provisioned)
+            }
+            Some(e) => {
+                object.metadata.resource_version = e.metadata.resource_version.clone();
+                api.replace(&w.name, &PostParams::default(), &object).await?;
+                tracing::info!(name = %w.name, profile = %w.profile, "server CA trust bundle updated from its source");
+                Ok(Action::Renewed)
+            }
+        }
+    }
+
     /// Writes the cluster facts (whether this controller signs pod certificates, from its
     /// discovery) where the webhook reads them: `delivery: auto` resolves the same in both.
     pub async fn publish_cluster_facts(&self) -> Result<(), Error> {

@@ -50,6 +50,8 @@ pub enum Key {
     PublishClientCa,
     /// Writing the cluster facts for the webhook.
     ClusterFacts,
+    /// Publishing server CAs as ClusterTrustBundles.
+    ServerCaBundles,
     /// Reading the server CA sources again.
     Sources,
     /// The attestation key Secret: created, rotated, read.
@@ -67,7 +69,7 @@ pub enum Key {
 
 impl Key {
     /// What the periodic resync, and a replica that becomes leader, queue.
-    pub const EVERYTHING: [Key; 8] = [
+    pub const EVERYTHING: [Key; 9] = [
         Key::ServingCert,
         Key::MatchConditions,
         Key::AttestationKey,
@@ -76,6 +78,7 @@ impl Key {
         Key::Sweep,
         Key::PublishClientCa,
         Key::ClusterFacts,
+        Key::ServerCaBundles,
     ];
 }
 
@@ -625,6 +628,7 @@ fn key_label(key: &Key) -> &'static str {
         Key::ListPods(_) | Key::Owner(_) => "owner",
         Key::PublishClientCa => "client-ca",
         Key::ClusterFacts => "cluster-facts",
+        Key::ServerCaBundles => "server-ca-bundle",
         Key::Sources => "sources",
         Key::AttestationKey => "attestation-key",
         Key::ServingCert => "serving-cert",
@@ -681,10 +685,12 @@ async fn work(
         }
         Key::PublishClientCa => reconciler.publish_client_ca().await.map(|()| Outcome::Done),
         Key::ClusterFacts => reconciler.publish_cluster_facts().await.map(|()| Outcome::Done),
+        Key::ServerCaBundles => reconciler.publish_server_ca_bundles().await.map(|()| Outcome::Done),
         Key::Sources => match reconciler.refresh_sources(&ca_sources(reconciler)).await {
             Ok(changed) => {
                 if changed {
                     let _ = tx.send(Key::AllNamespaces);
+                    let _ = tx.send(Key::ServerCaBundles);
                 }
                 Ok(Outcome::Done)
             }
@@ -751,12 +757,15 @@ pub fn pod_selectors(reconciler: &Reconciler) -> BTreeSet<String> {
 
 /// Every server CA source the profiles name.
 pub fn ca_sources(reconciler: &Reconciler) -> BTreeSet<SourceKey> {
-    let (wanted, _) = desired::for_namespace(reconciler.profiles(), "x", &reconciler.settings().operator_namespaces);
+    let pins = &reconciler.settings().operator_namespaces;
+    let (wanted, _) = desired::for_namespace(reconciler.profiles(), "x", pins);
+    let (bundles, _) = desired::trust_bundles(reconciler.profiles(), pins);
     wanted
         .into_iter()
         .filter_map(|d| match d.want {
             desired::Want::ServerCa { source, .. } => Some(source),
             _ => None,
         })
+        .chain(bundles.into_iter().map(|b| b.source))
         .collect()
 }

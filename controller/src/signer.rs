@@ -106,6 +106,21 @@ pub async fn served_version(client: &kube::Client, plural: &str) -> Result<Optio
     Ok(None)
 }
 
+/// Whether the ClusterTrustBundle `name` exists, at whichever version serves it (a version the
+/// cluster does not serve answers 404 like a missing bundle: then none exists for the pod).
+pub async fn trust_bundle_exists(client: &kube::Client, name: &str) -> Result<bool, kube::Error> {
+    for version in [ApiVersion::V1, ApiVersion::V1beta1] {
+        let api = kube::Api::<DynamicObject>::all_with(client.clone(), &version.trust_bundles());
+        match api.get_opt(name).await {
+            Ok(Some(_)) => return Ok(true),
+            Ok(None) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(false)
+}
+
 // === impl Request ===
 
 /// A PodCertificateRequest, as far as the signer reads it.

@@ -568,3 +568,82 @@ async fn a_controller_that_does_not_sign_says_so_and_never_overwrites_a_foreign_
     assert_eq!(facts_of(&fake).unwrap()["data"]["facts.json"], "{\"podCertificates\":\"v1\"}");
     assert_eq!(r.metrics().object_count("cluster-facts", keyward_controller::metrics::Action::Foreign, true), 1);
 }
+
+fn server_ca_bundle(fake: &FakeApi) -> Option<Value> {
+    fake.get("certificates.k8s.io/v1beta1", "ClusterTrustBundle", "", "keyward-lmeval-server-ca")
+}
+
+fn grpc_server_cert(fake: &FakeApi, pem: &str) {
+    fake.seed(json!({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+        "metadata": {"name": "grpc-server-cert", "namespace": "lm-eval"},
+        "data": {"ca.crt": b64(pem), "tls.crt": "", "tls.key": ""}}));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_ca_is_one_cluster_trust_bundle_kept_equal_to_its_source_and_removed_when_unwanted() {
+    use keyward_controller::conditions::Condition;
+    let version = ApiVersion::V1beta1;
+    let fake = FakeApi::default();
+    let first =
+        keyward_certs::pki::Ca::mint("lm-eval gRPC", std::time::SystemTime::now(), Duration::from_secs(86400)).unwrap();
+    grpc_server_cert(&fake, first.cert_pem());
+    let ca = client_ca();
+    // Through the loop: published once the controller runs (deploy/profiles/lmeval-pod-certificate.yaml).
+    let r = reconciler_with(fake.client("keyward"), profiles(), &ca, Leadership::always(), signing(version));
+    let run = start(&fake, r.clone(), Leadership::always(), &ca, "keyward");
+    let bundle = fake.until(LIMIT, server_ca_bundle).await;
+    run.abort();
+    assert_eq!(bundle["spec"], json!({"trustBundle": first.cert_pem()}), "unlinked: no signerName, {bundle:#}");
+    assert_eq!(bundle["metadata"]["labels"]["app.kubernetes.io/managed-by"], "keyward");
+    assert_eq!(bundle["metadata"]["labels"]["keyward.io/provisioned-for"], "server-ca-bundle");
+    assert_eq!(bundle["metadata"]["annotations"]["keyward.io/profile"], "lmeval");
+    // Not copied into any namespace: no ConfigMap anywhere.
+    assert!(fake.calls().iter().all(|c| !(c.method == "POST"
+        && c.resource.ends_with("/configmaps")
+        && c.body.as_ref().is_some_and(|b| b["metadata"]["name"] == "keyward-lmeval-server-ca"))));
+
+    // Unchanged: no write.
+    let writes = |f: &FakeApi| {
+        f.calls().iter().filter(|c| c.method != "GET" && c.resource.ends_with("clustertrustbundles")).count()
+    };
+    let before = writes(&fake);
+    r.publish_server_ca_bundles().await.unwrap();
+    assert_eq!(writes(&fake), before);
+
+    // The operator's CA rotates: the resync reads the source again, and the bundle follows.
+    let second =
+        keyward_certs::pki::Ca::mint("lm-eval gRPC 2", std::time::SystemTime::now(), Duration::from_secs(86400))
+            .unwrap();
+    grpc_server_cert(&fake, second.cert_pem());
+    assert!(r.refresh_sources(&keyward_controller::run::ca_sources(&r)).await.unwrap(), "the source changed");
+    r.publish_server_ca_bundles().await.unwrap();
+    assert_eq!(server_ca_bundle(&fake).unwrap()["spec"]["trustBundle"], second.cert_pem());
+
+    // The source gone: the bundle keeps what it holds, and the condition says why.
+    fake.remove("v1", "Secret", "lm-eval", "grpc-server-cert");
+    r.refresh_sources(&keyward_controller::run::ca_sources(&r)).await.unwrap();
+    r.publish_server_ca_bundles().await.unwrap();
+    assert_eq!(server_ca_bundle(&fake).unwrap()["spec"]["trustBundle"], second.cert_pem());
+    assert_eq!(r.metrics().conditions(Condition::ServerCaSourceUnusable), 1);
+
+    // No profile delivers it any more (the built-ins copy a ConfigMap): deleted.
+    let builtin = reconciler_with(
+        fake.client("keyward"),
+        ProfileSet::builtin().unwrap(),
+        &ca,
+        Leadership::always(),
+        signing(version),
+    );
+    builtin.publish_server_ca_bundles().await.unwrap();
+    assert!(server_ca_bundle(&fake).is_none());
+
+    // A bundle of that name keyward did not make: never replaced, never deleted.
+    fake.seed(json!({"apiVersion": "certificates.k8s.io/v1beta1", "kind": "ClusterTrustBundle",
+        "metadata": {"name": "keyward-lmeval-server-ca"}, "spec": {"trustBundle": "theirs"}}));
+    grpc_server_cert(&fake, first.cert_pem());
+    let r = reconciler_with(fake.client("keyward"), profiles(), &ca, Leadership::always(), signing(version));
+    r.publish_server_ca_bundles().await.unwrap();
+    builtin.publish_server_ca_bundles().await.unwrap();
+    assert_eq!(server_ca_bundle(&fake).unwrap()["spec"]["trustBundle"], "theirs");
+    assert_eq!(r.metrics().object_count("server-ca-bundle", keyward_controller::metrics::Action::Foreign, true), 1);
+}

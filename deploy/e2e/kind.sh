@@ -329,6 +329,14 @@ expect_contains "pod certificate driver files" "$("${K[@]}" -n "$NS" logs e2e-pc
 expect_contains "pod certificate mTLS request answered" "$("${K[@]}" -n "$NS" logs e2e-pc)" MTLS-OK
 expect "pod certificate volume" \
   "$("${K[@]}" -n "$NS" get pod e2e-pc -o jsonpath="$(volume_jsonpath keyward-client-cert 'projected.sources[0].podCertificate.signerName')")" keyward.io/lmeval
+# The server CA from the one ClusterTrustBundle keyward's controller publishes from the source
+# (no ConfigMap in the namespace): the driver's mTLS check above verified the server with it.
+expect "server CA volume" \
+  "$("${K[@]}" -n "$NS" get pod e2e-pc -o jsonpath="$(volume_jsonpath keyward-server-ca 'projected.sources[0].clusterTrustBundle.name')")" keyward-lmeval-server-ca
+fingerprint() { openssl x509 -noout -fingerprint -sha256; }
+expect "server CA trust bundle" \
+  "$("${K[@]}" get clustertrustbundles keyward-lmeval-server-ca -o jsonpath='{.spec.trustBundle}' | fingerprint)" \
+  "$("${K[@]}" -n lm-eval get secret grpc-server-cert -o jsonpath='{.data.ca\.crt}' | base64 -d | fingerprint)"
 pcr() { "${K[@]}" -n "$NS" get podcertificaterequests -o jsonpath="{.items[?(@.spec.podName==\"e2e-pc\")]$1}"; }
 expect "pod certificate request" "$(pcr '.status.conditions[0].type')" Issued
 expect_contains "pod certificate identity" "$(pcr '.status.certificateChain' | openssl x509 -noout -ext subjectAltName)" \

@@ -302,6 +302,9 @@ async fn exists(client: &Client, d: &Dependency) -> Result<bool, AuditError> {
         ObjectKind::ServiceAccount => {
             Api::<ServiceAccount>::namespaced(client.clone(), &d.namespace).get_opt(&d.name).await.map(|o| o.is_some())
         }
+        // Cluster-wide, by name (a signer's bundles, picked by labels, are not looked up).
+        ObjectKind::ClusterTrustBundle if d.name.contains('/') => Ok(true),
+        ObjectKind::ClusterTrustBundle => keyward_controller::signer::trust_bundle_exists(client, &d.name).await,
         // Not an object (never made a dependency): nothing to look up.
         ObjectKind::Signer => Ok(true),
     }
@@ -334,6 +337,7 @@ fn plural(kind: ObjectKind) -> &'static str {
         ObjectKind::ConfigMap => "configmaps",
         ObjectKind::ServiceAccount => "serviceaccounts",
         ObjectKind::Signer => "signers",
+        ObjectKind::ClusterTrustBundle => "clustertrustbundles",
     }
 }
 

@@ -362,6 +362,7 @@ fn provider_hint(kind: ObjectKind) -> &'static str {
             "keyward's controller makes a profile's account when the namespace opts in; see its logs"
         }
         ObjectKind::Signer => "keyward's controller signs its PodCertificateRequests; see its logs",
+        ObjectKind::ClusterTrustBundle => "if keyward provides it (a server CA, published once for the cluster), see the controller's logs; otherwise create it",
     }
 }
 

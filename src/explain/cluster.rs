@@ -53,8 +53,11 @@ pub async fn look(client: &Client, namespace: &str, explanation: &Explanation) -
                     .get_opt(&r.name)
                     .await
                     .map(|o| o.is_some()),
+                ObjectKind::ClusterTrustBundle if !r.name.contains('/') => {
+                    keyward_controller::signer::trust_bundle_exists(client, &r.name).await
+                }
                 // Not an object in the namespace: `requires` names it; nothing to look up.
-                ObjectKind::Signer => continue,
+                ObjectKind::Signer | ObjectKind::ClusterTrustBundle => continue,
             }
             .map_err(refused(what))?;
             requires.push(Required { kind: r.kind, name: r.name.clone(), provided_by: r.provided_by.as_str(), exists });
@@ -78,13 +81,20 @@ impl Seen {
         for r in &self.requires {
             let state = match (r.exists, r.provided_by) {
                 (true, _) => "exists".to_string(),
+                (false, "keyward") if r.kind == ObjectKind::ClusterTrustBundle => {
+                    "missing now (keyward's controller publishes it from the profile's source; see its logs)"
+                        .to_string()
+                }
                 (false, "keyward") => {
                     "missing now (keyward's controller makes it when the namespace opts in or the pod is admitted)"
                         .to_string()
                 }
                 (false, _) => "MISSING: create it, or the pod will not start".to_string(),
             };
-            out.push_str(&format!("  - {:?} {ns}/{}: {state}\n", r.kind, r.name));
+            // Cluster-wide: no namespace.
+            let place =
+                if r.kind == ObjectKind::ClusterTrustBundle { r.name.clone() } else { format!("{ns}/{}", r.name) };
+            out.push_str(&format!("  - {:?} {place}: {state}\n", r.kind));
         }
         out
     }

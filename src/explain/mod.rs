@@ -273,6 +273,17 @@ fn text_report(what: &str, facts: &RequestFacts<'_>, explanation: &Explanation, 
                         "  - Signer {} (keyward's controller signs the kubelet's PodCertificateRequests; Kubernetes 1.35+)",
                         r.name
                     ),
+                    // Cluster-wide: by name, or a signer's bundles.
+                    keyward_engine::ObjectKind::ClusterTrustBundle if r.name.contains('/') => format!(
+                        "  - ClusterTrustBundles of signer {} (provided by {}; Kubernetes 1.33+ with ClusterTrustBundle projection)",
+                        r.name,
+                        r.provided_by.as_str()
+                    ),
+                    keyward_engine::ObjectKind::ClusterTrustBundle => format!(
+                        "  - ClusterTrustBundle {} (cluster-wide, provided by {}; Kubernetes 1.33+ with ClusterTrustBundle projection)",
+                        r.name,
+                        r.provided_by.as_str()
+                    ),
                     kind => format!("  - {kind:?} {}/{} (provided by {})", facts.namespace, r.name, r.provided_by.as_str()),
                 });
             }

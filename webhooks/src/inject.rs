@@ -38,6 +38,18 @@ pub enum Source {
     ServiceAccountToken { audience: String, expiration_seconds: i64, path: String },
     /// A projected `podCertificate`: the kubelet makes the key on the node and asks the signer.
     PodCertificate(PodCertificateSource),
+    /// A projected `clusterTrustBundle`: the certificates of one bundle, or of a signer's.
+    ClusterTrustBundle(TrustBundleSource),
+}
+
+/// A `clusterTrustBundle` projection (Kubernetes' `ClusterTrustBundleProjection`), as the pod
+/// spec has it: `name`, or `signerName` with `labelSelector` (labels only), and `path`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrustBundleSource {
+    pub name: Option<String>,
+    pub signer_name: Option<String>,
+    pub label_selector: Option<std::collections::BTreeMap<String, String>>,
+    pub path: String,
 }
 
 /// A `podCertificate` projection (Kubernetes' `PodCertificateProjection`), as the pod spec has it.
@@ -122,6 +134,34 @@ impl Serialize for VolumeSpec {
             default_mode: i64,
             sources: [CertificateProjection<'a>; 1],
         }
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Selector<'a> {
+            #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+            match_labels: &'a std::collections::BTreeMap<String, String>,
+        }
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Bundle<'a> {
+            #[serde(skip_serializing_if = "Option::is_none")]
+            name: Option<&'a str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            signer_name: Option<&'a str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            label_selector: Option<Selector<'a>>,
+            path: &'a str,
+        }
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct BundleProjection<'a> {
+            cluster_trust_bundle: Bundle<'a>,
+        }
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct ProjectedBundle<'a> {
+            default_mode: i64,
+            sources: [BundleProjection<'a>; 1],
+        }
         let mut map = serializer.serialize_map(Some(2))?;
         map.serialize_entry("name", &self.name)?;
         match &self.source {
@@ -157,6 +197,23 @@ impl Serialize for VolumeSpec {
                 &ProjectedCertificate {
                     default_mode: DEFAULT_MODE,
                     sources: [CertificateProjection { pod_certificate: certificate }],
+                },
+            )?,
+            Source::ClusterTrustBundle(bundle) => map.serialize_entry(
+                "projected",
+                &ProjectedBundle {
+                    default_mode: DEFAULT_MODE,
+                    sources: [BundleProjection {
+                        cluster_trust_bundle: Bundle {
+                            name: bundle.name.as_deref(),
+                            signer_name: bundle.signer_name.as_deref(),
+                            label_selector: bundle
+                                .label_selector
+                                .as_ref()
+                                .map(|match_labels| Selector { match_labels }),
+                            path: &bundle.path,
+                        },
+                    }],
                 },
             )?,
         }
@@ -316,6 +373,9 @@ pub enum ObjectKind {
     /// Not an object: a certificate signer (`keyward.io/<name>`) the kubelet asks through a
     /// PodCertificateRequest.
     Signer,
+    /// A ClusterTrustBundle (cluster-wide), by name; or, required by a signer's name, the
+    /// bundles of that signer.
+    ClusterTrustBundle,
 }
 
 /// How keyward provides an object.
@@ -334,6 +394,8 @@ pub enum Provision {
     PodCertificate,
     /// A ConfigMap or Secret per namespace holding the CA from `source` under `key`.
     ServerCa { source: CaSource, key: String },
+    /// One ClusterTrustBundle for the cluster holding the CA from `source` (its `key`).
+    TrustBundle { source: CaSource, key: String },
     /// A ServiceAccount per namespace, with role bindings.
     ServiceAccount { bindings: Vec<RoleBinding> },
 }

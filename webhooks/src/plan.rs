@@ -431,6 +431,26 @@ fn delivers(spec: &Spec<'_>, name: &str, ours: &Source, removed: &dyn Fn(usize) 
                 })
             })
         }
+        // The same bundle, or the same signer's bundles picked by the same labels, at the path.
+        Source::ClusterTrustBundle(ours) => {
+            theirs.pointer("/projected/sources").and_then(Value::as_array).is_some_and(|sources| {
+                sources.iter().any(|s| {
+                    let theirs = &s["clusterTrustBundle"];
+                    let field = |f: &str| theirs.get(f).and_then(Value::as_str);
+                    let labels = |v: &Value| -> Option<std::collections::BTreeMap<String, String>> {
+                        let selector = v.get("labelSelector").filter(|l| !l.is_null())?;
+                        serde_json::from_value(selector.get("matchLabels").cloned().unwrap_or(Value::Null))
+                            .ok()
+                            .or_else(|| Some(Default::default()))
+                    };
+                    field("name") == ours.name.as_deref()
+                        && field("signerName") == ours.signer_name.as_deref()
+                        && field("path") == Some(&ours.path)
+                        && theirs.pointer("/labelSelector/matchExpressions").is_none_or(Value::is_null)
+                        && labels(theirs) == ours.label_selector
+                })
+            })
+        }
     }
 }
 
@@ -442,6 +462,10 @@ fn describe_source(source: &Source) -> String {
         Source::ConfigMap { name, keys: Some(keys) } => format!("{} of ConfigMap {name:?}", keys.join(", ")),
         Source::ServiceAccountToken { audience, path, .. } => format!("a token for audience {audience:?} as {path:?}"),
         Source::PodCertificate(p) => format!("a pod certificate from signer {:?}", p.signer_name),
+        Source::ClusterTrustBundle(b) => match (&b.name, &b.signer_name) {
+            (Some(name), _) => format!("ClusterTrustBundle {name:?}"),
+            (None, signer) => format!("the ClusterTrustBundles of signer {:?}", signer.as_deref().unwrap_or_default()),
+        },
     }
 }
 

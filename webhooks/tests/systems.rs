@@ -55,7 +55,9 @@ fn file_at<'a>(pod: &'a Value, name: &str, path: &str) -> (&'a Value, String) {
                 .any(|f| s["podCertificate"][f] == rest.as_str())
         };
         assert!(
-            sources.iter().any(|s| s["serviceAccountToken"]["path"] == rest.as_str() || certificate_file(s)),
+            sources.iter().any(|s| s["serviceAccountToken"]["path"] == rest.as_str()
+                || s["clusterTrustBundle"]["path"] == rest.as_str()
+                || certificate_file(s)),
             "{name}: {path}: no token at {rest} in {volume}"
         );
     }
@@ -146,15 +148,21 @@ fn with_pod_certificates_the_fms_driver_reads_its_key_and_chain_from_the_kubelet
             "signerName": "keyward.io/lmeval", "keyType": "ECDSAP256", "maxExpirationSeconds": 86400,
             "keyPath": "tls.key", "certificateChainPath": "tls.crt"}}]}})
     );
+    // The server CA from the cluster's one ClusterTrustBundle, written to the file it reads.
     let ca = env(&after, "main", "GRPC_SERVER_CA").unwrap();
-    assert_eq!(file_at(&after, "main", ca).0["configMap"]["name"], "keyward-lmeval-server-ca");
+    assert_eq!(ca, "/var/run/secrets/keyward/lmeval-server-ca/ca.crt");
+    assert_eq!(
+        file_at(&after, "main", ca).0,
+        &json!({"name": "keyward-server-ca", "projected": {"defaultMode": 420, "sources": [
+            {"clusterTrustBundle": {"name": "keyward-lmeval-server-ca", "path": "ca.crt"}}]}})
+    );
     assert!(!has_api_token(&after));
-    // No Secret: the signer instead.
+    // No Secret and no ConfigMap: the signer and the trust bundle instead.
     assert_eq!(
         requires(&d),
         [
             ("Signer".into(), "keyward.io/lmeval".into(), "keyward"),
-            ("ConfigMap".into(), "keyward-lmeval-server-ca".into(), "keyward"),
+            ("ClusterTrustBundle".into(), "keyward-lmeval-server-ca".into(), "keyward"),
         ]
     );
     // The pod as admitted is what the profile injects: admitted again, nothing changes.

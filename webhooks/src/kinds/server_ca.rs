@@ -1,14 +1,21 @@
-//! The CA that signs the control plane's serving certificate: one key of a ConfigMap or a
-//! Secret, so the pod can verify the server it calls.
+//! The CA that signs the control plane's serving certificate, so the pod can verify the server
+//! it calls: one key of a ConfigMap or a Secret (copied into each namespace), or a
+//! `clusterTrustBundle` projection (one cluster-wide ClusterTrustBundle, by name, or the bundles
+//! of a signer that a label selector picks), written to a file of the same name.
+
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
 use super::Kind;
 use crate::inject::{
     AuditItem, CaSource, Check, EnvSpec, Injection, MountSpec, ObjectKind, Provider, Provision, Requirement, Source,
-    Unresolved, VolumeSpec,
+    TrustBundleSource, Unresolved, VolumeSpec,
 };
-use crate::names::{is_dns1123_label, is_dns1123_subdomain, DNS1123_LABEL_RULE, DNS1123_SUBDOMAIN_RULE};
+use crate::names::{
+    is_dns1123_label, is_dns1123_subdomain, is_label_value, is_qualified_name, DNS1123_LABEL_RULE,
+    DNS1123_SUBDOMAIN_RULE,
+};
 use crate::names::{NameTemplate, TemplateContext};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -18,6 +25,10 @@ pub struct ServerCa {
     pub secret_name: Option<NameTemplate>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_map_name: Option<NameTemplate>,
+    /// A `clusterTrustBundle` projection instead of a copied object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_trust_bundle: Option<TrustBundle>,
+    /// The key of the Secret or ConfigMap; with a trust bundle, the file it is written to.
     #[serde(default = "default_key")]
     pub key: String,
     #[serde(default = "default_volume")]
@@ -26,13 +37,46 @@ pub struct ServerCa {
     /// Env var set to `<mountPath>/<key>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub file_env: Option<String>,
-    /// Who makes the ConfigMap or Secret exist in each namespace: the admin (the default), or
-    /// keyward, which copies it from `source`.
+    /// Who makes the ConfigMap or Secret exist in each namespace (or the trust bundle, once for
+    /// the cluster): the admin (the default), or keyward, which copies it from `source`.
     #[serde(default)]
     pub provider: Provider,
     /// With `provider: keyward`, where the CA comes from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<CaSource>,
+}
+
+/// Which ClusterTrustBundles the pod trusts (Kubernetes' `ClusterTrustBundleProjection`):
+/// one by `name`, or those of `signerName` that `labelSelector` picks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TrustBundle {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signer_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label_selector: Option<MatchLabels>,
+}
+
+/// A label selector of labels only (`{}` picks every bundle of the signer).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MatchLabels {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub match_labels: BTreeMap<String, String>,
+}
+
+/// Why `name` is not a signer name (`example.com/path`), if it is not.
+fn signer_name_problem(name: &str) -> Option<String> {
+    let ok = name.split_once('/').is_some_and(|(domain, path)| {
+        is_dns1123_subdomain(domain)
+            && domain.contains('.')
+            && !path.is_empty()
+            && path.bytes().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'-' | b'_' | b'/'))
+    });
+    (!ok || name.len() > 571)
+        .then(|| format!("{name:?} is not a signer name: a domain, '/', and a path (e.g. example.com/serving-ca)"))
 }
 
 fn default_key() -> String {
@@ -56,10 +100,28 @@ impl ServerCa {
 
 impl Kind for ServerCa {
     fn validate(&self, check: &mut Check) {
-        let Self { secret_name: _, config_map_name: _, key, volume_name, mount_path, file_env, provider, source } =
-            self;
-        match self.object() {
-            None => check.problem("", "set exactly one of secretName or configMapName"),
+        let Self {
+            secret_name: _,
+            config_map_name: _,
+            cluster_trust_bundle,
+            key,
+            volume_name,
+            mount_path,
+            file_env,
+            provider,
+            source,
+        } = self;
+        match (self.object(), cluster_trust_bundle) {
+            (None, Some(bundle)) if self.secret_name.is_none() && self.config_map_name.is_none() => {
+                bundle.validate(*provider, check)
+            }
+            (_, Some(_)) | (None, None) => {
+                check.problem("", "set exactly one of secretName, configMapName or clusterTrustBundle")
+            }
+            (Some(_), None) => {}
+        }
+        match self.object().filter(|_| cluster_trust_bundle.is_none()) {
+            None => {}
             Some((_, name, field)) if *provider == Provider::Keyward && name.depends_on_pod() => check.problem(
                 field,
                 format!("{:?}: keyward provisions the server CA once per namespace, so the name may use {{namespace}} but not the pod's owner or labels", name.as_str()),
@@ -97,6 +159,9 @@ impl Kind for ServerCa {
     }
 
     fn plan(&self, pod: &TemplateContext<'_>) -> Result<Injection, Unresolved> {
+        if let Some(bundle) = &self.cluster_trust_bundle {
+            return Ok(self.plan_bundle(bundle));
+        }
         let Some((is_config_map, template, field)) = self.object() else {
             return Err(Unresolved {
                 field: "secretName",
@@ -133,11 +198,113 @@ impl Kind for ServerCa {
     }
 
     fn describe(&self, injection: &Injection) -> String {
-        match (injection.item.get("secret"), injection.item.get("configMap")) {
-            (Some(s), _) => format!("server CA: Secret {s} key {} at {}/{}", self.key, self.mount_path, self.key),
-            (_, Some(c)) => format!("server CA: ConfigMap {c} key {} at {}/{}", self.key, self.mount_path, self.key),
+        let at = format!("{}/{}", self.mount_path, self.key);
+        match (injection.item.get("secret"), injection.item.get("configMap"), &self.cluster_trust_bundle) {
+            (Some(s), _, _) => format!("server CA: Secret {s} key {} at {at}", self.key),
+            (_, Some(c), _) => format!("server CA: ConfigMap {c} key {} at {at}", self.key),
+            (_, _, Some(TrustBundle { name: Some(name), .. })) => {
+                format!("server CA: ClusterTrustBundle {name} at {at}")
+            }
+            (_, _, Some(TrustBundle { signer_name: Some(signer), label_selector, .. })) => {
+                let labels = label_selector.as_ref().map(|l| &l.match_labels).filter(|l| !l.is_empty());
+                let which = match labels {
+                    None => "every ClusterTrustBundle".to_string(),
+                    Some(l) => format!(
+                        "the ClusterTrustBundles labelled {}",
+                        l.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
+                    ),
+                };
+                format!("server CA: {which} of signer {signer}, at {at}")
+            }
             _ => format!("server CA at {}", self.mount_path),
         }
+    }
+}
+
+// === impl TrustBundle ===
+
+impl TrustBundle {
+    fn validate(&self, provider: Provider, check: &mut Check) {
+        match (&self.name, &self.signer_name) {
+            (Some(name), None) => {
+                // A bundle linked to no signer may not have ':' in its name; a subdomain has none.
+                if !is_dns1123_subdomain(name) {
+                    check.problem(
+                        "clusterTrustBundle.name",
+                        format!("{name:?} is not a ClusterTrustBundle name ({DNS1123_SUBDOMAIN_RULE})"),
+                    );
+                }
+                if self.label_selector.is_some() {
+                    check.problem("clusterTrustBundle.labelSelector", "only with signerName (a name picks one bundle)");
+                }
+            }
+            (None, Some(signer)) => {
+                if let Some(problem) = signer_name_problem(signer) {
+                    check.problem("clusterTrustBundle.signerName", problem);
+                }
+                match &self.label_selector {
+                    // Kubernetes reads an unset selector as "match nothing": the pod would never start.
+                    None => check.problem(
+                        "clusterTrustBundle.labelSelector",
+                        "required with signerName (unset matches no bundle); {} picks every bundle of the signer",
+                    ),
+                    Some(selector) => {
+                        for (k, v) in &selector.match_labels {
+                            if !is_qualified_name(k) {
+                                check.problem(
+                                    "clusterTrustBundle.labelSelector.matchLabels",
+                                    format!("{k:?} is not a valid label key"),
+                                );
+                            }
+                            if !is_label_value(v) {
+                                check.problem(
+                                    &format!("clusterTrustBundle.labelSelector.matchLabels[{k:?}]"),
+                                    format!("{v:?} is not a valid label value"),
+                                );
+                            }
+                        }
+                    }
+                }
+                if provider == Provider::Keyward {
+                    check.problem("provider", "keyward publishes one bundle of its own, by name: use clusterTrustBundle.name with provider: keyward, or provider: user for a signer's bundles");
+                }
+            }
+            _ => check.problem("clusterTrustBundle", "set exactly one of name or signerName"),
+        }
+    }
+}
+
+impl ServerCa {
+    fn plan_bundle(&self, bundle: &TrustBundle) -> Injection {
+        let source = TrustBundleSource {
+            name: bundle.name.clone(),
+            signer_name: bundle.signer_name.clone(),
+            label_selector: bundle.label_selector.as_ref().map(|l| l.match_labels.clone()),
+            path: self.key.clone(),
+        };
+        // Required by a name or a signer: the object a person would look for.
+        let (name, item) = match (&bundle.name, &bundle.signer_name) {
+            (Some(name), _) => (name.clone(), AuditItem::new("serverCA").with("clusterTrustBundle", name)),
+            (None, signer) => {
+                let signer = signer.clone().unwrap_or_default();
+                let item = AuditItem::new("serverCA").with("clusterTrustBundleSigner", &signer);
+                (signer, item)
+            }
+        };
+        let provision = match (&self.provider, &self.source, &bundle.name) {
+            (Provider::Keyward, Some(source), Some(_)) => {
+                Provision::TrustBundle { source: source.clone(), key: self.key.clone() }
+            }
+            _ => Provision::User,
+        };
+        let mut injection = Injection::new(item.with("volume", &self.volume_name).with("mountPath", &self.mount_path));
+        injection.volume = Some((
+            VolumeSpec { name: self.volume_name.clone(), source: Source::ClusterTrustBundle(source) },
+            MountSpec { volume: self.volume_name.clone(), path: self.mount_path.clone() },
+        ));
+        injection.env.extend(self.file_env.as_deref().map(|e| EnvSpec::file(e, &self.mount_path, &self.key)));
+        injection.requires.push(Requirement::new(ObjectKind::ClusterTrustBundle, name, provision));
+        injection
     }
 }
 
@@ -214,10 +381,110 @@ mod tests {
     }
 
     #[test]
+    fn a_trust_bundle_is_projected_by_name_or_by_signer_and_labels() {
+        let spec: ServerCa = yaml(
+            "clusterTrustBundle: {name: keyward-lmeval-server-ca}\nmountPath: /ca\nfileEnv: CA\nprovider: keyward\nsource: {secret: {namespace: lm-eval, name: grpc-server-cert}}\n",
+        );
+        assert!(problems(&spec).is_empty(), "{:?}", problems(&spec));
+        let injection = with_pod(None, &[], |pod| spec.plan(pod)).unwrap();
+        let (volume, mount) = injection.volume.clone().unwrap();
+        assert_eq!(
+            volume.to_json(),
+            json!({"name": "keyward-server-ca", "projected": {"defaultMode": 420, "sources": [
+                {"clusterTrustBundle": {"name": "keyward-lmeval-server-ca", "path": "ca.crt"}}]}})
+        );
+        assert_eq!(mount.to_json(), json!({"name": "keyward-server-ca", "mountPath": "/ca", "readOnly": true}));
+        assert_eq!(injection.env[0].to_json(), json!({"name": "CA", "value": "/ca/ca.crt"}));
+        let source = CaSource {
+            secret: Some(crate::inject::ObjectKey {
+                namespace: Some("lm-eval".into()),
+                name: "grpc-server-cert".into(),
+                key: "ca.crt".into(),
+            }),
+            config_map: None,
+        };
+        assert_eq!(
+            injection.requires,
+            [Requirement::new(
+                ObjectKind::ClusterTrustBundle,
+                "keyward-lmeval-server-ca",
+                Provision::TrustBundle { source, key: "ca.crt".into() }
+            )]
+        );
+        assert_eq!(spec.describe(&injection), "server CA: ClusterTrustBundle keyward-lmeval-server-ca at /ca/ca.crt");
+
+        // Someone else's: the bundles of a signer, picked by labels ({} for all of them).
+        let spec: ServerCa = yaml(
+            "clusterTrustBundle: {signerName: example.com/serving, labelSelector: {matchLabels: {tier: api}}}\nkey: roots.pem\nmountPath: /ca\n",
+        );
+        assert!(problems(&spec).is_empty(), "{:?}", problems(&spec));
+        let injection = with_pod(None, &[], |pod| spec.plan(pod)).unwrap();
+        assert_eq!(
+            injection.volume.clone().unwrap().0.to_json()["projected"]["sources"][0],
+            json!({"clusterTrustBundle": {"signerName": "example.com/serving", "labelSelector": {"matchLabels": {"tier": "api"}}, "path": "roots.pem"}})
+        );
+        assert_eq!(
+            injection.requires,
+            [Requirement::new(ObjectKind::ClusterTrustBundle, "example.com/serving", Provision::User)]
+        );
+        assert_eq!(
+            spec.describe(&injection),
+            "server CA: the ClusterTrustBundles labelled tier=api of signer example.com/serving, at /ca/roots.pem"
+        );
+        let spec: ServerCa =
+            yaml("clusterTrustBundle: {signerName: example.com/serving, labelSelector: {}}\nmountPath: /ca\n");
+        let injection = with_pod(None, &[], |pod| spec.plan(pod)).unwrap();
+        assert_eq!(
+            injection.volume.unwrap().0.to_json()["projected"]["sources"][0]["clusterTrustBundle"]["labelSelector"],
+            json!({})
+        );
+    }
+
+    #[test]
+    fn a_trust_bundle_is_named_by_kubernetes_rules_and_keyward_publishes_only_its_own() {
+        for (yaml_text, expected) in [
+            (
+                "clusterTrustBundle: {name: \"a:b\"}\nmountPath: /m\n",
+                vec!["spec.inject.k.clusterTrustBundle.name: \"a:b\" is not a ClusterTrustBundle name (lowercase letters, digits, '-' and '.', starting and ending with a letter or digit, at most 253 characters)"],
+            ),
+            (
+                "clusterTrustBundle: {name: a, signerName: example.com/x}\nmountPath: /m\n",
+                vec!["spec.inject.k.clusterTrustBundle: set exactly one of name or signerName"],
+            ),
+            (
+                "clusterTrustBundle: {signerName: example.com/x}\nmountPath: /m\nprovider: keyward\nsource: {secret: {name: s}}\n",
+                vec![
+                    "spec.inject.k.clusterTrustBundle.labelSelector: required with signerName (unset matches no bundle); {} picks every bundle of the signer",
+                    "spec.inject.k.provider: keyward publishes one bundle of its own, by name: use clusterTrustBundle.name with provider: keyward, or provider: user for a signer's bundles",
+                ],
+            ),
+            (
+                "clusterTrustBundle: {signerName: nodomain, labelSelector: {matchLabels: {\"bad key\": \"-v\"}}}\nmountPath: /m\n",
+                vec![
+                    "spec.inject.k.clusterTrustBundle.signerName: \"nodomain\" is not a signer name: a domain, '/', and a path (e.g. example.com/serving-ca)",
+                    "spec.inject.k.clusterTrustBundle.labelSelector.matchLabels: \"bad key\" is not a valid label key",
+                    "spec.inject.k.clusterTrustBundle.labelSelector.matchLabels[\"bad key\"]: \"-v\" is not a valid label value",
+                ],
+            ),
+            (
+                "clusterTrustBundle: {name: a, labelSelector: {}}\nconfigMapName: c\nmountPath: /m\n",
+                vec!["spec.inject.k: set exactly one of secretName, configMapName or clusterTrustBundle"],
+            ),
+            (
+                "clusterTrustBundle: {name: a}\nmountPath: /m\nprovider: keyward\n",
+                vec!["spec.inject.k.source: with provider: keyward, say where the CA comes from: source: {secret: {name, key}} or {configMap: {name, key}} (in the operator's namespace unless a namespace is given)"],
+            ),
+        ] {
+            let spec: ServerCa = yaml(yaml_text);
+            assert_eq!(problems(&spec), expected, "{yaml_text}");
+        }
+    }
+
+    #[test]
     fn exactly_one_source_and_a_usable_key() {
         let spec: ServerCa = yaml("secretName: a\nconfigMapName: b\nkey: ../x\nmountPath: /m\n");
         let problems = problems(&spec);
-        assert_eq!(problems[0], "spec.inject.k: set exactly one of secretName or configMapName");
+        assert_eq!(problems[0], "spec.inject.k: set exactly one of secretName, configMapName or clusterTrustBundle");
         assert!(problems[1].starts_with("spec.inject.k.key: must be a Secret or ConfigMap key"), "{problems:?}");
     }
 }
