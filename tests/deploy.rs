@@ -260,7 +260,7 @@ fn the_controller_is_leader_elected_least_privileged_and_mounts_the_client_ca() 
             {"apiGroups": ["certificates.k8s.io"], "resources": ["podcertificaterequests"], "verbs": ["get", "list", "watch"]},
             {"apiGroups": ["certificates.k8s.io"], "resources": ["podcertificaterequests/status"], "verbs": ["update"]},
             {"apiGroups": ["certificates.k8s.io"], "resources": ["signers"], "resourceNames": ["keyward.io/*"], "verbs": ["sign", "attest"]},
-            {"apiGroups": ["certificates.k8s.io"], "resources": ["clustertrustbundles"], "verbs": ["get", "list", "create", "update", "delete"]},
+            {"apiGroups": ["certificates.k8s.io"], "resources": ["clustertrustbundles"], "verbs": ["get", "list", "watch", "create", "update", "delete"]},
             {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}
         ])
     );

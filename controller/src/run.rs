@@ -280,6 +280,18 @@ pub async fn run(
         touch(stream, &[Key::PublishClientCa], &tx, &mut tasks);
     }
 
+    // keyward's ClusterTrustBundles (the client CA of each signer, the server CAs): one changed
+    // or deleted by someone else is written again at once, not at the next resync.
+    if let Some(version) = reconciler.settings().trust_bundles {
+        let api = Api::<DynamicObject>::all_with(client.clone(), &version.trust_bundles());
+        let stream = watcher::watcher(api, watcher::Config::default().labels(&managed).page_size(500));
+        touch(stream, &[Key::PublishClientCa, Key::ServerCaBundles], &tx, &mut tasks);
+    }
+    // The cluster facts the webhook reads, by name: likewise.
+    let fields = format!("metadata.name={}", keyward_engine::cluster::CONFIG_MAP);
+    let api = Api::<ConfigMap>::namespaced(client.clone(), &reconciler.settings().namespace);
+    touch(watcher(api, watcher::Config::default().fields(&fields)), &[Key::ClusterFacts], &tx, &mut tasks);
+
     // The self-managed serving certificate and client CA: their Secrets and the webhook
     // configuration, each watched by name, so a wiped caBundle or a damaged Secret is repaired
     // at once.

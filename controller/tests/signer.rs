@@ -592,6 +592,11 @@ async fn the_server_ca_is_one_cluster_trust_bundle_kept_equal_to_its_source_and_
     let r = reconciler_with(fake.client("keyward"), profiles(), &ca, Leadership::always(), signing(version));
     let run = start(&fake, r.clone(), Leadership::always(), &ca, "keyward");
     let bundle = fake.until(LIMIT, server_ca_bundle).await;
+    // Deleted by hand, it is back at once (watched), as are the cluster facts.
+    fake.until(LIMIT, facts_of).await;
+    fake.remove("certificates.k8s.io/v1beta1", "ClusterTrustBundle", "", "keyward-lmeval-server-ca");
+    fake.remove("v1", "ConfigMap", "keyward-system", "keyward-cluster-facts");
+    fake.until(LIMIT, |f| server_ca_bundle(f).and(facts_of(f))).await;
     run.abort();
     assert_eq!(bundle["spec"], json!({"trustBundle": first.cert_pem()}), "unlinked: no signerName, {bundle:#}");
     assert_eq!(bundle["metadata"]["labels"]["app.kubernetes.io/managed-by"], "keyward");
