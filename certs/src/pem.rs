@@ -220,7 +220,8 @@ pub fn ca_bundle(text: &[u8], what: &str) -> Result<String, Error> {
     let mut certificates = Vec::new();
     for section in <(SectionKind, Vec<u8>) as PemObject>::pem_slice_iter(text) {
         let (kind, der) = section.map_err(|e| refuse(format!("not valid PEM: {}", pem_error(&e))))?;
-        if kind == SectionKind::Certificate {
+        // Once each: the apiserver refuses a ClusterTrustBundle that repeats a certificate.
+        if kind == SectionKind::Certificate && !certificates.contains(&der) {
             certificates.push(der);
         }
     }

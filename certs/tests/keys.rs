@@ -195,3 +195,13 @@ fn an_expiring_development_ca_is_replaced() {
     ensure_dev_dir(dir.path(), &[], now).unwrap();
     assert_ne!(std::fs::read_to_string(dir.path().join("ca.crt")).unwrap(), old.cert_pem());
 }
+
+#[test]
+fn a_ca_bundle_keeps_each_certificate_once() {
+    // A source that repeats its CA (two cert-manager fields concatenated, say): the apiserver
+    // refuses a ClusterTrustBundle that repeats a certificate, so the bundle holds it once.
+    let (first, second) = (ca(), ca());
+    let repeated = format!("{}{}{}", first.cert_pem(), second.cert_pem(), first.cert_pem());
+    let bundle = keyward_certs::pem::ca_bundle(repeated.as_bytes(), "ca.crt").unwrap();
+    assert_eq!(bundle, format!("{}{}", first.cert_pem(), second.cert_pem()));
+}
