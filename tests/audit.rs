@@ -179,6 +179,14 @@ fn auto_profile(dir: &std::path::Path) -> std::path::PathBuf {
     path
 }
 
+/// Makes discovery say the cluster serves PodCertificateRequest v1beta1 (the fake serves a
+/// version once it holds an object of it): one request, for a pod of team-a.
+fn serves_pod_certificates(fake: &FakeApi) {
+    let pod = fms_pod(None, "team-a", "p", "good", "uid-good-job");
+    let key = support::pcr::KeyField::Pkix(b"key");
+    fake.seed(support::pcr::request("certificates.k8s.io/v1beta1", "req-1", &pod, "keyward.io/lmeval", key));
+}
+
 #[test]
 fn a_healthy_cluster_has_no_findings_and_exits_0() {
     let fake = healthy();
@@ -361,14 +369,7 @@ fn explain_resolves_delivery_auto_by_the_cluster_or_the_facts_file_and_says_whic
     // --cluster: as keyward's controller decides there, by discovery; none served here yet.
     let cluster = ["explain", "--cluster", "--kubeconfig", "{kubeconfig}", "--profiles", profile, pod];
     assert!(line(&against(&fake, &cluster)).ends_with(secret));
-    let driver = fms_pod(None, "team-a", "p", "good", "uid-good-job");
-    fake.seed(support::pcr::request(
-        "certificates.k8s.io/v1beta1",
-        "req-1",
-        &driver,
-        "keyward.io/lmeval",
-        support::pcr::KeyField::Pkix(b"key"),
-    ));
+    serves_pod_certificates(&fake);
     assert!(line(&against(&fake, &cluster)).ends_with(signed));
     assert!(fake.attempted_writes().is_empty(), "read-only");
 }
@@ -609,14 +610,7 @@ fn manifests_cluster_facts_renders_what_the_controller_writes_from_discovery_or_
     // From discovery: nothing served, then PodCertificateRequests at v1beta1.
     let out = against(&fake, &["manifests", "cluster-facts", "--kubeconfig", "{kubeconfig}"]);
     assert_eq!(facts_of(&out), "off");
-    let pod = fms_pod(None, "team-a", "p", "good", "uid-good-job");
-    fake.seed(support::pcr::request(
-        "certificates.k8s.io/v1beta1",
-        "req-1",
-        &pod,
-        "keyward.io/lmeval",
-        support::pcr::KeyField::Pkix(b"key"),
-    ));
+    serves_pod_certificates(&fake);
     let out = against(&fake, &["manifests", "cluster-facts", "--kubeconfig", "{kubeconfig}"]);
     assert_eq!(facts_of(&out), "v1beta1");
     assert!(fake.attempted_writes().is_empty());

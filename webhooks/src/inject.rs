@@ -112,27 +112,19 @@ impl Serialize for VolumeSpec {
             expiration_seconds: i64,
             path: &'a str,
         }
+        /// One projection source: exactly one of these is set.
         #[derive(Serialize)]
         #[serde(rename_all = "camelCase")]
-        struct Projection<'a> {
-            service_account_token: Token<'a>,
+        enum Projection<'a> {
+            ServiceAccountToken(Token<'a>),
+            PodCertificate(&'a PodCertificateSource),
+            ClusterTrustBundle(Bundle<'a>),
         }
         #[derive(Serialize)]
         #[serde(rename_all = "camelCase")]
         struct Projected<'a> {
             default_mode: i64,
             sources: [Projection<'a>; 1],
-        }
-        #[derive(Serialize)]
-        #[serde(rename_all = "camelCase")]
-        struct CertificateProjection<'a> {
-            pod_certificate: &'a PodCertificateSource,
-        }
-        #[derive(Serialize)]
-        #[serde(rename_all = "camelCase")]
-        struct ProjectedCertificate<'a> {
-            default_mode: i64,
-            sources: [CertificateProjection<'a>; 1],
         }
         #[derive(Serialize)]
         #[serde(rename_all = "camelCase")]
@@ -150,17 +142,6 @@ impl Serialize for VolumeSpec {
             #[serde(skip_serializing_if = "Option::is_none")]
             label_selector: Option<Selector<'a>>,
             path: &'a str,
-        }
-        #[derive(Serialize)]
-        #[serde(rename_all = "camelCase")]
-        struct BundleProjection<'a> {
-            cluster_trust_bundle: Bundle<'a>,
-        }
-        #[derive(Serialize)]
-        #[serde(rename_all = "camelCase")]
-        struct ProjectedBundle<'a> {
-            default_mode: i64,
-            sources: [BundleProjection<'a>; 1],
         }
         let mut map = serializer.serialize_map(Some(2))?;
         map.serialize_entry("name", &self.name)?;
@@ -183,39 +164,25 @@ impl Serialize for VolumeSpec {
                     default_mode: DEFAULT_MODE,
                 },
             )?,
-            Source::ServiceAccountToken { audience, expiration_seconds, path } => map.serialize_entry(
-                "projected",
-                &Projected {
-                    default_mode: DEFAULT_MODE,
-                    sources: [Projection {
-                        service_account_token: Token { audience, expiration_seconds: *expiration_seconds, path },
-                    }],
-                },
-            )?,
-            Source::PodCertificate(certificate) => map.serialize_entry(
-                "projected",
-                &ProjectedCertificate {
-                    default_mode: DEFAULT_MODE,
-                    sources: [CertificateProjection { pod_certificate: certificate }],
-                },
-            )?,
-            Source::ClusterTrustBundle(bundle) => map.serialize_entry(
-                "projected",
-                &ProjectedBundle {
-                    default_mode: DEFAULT_MODE,
-                    sources: [BundleProjection {
-                        cluster_trust_bundle: Bundle {
-                            name: bundle.name.as_deref(),
-                            signer_name: bundle.signer_name.as_deref(),
-                            label_selector: bundle
-                                .label_selector
-                                .as_ref()
-                                .map(|match_labels| Selector { match_labels }),
-                            path: &bundle.path,
-                        },
-                    }],
-                },
-            )?,
+            Source::ServiceAccountToken { audience, expiration_seconds, path } => {
+                let token = Token { audience, expiration_seconds: *expiration_seconds, path };
+                let sources = [Projection::ServiceAccountToken(token)];
+                map.serialize_entry("projected", &Projected { default_mode: DEFAULT_MODE, sources })?
+            }
+            Source::PodCertificate(certificate) => {
+                let sources = [Projection::PodCertificate(certificate)];
+                map.serialize_entry("projected", &Projected { default_mode: DEFAULT_MODE, sources })?
+            }
+            Source::ClusterTrustBundle(bundle) => {
+                let bundle = Bundle {
+                    name: bundle.name.as_deref(),
+                    signer_name: bundle.signer_name.as_deref(),
+                    label_selector: bundle.label_selector.as_ref().map(|match_labels| Selector { match_labels }),
+                    path: &bundle.path,
+                };
+                let sources = [Projection::ClusterTrustBundle(bundle)];
+                map.serialize_entry("projected", &Projected { default_mode: DEFAULT_MODE, sources })?
+            }
         }
         map.end()
     }
