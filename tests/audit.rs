@@ -664,3 +664,47 @@ fn a_server_ca_trust_bundle_is_looked_up_cluster_wide_by_explain_and_the_audit()
     assert!(report["findings"].as_array().unwrap().iter().all(|f| f["pod"] != "pc-driver"), "{report:#}");
     assert!(fake.attempted_writes().is_empty(), "read-only");
 }
+
+#[test]
+fn where_keyward_signs_anyone_but_the_nodes_who_may_create_requests_is_reported() {
+    let fake = healthy();
+    let profile = "deploy/profiles/lmeval-pod-certificate.yaml";
+    let rbac = "rbac.authorization.k8s.io/v1";
+    // The nodes' own grant, and a robot's.
+    fake.seed(json!({"apiVersion": rbac, "kind": "ClusterRole", "metadata": {"name": "system:node"},
+        "rules": [{"apiGroups": ["certificates.k8s.io"], "resources": ["podcertificaterequests"], "verbs": ["create"]}]}));
+    fake.seed(json!({"apiVersion": rbac, "kind": "ClusterRoleBinding", "metadata": {"name": "system:node"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:node"},
+        "subjects": [{"kind": "Group", "name": "system:nodes"}]}));
+    fake.seed(json!({"apiVersion": rbac, "kind": "Role", "metadata": {"name": "requester", "namespace": "team-a"},
+        "rules": [{"apiGroups": ["certificates.k8s.io"], "resources": ["podcertificaterequests"], "verbs": ["create"]}]}));
+    fake.seed(json!({"apiVersion": rbac, "kind": "RoleBinding", "metadata": {"name": "ci", "namespace": "team-a"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "requester"},
+        "subjects": [{"kind": "ServiceAccount", "name": "ci"}]}));
+
+    let out = audit(&fake, &["-n", "team-a", "--profiles", profile, "-o", "json"]);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let requesters: Vec<&Value> =
+        report["findings"].as_array().unwrap().iter().filter(|f| f["finding"] == "certificate-requesters").collect();
+    assert_eq!(
+        requesters,
+        [&json!({"namespace": "", "pod": "", "finding": "certificate-requesters", "profile": null,
+            "detail": "ServiceAccount team-a/ci may create PodCertificateRequests (RoleBinding team-a/ci -> Role requester): with a key of its own it can ask keyward's signers for the identity of any pod in namespace team-a that keyward signs for, and keyward cannot tell its requests from a kubelet's; grant it to the nodes only"})],
+        "{report:#}"
+    );
+    assert_eq!(out.status.code(), Some(1));
+
+    // Profiles that sign nothing: RBAC is not read at all.
+    let calls_before = fake.calls().len();
+    let out = audit(&fake, &["-n", "team-a"]);
+    assert!(fake.calls()[calls_before..].iter().all(|c| !c.resource.starts_with("rbac.authorization.k8s.io")));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+
+    // Not allowed to read RBAC: said, and the rest of the audit goes on.
+    fake.fail("GET", "rbac.authorization.k8s.io/v1/clusterroles", 403, usize::MAX);
+    let out = audit(&fake, &["-n", "team-a", "--profiles", profile, "-o", "json"]);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(report["findings"].as_array().unwrap().iter().all(|f| f["finding"] != "certificate-requesters"));
+    let notes = report["notes"].to_string();
+    assert!(notes.contains("who may create PodCertificateRequests was not checked: forbidden to list clusterroles (deploy/audit/rbac.yaml grants it)"), "{report:#}");
+}

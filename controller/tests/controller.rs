@@ -585,8 +585,11 @@ async fn only_ca_certificates_are_ever_copied_from_a_source() {
     let leaf = old.issue_serving(&["grpc.lm-eval.svc".into()], now, day).unwrap();
     let note = copy_of(&leaf.cert_pem).await.unwrap_err();
     assert!(note.contains("certificate 1 (CN=grpc.lm-eval.svc) is not a CA (no basicConstraints CA:TRUE)"), "{note}");
+    // A certificate given twice: copied once (a ClusterTrustBundle may not repeat one).
+    assert_eq!(copy_of(&old.cert_pem().repeat(2)).await.unwrap(), old.cert_pem());
     // More certificates than a trust bundle may hold.
-    let many = old.cert_pem().repeat(17);
+    let many: String =
+        (0..17).map(|i| Ca::mint(&format!("gRPC CA {i}"), now, day).unwrap().cert_pem().to_string()).collect();
     let note = copy_of(&many).await.unwrap_err();
     assert!(note.contains("holds 17 certificates, more than the 16 a trust bundle may have"), "{note}");
 }

@@ -89,6 +89,10 @@ pub async fn gather(
     let installed = config.as_ref().and_then(|c| c.metadata.creation_timestamp.as_ref()).map(|t| t.0.to_string());
     out.findings.extend(check_config(config.as_ref(), scope, profiles));
     out.findings.extend(check_install(client, scope, config.as_ref(), now, &mut out.notes).await?);
+    // Where keyward signs pod certificates: who else may ask for them.
+    if !keyward_controller::signer::signers(profiles).is_empty() {
+        out.findings.extend(check_requesters(client, &mut out.notes).await?);
+    }
 
     // The namespaces (their opt-in label).
     let namespaces: BTreeMap<String, NamespaceFacts> = match &scope.namespace {
@@ -288,6 +292,56 @@ fn request_state(request: &DynamicObject, created: &str) -> RequestState {
 /// Lookups in flight at once: enough to hide round trips, few enough for any apiserver's
 /// priority and fairness.
 const LOOKUPS_AT_ONCE: usize = 8;
+
+/// Who, besides the nodes, may create PodCertificateRequests (cluster findings). Without the
+/// right to read RBAC: a note, and the rest of the audit goes on.
+async fn check_requesters(client: &Client, notes: &mut Vec<String>) -> Result<Vec<Finding>, AuditError> {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+    let read = async {
+        Ok::<_, AuditError>(super::rbac::Rbac {
+            cluster_roles: list_pages(Api::<ClusterRole>::all(client.clone()), "clusterroles").await?,
+            roles: list_pages(Api::<Role>::all(client.clone()), "roles").await?,
+            cluster_role_bindings: list_pages(Api::<ClusterRoleBinding>::all(client.clone()), "clusterrolebindings")
+                .await?,
+            role_bindings: list_pages(Api::<RoleBinding>::all(client.clone()), "rolebindings").await?,
+        })
+    };
+    let rbac = match read.await {
+        Ok(rbac) => rbac,
+        Err(AuditError::Forbidden { what }) => {
+            notes.push(format!("who may create PodCertificateRequests was not checked: forbidden to {what} (deploy/audit/rbac.yaml grants it)"));
+            return Ok(Vec::new());
+        }
+        Err(e) => return Err(e),
+    };
+    Ok(super::rbac::pod_certificate_creators(&rbac)
+        .into_iter()
+        .map(|grant| Finding {
+            namespace: String::new(),
+            pod: String::new(),
+            finding: Kind::CertificateRequesters,
+            profile: None,
+            detail: grant.detail(),
+        })
+        .collect())
+}
+
+/// Every object of `api`, a page at a time.
+async fn list_pages<K>(api: Api<K>, plural: &str) -> Result<Vec<K>, AuditError>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut all = Vec::new();
+    let mut params = ListParams::default().limit(PAGE);
+    loop {
+        let page = api.list(&params).await.map_err(api_error(format!("list {plural}")))?;
+        all.extend(page.items);
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(all),
+        }
+    }
+}
 
 /// Whether `d` exists now.
 async fn exists(client: &Client, d: &Dependency) -> Result<bool, AuditError> {

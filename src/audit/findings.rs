@@ -33,6 +33,7 @@ pub enum Kind {
     DeploymentUnavailable,
     NoLeader,
     CertificatePending,
+    CertificateRequesters,
 }
 
 impl Kind {
@@ -49,6 +50,7 @@ impl Kind {
             Self::DeploymentUnavailable => "deployment-unavailable",
             Self::NoLeader => "no-leader",
             Self::CertificatePending => "certificate-pending",
+            Self::CertificateRequesters => "certificate-requesters",
         }
     }
 }
@@ -450,7 +452,7 @@ fn controller_owner(pod: &Value, namespace: &str) -> Option<OwnerRef> {
 
 /// A name from a pod's annotation, safe to print in a table: as it is when it is a Kubernetes
 /// name, else quoted with escapes and clipped (no control character reaches a terminal).
-fn printable_name(name: &str) -> String {
+pub(super) fn printable_name(name: &str) -> String {
     if keyward_engine::names::is_dns1123_subdomain(name) {
         return name.to_string();
     }

@@ -4,6 +4,7 @@
 
 mod collect;
 mod findings;
+mod rbac;
 
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
