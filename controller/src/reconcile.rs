@@ -1026,8 +1026,9 @@ impl Reconciler {
     pub async fn publish_cluster_facts(&self) -> Result<(), Error> {
         let ns = &self.settings.namespace;
         let object = objects::cluster_facts_config_map(ns, &self.profiles.facts());
-        let stores = lock(&self.stores).clone();
-        match self.ensure(ns, stores.as_ref().map(|s| &s.config_maps), object, |a, b| a.data == b.data).await {
+        // Read fresh, not from the watched store: its own watch calls this the moment the
+        // ConfigMap is deleted, when the store may not have seen the deletion yet.
+        match self.ensure::<ConfigMap>(ns, None, object, |a, b| a.data == b.data).await {
             Ok(Action::Foreign) => {
                 self.metrics.object("cluster-facts", Action::Foreign, true);
                 tracing::warn!(namespace = %ns, name = keyward_engine::cluster::CONFIG_MAP, "a ConfigMap keyward does not manage has the cluster facts' name; left alone (the webhook reads it: delete it, or make it say what this controller found)");

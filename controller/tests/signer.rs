@@ -405,7 +405,7 @@ async fn the_client_ca_is_each_signers_trust_bundle_with_both_cas_through_a_rota
     let ca = client_ca();
     let settings = Settings { trust_bundles: Some(ApiVersion::V1beta1), ..signing(ApiVersion::V1beta1) };
     let r = reconciler_with(fake.client("keyward"), profiles(), &ca, Leadership::always(), settings.clone());
-    let _run = start(&fake, r.clone(), Leadership::always(), &ca, "keyward");
+    let run = start(&fake, r.clone(), Leadership::always(), &ca, "keyward");
     let bundle = fake.until(LIMIT, bundle_of).await;
     assert_eq!(bundle["spec"]["signerName"], SIGNER);
     assert_eq!(bundle["metadata"]["labels"]["app.kubernetes.io/managed-by"], "keyward");
@@ -442,7 +442,10 @@ async fn the_client_ca_is_each_signers_trust_bundle_with_both_cas_through_a_rota
     assert_eq!(ders(bundle["spec"]["trustBundle"].as_str().unwrap()), ders(&new_cert));
     assert!(bundle["metadata"]["annotations"]["keyward.io/previous-ca-until"].is_null(), "{bundle:#}");
 
-    // No profile uses the signer any more: its bundle is removed; another's is never touched.
+    // No profile uses the signer any more (a reload ends the loop of the old set, whose watch
+    // would write the bundle back): its bundle is removed; another's is never touched.
+    run.abort();
+    let _ = run.await;
     fake.seed(json!({"apiVersion": "certificates.k8s.io/v1beta1", "kind": "ClusterTrustBundle",
         "metadata": {"name": "example.com:other:ca"}, "spec": {"signerName": "example.com/other", "trustBundle": new_cert}}));
     let without =
