@@ -708,3 +708,40 @@ fn where_keyward_signs_anyone_but_the_nodes_who_may_create_requests_is_reported(
     let notes = report["notes"].to_string();
     assert!(notes.contains("who may create PodCertificateRequests was not checked: forbidden to list clusterroles (deploy/audit/rbac.yaml grants it)"), "{report:#}");
 }
+
+#[test]
+fn a_pod_keyward_injected_under_a_profile_that_now_conflicts_with_it_is_stale() {
+    // healthy()'s pod "good" got the client certificate as a Secret; the profile now delivers
+    // it as a pod certificate into the same volume name. With onConflict: skip (this profile)
+    // or deny (the default), the decision is a conflict, not an injection: still stale.
+    let fake = healthy();
+    let dir = tempfile::tempdir().unwrap();
+    let skip = "deploy/profiles/lmeval-pod-certificate.yaml";
+    let yaml = std::fs::read_to_string(skip).unwrap();
+    assert!(yaml.contains("  onConflict: skip\n"));
+    let deny = dir.path().join("lmeval-deny.yaml");
+    std::fs::write(&deny, yaml.replace("  onConflict: skip\n", "  onConflict: deny\n")).unwrap();
+    for profile in [skip, deny.to_str().unwrap()] {
+        let out = audit(&fake, &["-n", "team-a", "--profiles", profile, "-o", "json"]);
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let stale: Vec<(&str, &str)> = report["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["finding"] == "stale")
+            .map(|f| (f["pod"].as_str().unwrap(), f["detail"].as_str().unwrap()))
+            .collect();
+        assert_eq!(stale.len(), 1, "{profile}: {report:#}");
+        assert_eq!(stale[0].0, "good");
+        assert!(
+            stale[0].1.starts_with("injected differently from what profile \"lmeval\" injects now, which conflicts with what keyward injected then (")
+                && stale[0].1.ends_with("): the profile changed since; recreate the pod"),
+            "{}",
+            stale[0].1
+        );
+        assert!(stale[0].1.contains("keyward-client-cert"), "{}", stale[0].1);
+    }
+    // Under the profile that injected it, nothing.
+    let out = audit(&fake, &["-n", "team-a"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+}

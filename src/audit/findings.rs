@@ -233,6 +233,10 @@ pub fn examine(
                 e.push(Kind::Stale, recorded_profile.clone(), format!("injected by profile {}, but profile {} selects it now; recreate the pod to get what {} injects", quoted(&recorded_profile), quoted(&selected), quoted(&selected)));
             } else if reason == Reason::Injected && spec_changes > 0 {
                 e.push(Kind::Stale, recorded_profile.clone(), format!("injected differently from what profile {} injects now ({spec_changes} changes to the spec apart: the profile changed since); recreate the pod", quoted(&selected)));
+            } else if let Some(conflicts) = conflicts_of(&decision) {
+                // keyward's own injection now conflicts with what the profile injects (a
+                // volume of keyward's name from another source, say): the profile changed.
+                e.push(Kind::Stale, recorded_profile.clone(), format!("injected differently from what profile {} injects now, which conflicts with what keyward injected then ({conflicts}): the profile changed since; recreate the pod", quoted(&selected)));
             }
         }
     }
@@ -365,6 +369,20 @@ fn provider_hint(kind: ObjectKind) -> &'static str {
         }
         ObjectKind::Signer => "keyward's controller signs its PodCertificateRequests; see its logs",
         ObjectKind::ClusterTrustBundle => "if keyward provides it (a server CA, published once for the cluster), see the controller's logs; otherwise create it",
+    }
+}
+
+/// What the profile's injection conflicts with in the pod, when the decision is a conflict
+/// (refused, or skipped with `onConflict: skip`).
+fn conflicts_of(decision: &keyward_engine::Decision) -> Option<String> {
+    match decision.reason {
+        Reason::Conflict => {
+            decision.message().and_then(|m| m.split_once("into this pod: ").map(|(_, c)| c.to_string()))
+        }
+        Reason::ConflictSkipped => {
+            decision.warnings.first().and_then(|w| w.split_once("(onConflict: skip): ").map(|(_, c)| c.to_string()))
+        }
+        _ => None,
     }
 }
 
