@@ -139,18 +139,29 @@ pub enum PodCertificates {
     Off,
 }
 
+impl PodCertificates {
+    /// The version this choice names without asking the cluster (`None` for `auto`): `Some(None)`
+    /// is `off`.
+    pub fn fixed(self) -> Option<Option<keyward_controller::signer::ApiVersion>> {
+        use keyward_controller::signer::ApiVersion;
+        match self {
+            Self::Off => Some(None),
+            Self::V1 => Some(Some(ApiVersion::V1)),
+            Self::V1beta1 => Some(Some(ApiVersion::V1beta1)),
+            Self::Auto => None,
+        }
+    }
+}
+
 /// The version of `certificates.k8s.io` that serves PodCertificateRequests, as `choice` says
 /// or, for `auto`, as discovery says (v1 preferred).
 pub async fn pod_certificate_api(
     client: &kube::Client,
     choice: PodCertificates,
 ) -> anyhow::Result<Option<keyward_controller::signer::ApiVersion>> {
-    use keyward_controller::signer::ApiVersion;
-    match choice {
-        PodCertificates::Off => Ok(None),
-        PodCertificates::V1 => Ok(Some(ApiVersion::V1)),
-        PodCertificates::V1beta1 => Ok(Some(ApiVersion::V1beta1)),
-        PodCertificates::Auto => served(client, ApiVersion::PLURAL).await.context("--pod-certificates auto"),
+    match choice.fixed() {
+        Some(version) => Ok(version),
+        None => served(client, keyward_controller::signer::ApiVersion::PLURAL).await.context("--pod-certificates auto"),
     }
 }
 

@@ -23,13 +23,10 @@ pub fn cluster_facts_yaml(
     namespace: &str,
     access: &crate::kubeconfig::KubeconfigArgs,
 ) -> anyhow::Result<String> {
-    use crate::controller::PodCertificates;
-    use keyward_controller::signer::ApiVersion;
-    let version = match choice {
-        PodCertificates::Off => None,
-        PodCertificates::V1 => Some(ApiVersion::V1),
-        PodCertificates::V1beta1 => Some(ApiVersion::V1beta1),
-        PodCertificates::Auto => {
+    let version = match choice.fixed() {
+        Some(version) => version,
+        // Only `auto` asks the cluster.
+        None => {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             runtime.block_on(async {
                 let (client, _) = access.client().await?;

@@ -4,7 +4,7 @@
 //! apiserver has checked that the kubelet runs that pod and holds the key. keyward answers with
 //! the owner's certificate, or a denial a person can act on.
 //!
-//! Pure but for discovery ([`served_version`]): what a request says ([`Request::read`]), what
+//! Pure but for two lookups ([`served_version`], [`trust_bundle_exists`]): what a request says ([`Request::read`]), what
 //! to answer ([`decide`]), and the status that answers it ([`issued_status`],
 //! [`denied_status`]). The calls are in `reconcile`.
 

@@ -345,7 +345,10 @@ where
 
 /// Whether `d` exists now.
 async fn exists(client: &Client, d: &Dependency) -> Result<bool, AuditError> {
-    let what = format!("get {}/{} in namespace {}", plural(d.kind), d.name, d.namespace);
+    let what = match d.namespace.as_str() {
+        "" => format!("get {}/{}", plural(d.kind), d.name),
+        ns => format!("get {}/{} in namespace {ns}", plural(d.kind), d.name),
+    };
     match d.kind {
         ObjectKind::Secret => {
             Api::<Secret>::namespaced(client.clone(), &d.namespace).get_opt(&d.name).await.map(|o| o.is_some())
@@ -356,8 +359,7 @@ async fn exists(client: &Client, d: &Dependency) -> Result<bool, AuditError> {
         ObjectKind::ServiceAccount => {
             Api::<ServiceAccount>::namespaced(client.clone(), &d.namespace).get_opt(&d.name).await.map(|o| o.is_some())
         }
-        // Cluster-wide, by name (a signer's bundles, picked by labels, are not looked up).
-        ObjectKind::ClusterTrustBundle if d.name.contains('/') => Ok(true),
+        // Cluster-wide, by name.
         ObjectKind::ClusterTrustBundle => keyward_controller::signer::trust_bundle_exists(client, &d.name).await,
         // Not an object (never made a dependency): nothing to look up.
         ObjectKind::Signer => Ok(true),

@@ -260,8 +260,16 @@ pub fn examine(
                         });
                     }
                 }
-                for r in injection.requires.iter().filter(|r| r.kind != ObjectKind::Signer) {
-                    let d = Dependency { kind: r.kind, namespace: namespace.to_string(), name: r.name.clone() };
+                // A signer is not an object; a signer's bundles, picked by labels, have no name.
+                let named = |r: &&keyward_engine::Requirement| match r.kind {
+                    ObjectKind::Signer => false,
+                    ObjectKind::ClusterTrustBundle => !r.name.contains('/'),
+                    _ => true,
+                };
+                for r in injection.requires.iter().filter(named) {
+                    // Cluster-wide objects are looked up once, whichever namespace needs them.
+                    let ns = if r.kind == ObjectKind::ClusterTrustBundle { "" } else { namespace };
+                    let d = Dependency { kind: r.kind, namespace: ns.to_string(), name: r.name.clone() };
                     if r.provision == Provision::ClientCertificate {
                         e.certificate = Some(d.clone());
                     }
