@@ -421,15 +421,19 @@ fn touch<K>(
 {
     let (tx, keys) = (tx.clone(), keys.to_vec());
     tasks.spawn(async move {
-        let stream = stream.default_backoff().touched_objects();
+        let stream = stream.default_backoff();
         futures::pin_mut!(stream);
         while let Some(event) = stream.next().await {
             match event {
-                Ok(_) => {
+                // A list reports what exists, never what went: an object deleted while the
+                // watch was down (before it first listed, or across a 410 Gone) shows only as
+                // a list that ends without it. So the end of every list counts as a change.
+                Ok(Event::Apply(_) | Event::Delete(_) | Event::InitDone) => {
                     for key in &keys {
                         let _ = tx.send(key.clone());
                     }
                 }
+                Ok(Event::Init | Event::InitApply(_)) => {}
                 Err(e) => tracing::warn!(error = %e, ?keys, "watch failed; retrying with backoff"),
             }
         }
@@ -599,14 +603,24 @@ where
     let (store, writer) = reflector::store::<K>();
     let stream = watcher(Api::<K>::all(client.clone()), watcher::Config::default().labels(selector))
         .default_backoff()
-        .reflect(writer)
-        .touched_objects();
+        .reflect(writer);
     let (tx, namespaces) = (tx.clone(), namespaces.clone());
     tasks.spawn(async move {
         futures::pin_mut!(stream);
+        let mut listed = false;
         while let Some(event) = stream.next().await {
             match event {
-                Ok(object) => {
+                // The first list ends in the readiness task's `AllNamespaces`; a later one (after
+                // a 410 Gone) may lack objects deleted while the watch was down, which no event
+                // reports: everything is reconciled again, from the store the list refreshed.
+                Ok(Event::InitDone) => {
+                    if std::mem::replace(&mut listed, true) {
+                        let _ = tx.send(Key::AllNamespaces);
+                        let _ = tx.send(Key::PublishClientCa);
+                    }
+                }
+                Ok(Event::Init) => {}
+                Ok(Event::Apply(object) | Event::Delete(object) | Event::InitApply(object)) => {
                     let ns = object.namespace().unwrap_or_default();
                     let for_client_ca =
                         object.labels().get(desired::PROVISIONED_FOR).map(String::as_str) == Some("client-ca");

@@ -405,7 +405,7 @@ async fn the_client_ca_is_each_signers_trust_bundle_with_both_cas_through_a_rota
     let ca = client_ca();
     let settings = Settings { trust_bundles: Some(ApiVersion::V1beta1), ..signing(ApiVersion::V1beta1) };
     let r = reconciler_with(fake.client("keyward"), profiles(), &ca, Leadership::always(), settings.clone());
-    let run = start(&fake, r.clone(), Leadership::always(), &ca, "keyward");
+    let run = start(&fake, r, Leadership::always(), &ca, "keyward");
     let bundle = fake.until(LIMIT, bundle_of).await;
     assert_eq!(bundle["spec"]["signerName"], SIGNER);
     assert_eq!(bundle["metadata"]["labels"]["app.kubernetes.io/managed-by"], "keyward");
@@ -433,12 +433,15 @@ async fn the_client_ca_is_each_signers_trust_bundle_with_both_cas_through_a_rota
     let overlap = until.duration_since(rotated).unwrap_or_default().as_secs();
     assert!((86_398..=86_401).contains(&overlap), "the old CA stays a certificate's life: {overlap}s");
 
-    // Once that time has passed (the annotation says so), the old CA goes.
+    // Once that time has passed (the annotation says so), the old CA goes: the running loop sees
+    // the changed bundle through its watch and rewrites it. (Calling `publish_client_ca` here
+    // as well would race the loop's own write and lose it to a 409.)
     let mut passed = bundle.clone();
     passed["metadata"]["annotations"]["keyward.io/previous-ca-until"] = json!("2026-01-01T00:00:00Z");
     fake.seed(passed);
-    r.publish_client_ca().await.unwrap();
-    let bundle = bundle_of(&fake).unwrap();
+    let bundle = fake
+        .until(LIMIT, |f| bundle_of(f).filter(|b| ders(b["spec"]["trustBundle"].as_str().unwrap()).len() == 1))
+        .await;
     assert_eq!(ders(bundle["spec"]["trustBundle"].as_str().unwrap()), ders(&new_cert));
     assert!(bundle["metadata"]["annotations"]["keyward.io/previous-ca-until"].is_null(), "{bundle:#}");
 
@@ -600,7 +603,9 @@ async fn the_server_ca_is_one_cluster_trust_bundle_kept_equal_to_its_source_and_
     fake.remove("certificates.k8s.io/v1beta1", "ClusterTrustBundle", "", "keyward-lmeval-server-ca");
     fake.remove("v1", "ConfigMap", "keyward-system", "keyward-cluster-facts");
     fake.until(LIMIT, |f| server_ca_bundle(f).and(facts_of(f))).await;
+    // Stopped, and waited for: a write of the loop still in flight would race the calls below.
     run.abort();
+    let _ = run.await;
     assert_eq!(bundle["spec"], json!({"trustBundle": first.cert_pem()}), "unlinked: no signerName, {bundle:#}");
     assert_eq!(bundle["metadata"]["labels"]["app.kubernetes.io/managed-by"], "keyward");
     assert_eq!(bundle["metadata"]["labels"]["keyward.io/provisioned-for"], "server-ca-bundle");
@@ -654,4 +659,38 @@ async fn the_server_ca_is_one_cluster_trust_bundle_kept_equal_to_its_source_and_
     builtin.publish_server_ca_bundles().await.unwrap();
     assert_eq!(server_ca_bundle(&fake).unwrap()["spec"]["trustBundle"], "theirs");
     assert_eq!(r.metrics().object_count("server-ca-bundle", keyward_controller::metrics::Action::Foreign, true), 1);
+}
+
+/// A watch that is down (an apiserver restart, then 410 Gone) misses deletions: its new list
+/// shows only what exists. What keyward publishes by name, deleted meanwhile, is written again
+/// when that list ends, not at the next resync (an hour here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_keyward_publishes_deleted_while_its_watch_was_down_is_back_when_the_watch_lists_again() {
+    let version = ApiVersion::V1beta1;
+    let fake = FakeApi::default();
+    let server_ca =
+        keyward_certs::pki::Ca::mint("lm-eval gRPC", std::time::SystemTime::now(), Duration::from_secs(86400)).unwrap();
+    grpc_server_cert(&fake, server_ca.cert_pem());
+    let ca = client_ca();
+    let r = reconciler_with(fake.client("keyward"), profiles(), &ca, Leadership::always(), signing(version));
+    let _run = start(&fake, r, Leadership::always(), &ca, "keyward");
+    let watching = |resource: &'static str| {
+        move |f: &FakeApi| {
+            f.calls().iter().any(|c| c.resource.ends_with(resource) && c.query.contains("watch=true")).then_some(())
+        }
+    };
+    fake.until(LIMIT, |f| server_ca_bundle(f).and(bundle_of(f)).and(facts_of(f))).await;
+    fake.until(LIMIT, watching("clustertrustbundles")).await;
+    fake.until(LIMIT, watching("configmaps")).await;
+
+    // The apiserver restarts; until it answers lists and watches again, all three are deleted.
+    fake.hang("GET", "clustertrustbundles", Some(""));
+    fake.hang("GET", "/v1/configmaps", Some(""));
+    fake.restart();
+    fake.remove("certificates.k8s.io/v1beta1", "ClusterTrustBundle", "", "keyward-lmeval-server-ca");
+    fake.remove("certificates.k8s.io/v1beta1", "ClusterTrustBundle", "", "keyward.io:lmeval:client-ca");
+    fake.remove("v1", "ConfigMap", "keyward-system", "keyward-cluster-facts");
+    fake.unhang();
+    // (Without the end of a list counting as a change, this waits for the resync and fails.)
+    fake.until(LIMIT, |f| server_ca_bundle(f).and(bundle_of(f)).and(facts_of(f))).await;
 }

@@ -95,6 +95,8 @@ struct State {
     compacted: u64,
     /// Bumped to end every watch stream (an apiserver restart).
     epoch: u64,
+    /// Bumped to end the watch streams of one resource (its watch timed out, say).
+    resource_epochs: BTreeMap<String, u64>,
 }
 
 #[derive(Clone)]
@@ -182,6 +184,20 @@ impl FakeApi {
             state.compacted = state.rv;
             state.history.clear();
             state.epoch += 1;
+        }
+        self.restarts.send_modify(|e| *e += 1);
+        self.notify.notify_waiters();
+    }
+
+    /// The watches of one resource end, as a watch the apiserver times out does, and the
+    /// history is compacted meanwhile: resumed, they get 410 Gone and must list again. Every
+    /// other watch goes on.
+    pub fn expire_watches(&self, resource: &str) {
+        {
+            let mut state = self.state.lock().unwrap();
+            state.compacted = state.rv;
+            state.history.clear();
+            *state.resource_epochs.entry(resource.to_string()).or_default() += 1;
         }
         self.restarts.send_modify(|e| *e += 1);
         self.notify.notify_waiters();
@@ -632,7 +648,8 @@ impl FakeApi {
         let (past, gone, epoch) = {
             let state = self.state.lock().unwrap();
             let past: Vec<Change> = state.history.iter().filter(|c| c.rv > since).cloned().collect();
-            (past, since < state.compacted, state.epoch)
+            let epoch = (state.epoch, state.resource_epochs.get(&resource).copied().unwrap_or_default());
+            (past, since < state.compacted, epoch)
         };
         if gone {
             // As the apiserver answers a watch from a compacted resourceVersion.
@@ -648,8 +665,14 @@ impl FakeApi {
                 .unwrap();
         }
         let mut restarts = self.restarts.subscribe();
+        let (state, watched) = (self.state.clone(), resource.clone());
         let ended = async move {
-            let _ = restarts.wait_for(|e| *e != epoch).await;
+            let _ = restarts
+                .wait_for(|_| {
+                    let state = state.lock().unwrap();
+                    (state.epoch, state.resource_epochs.get(&watched).copied().unwrap_or_default()) != epoch
+                })
+                .await;
         };
         // What a watch with these selectors sends for a change, if anything.
         let seen = move |c: &Change| -> Option<&'static str> {
