@@ -185,16 +185,23 @@ async fn pods_in_a_namespace_that_did_not_opt_in_or_labelled_after_creation_get_
     fake.seed(attested_fms_pod(&keys));
     fake.until(LIMIT, |f| f.get("v1", "Secret", "team-a", "evaljob-sample-lmeval-client")).await;
     fake.until(LIMIT, |_| (r.metrics().refused_count(Refusal::NoAttestation) == 1).then_some(())).await;
+    // The Event is written after the refusal is counted: waited for, not assumed.
+    let pod_events = |f: &FakeApi| {
+        let found: Vec<Value> = events(f).into_iter().filter(|e| e["regarding"]["kind"] == "Pod").collect();
+        (!found.is_empty()).then_some(found)
+    };
+    fake.until(LIMIT, pod_events).await;
     task.abort();
+    let _ = task.await;
     assert!(
         fake.calls().iter().all(|c| c.namespace != "elsewhere" || c.resource == "/v1/namespaces"),
         "{:#?}",
         fake.calls()
     );
     assert!(fake.get("v1", "Secret", "team-a", "late-labels-lmeval-client").is_none());
-    let reasons: Vec<String> = events(&fake)
+    let reasons: Vec<String> = pod_events(&fake)
+        .unwrap_or_default()
         .iter()
-        .filter(|e| e["regarding"]["kind"] == "Pod")
         .map(|e| format!("{} {}", e["reason"], e["regarding"]["name"]))
         .collect();
     assert_eq!(reasons, ["\"NoAdmissionAttestation\" \"late-labels\""]);
