@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use keyward_engine::attest;
-use keyward_engine::engine::decide_object;
+use keyward_engine::engine::decide_admitted;
 use keyward_engine::inject::{CaSource, Provision, RoleBinding, RoleKind};
 use keyward_engine::names::{is_dns1123_label, is_dns1123_subdomain, Labels, TemplateContext};
 use keyward_engine::pod;
@@ -322,19 +322,9 @@ pub fn for_pod(profiles: &ProfileSet, pod: &RawValue, namespace: &str, trust_dom
     let annotation = |key: &str| read.metadata.annotations.kept.get(key).map(|v| v.to_string());
     let (attestation, injected) = (annotation(ANNOTATION_ATTESTATION), annotation(ANNOTATION_INJECTED));
     let facts = RequestFacts::pod_create(namespace, Requester::Assumed);
-    let object = Object::Read(read);
-    let mut decision = decide_object(&facts, &object, profiles);
-    // `delivery: auto` is resolved by the webhook from the cluster facts it last read, which
-    // lag the controller's discovery: a pod admitted under the other resolution is as keyward
-    // admits such pods too (the attestation, checked next, says the webhook admitted it).
-    if decision.reason != Reason::AlreadyInjected {
-        if let Some(other) = profiles.other_resolution() {
-            let again = decide_object(&facts, &object, &other);
-            if again.reason == Reason::AlreadyInjected {
-                decision = again;
-            }
-        }
-    }
+    // Either resolution of `delivery: auto` is as keyward admits pods (the attestation,
+    // checked next, says the webhook admitted it).
+    let decision = decide_admitted(&facts, &Object::Read(read), profiles);
     let Some(profile) = decision.profile.clone() else {
         return PodVerdict::Nothing("no profile selects it".into());
     };

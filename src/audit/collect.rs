@@ -128,7 +128,6 @@ pub async fn gather(
         None => Api::<DynamicObject>::all_with(client.clone(), &pod_resource),
     };
     let mut examined: Vec<Examined> = Vec::new();
-    let other = profiles.other_resolution();
     let mut params = ListParams::default().limit(PAGE);
     loop {
         let page = pods.list(&params).await.map_err(api_error(format!("list pods {where_}")))?;
@@ -137,7 +136,7 @@ pub async fn gather(
             out.pods_listed += 1;
             let Ok(value) = serde_json::to_value(pod) else { continue };
             let ns = pod.metadata.namespace.clone().unwrap_or_default();
-            let e = findings::examine(&value, &ns, namespaces.get(&ns), profiles, other.as_ref(), installed.as_deref());
+            let e = findings::examine(&value, &ns, namespaces.get(&ns), profiles, installed.as_deref());
             if e.relevant {
                 out.pods_audited += 1;
                 out.namespaces.insert(ns);

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
 use keyward_controller::desired::OPT_IN;
-use keyward_engine::engine::decide_object;
+use keyward_engine::engine::decide_admitted;
 use keyward_engine::inject::{ObjectKind, Provision};
 use keyward_engine::patch::Path;
 use keyward_engine::pod;
@@ -141,15 +141,13 @@ pub struct NamespaceFacts {
 /// The first look at a pod (as stored, in `namespace`): re-decided with `profiles`, as the
 /// webhook would decide it on CREATE now, and compared with keyward's record on it.
 /// `installed`: when the webhook configuration was created (pods older than that were never
-/// sent to keyward). `other`: the profiles with `delivery: auto` resolved the other way
-/// ([`ProfileSet::other_resolution`]): a pod admitted so, by a webhook that had not read the
-/// latest cluster facts, is as keyward admits it too.
+/// sent to keyward). A pod admitted under either resolution of `delivery: auto` is as keyward
+/// admits it ([`decide_admitted`]).
 pub fn examine(
     pod: &Value,
     namespace: &str,
     ns: Option<&NamespaceFacts>,
     profiles: &ProfileSet,
-    other: Option<&ProfileSet>,
     installed: Option<&str>,
 ) -> Examined {
     let name = pod.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string();
@@ -168,14 +166,7 @@ pub fn examine(
         Err(_) => return e,
     };
     let facts = RequestFacts::pod_create(namespace, Requester::Assumed);
-    let object = Object::Read(read);
-    let mut decision = decide_object(&facts, &object, profiles);
-    if let Some(other) = other.filter(|_| decision.reason != Reason::AlreadyInjected) {
-        let again = decide_object(&facts, &object, other);
-        if again.reason == Reason::AlreadyInjected {
-            decision = again;
-        }
-    }
+    let decision = decide_admitted(&facts, &Object::Read(read), profiles);
     let selected = decision.profile.clone();
     e.relevant = selected.is_some() || record.is_some() || labelled;
     e.profile = recorded_profile.clone().or_else(|| selected.clone());
@@ -513,7 +504,7 @@ mod tests {
     fn a_forged_record_cannot_forge_the_output() {
         let profiles = ProfileSet::builtin().unwrap_or_default();
         let forged = r#"{"profile":"x\u001b[2J\nteam-a  evil  ok","injected":[{"kind":"clientCertificate","volume":"v\nNAMESPACE","mountPath":"/p\r"}]}"#;
-        let e = examine(&pod(forged), "team-a", None, &profiles, None, None);
+        let e = examine(&pod(forged), "team-a", None, &profiles, None);
         let findings = e.conclude(&Lookups::default(), SystemTime::UNIX_EPOCH, Duration::ZERO);
         assert_eq!(findings.len(), 1, "{findings:?}");
         let f = &findings[0];
@@ -529,7 +520,7 @@ mod tests {
     fn pods_keyward_has_nothing_to_do_with_are_not_audited() {
         let profiles = ProfileSet::builtin().unwrap_or_default();
         let plain = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "labels": {"app": "web"}}, "spec": {"containers": [{"name": "c", "image": "x"}]}});
-        let e = examine(&plain, "team-a", None, &profiles, None, None);
+        let e = examine(&plain, "team-a", None, &profiles, None);
         assert!(!e.relevant);
         assert!(e.conclude(&Lookups::default(), SystemTime::UNIX_EPOCH, Duration::ZERO).is_empty());
     }

@@ -289,6 +289,29 @@ pub fn decide_object(facts: &RequestFacts<'_>, object: &Object<'_>, profiles: &P
     }
 }
 
+/// Decides on a pod as stored, after admission: as [`decide_object`], except that a pod the
+/// webhook admitted under the other resolution of `delivery: auto` counts as injected too. The
+/// webhook resolves `auto` from the cluster facts it last read, which lag the controller's
+/// discovery, so either resolution is keyward's own.
+pub fn decide_admitted(facts: &RequestFacts<'_>, object: &Object<'_>, profiles: &ProfileSet) -> Decision {
+    let decision = decide_object(facts, object, profiles);
+    // Selection does not depend on the delivery: a pod no profile selects is decided.
+    if decision.reason == Reason::AlreadyInjected || decision.profile.is_none() {
+        return decision;
+    }
+    match profiles.other_resolution() {
+        Some(other) => {
+            let again = decide_object(facts, object, other);
+            if again.reason == Reason::AlreadyInjected {
+                again
+            } else {
+                decision
+            }
+        }
+        None => decision,
+    }
+}
+
 fn decide_read(
     facts: &RequestFacts<'_>,
     read: &pod::Read<'_>,

@@ -57,6 +57,25 @@ pub struct ProfileSet {
     annotation_keys: Vec<String>,
     /// What `delivery: auto` was resolved against ([`Self::resolve`]).
     facts: ClusterFacts,
+    /// [`Self::other_resolution`], worked out on first use: the controller asks for it per pod.
+    other: OtherResolution,
+}
+
+/// The set resolved the other way, cached. Not part of a set's value: two sets are equal
+/// whether or not either has worked it out.
+#[derive(Clone, Default)]
+struct OtherResolution(std::sync::OnceLock<Option<std::sync::Arc<ProfileSet>>>);
+
+impl PartialEq for OtherResolution {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl std::fmt::Debug for OtherResolution {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OtherResolution")
+    }
 }
 
 impl Default for ProfileSet {
@@ -67,7 +86,12 @@ impl Default for ProfileSet {
 
 impl ProfileSet {
     pub(crate) fn new(profiles: Vec<Profile>) -> Self {
-        let mut set = Self { profiles, annotation_keys: Vec::new(), facts: ClusterFacts::default() };
+        let mut set = Self {
+            profiles,
+            annotation_keys: Vec::new(),
+            facts: ClusterFacts::default(),
+            other: OtherResolution::default(),
+        };
         set.annotation_keys = annotation_keys(&set.profiles);
         set
     }
@@ -116,6 +140,7 @@ impl ProfileSet {
     /// them, else Secrets). Resolving again re-decides from what the profiles say.
     pub fn resolve(&mut self, facts: ClusterFacts) {
         self.facts = facts;
+        self.other = OtherResolution::default();
         for cc in self.profiles.iter_mut().filter_map(|p| p.spec.inject.client_certificate.as_mut()) {
             cc.resolve(facts.pod_certificates.signed());
         }
@@ -129,17 +154,20 @@ impl ProfileSet {
 
     /// The set with every `delivery: auto` resolved the other way, when a profile has one: what
     /// a webhook that has not read the latest cluster facts admits pods under. `None` when no
-    /// profile leaves its delivery to the cluster.
-    pub fn other_resolution(&self) -> Option<ProfileSet> {
+    /// profile leaves its delivery to the cluster. Worked out once per set.
+    pub fn other_resolution(&self) -> Option<&ProfileSet> {
         use crate::cluster::PodCertificates;
-        if !self.has_auto() {
-            return None;
-        }
-        let pod_certificates = match self.facts.pod_certificates {
-            PodCertificates::Off => PodCertificates::V1,
-            PodCertificates::V1 | PodCertificates::V1beta1 => PodCertificates::Off,
-        };
-        Some(self.clone().resolved(ClusterFacts { pod_certificates }))
+        let other = self.other.0.get_or_init(|| {
+            if !self.has_auto() {
+                return None;
+            }
+            let pod_certificates = match self.facts.pod_certificates {
+                PodCertificates::Off => PodCertificates::V1,
+                PodCertificates::V1 | PodCertificates::V1beta1 => PodCertificates::Off,
+            };
+            Some(std::sync::Arc::new(self.clone().resolved(ClusterFacts { pod_certificates })))
+        });
+        other.as_deref()
     }
 
     /// The facts `delivery: auto` was resolved against.
@@ -408,8 +436,8 @@ spec:
         assert_eq!(set.facts(), signed);
         assert_eq!(delivery(&set), (crate::kinds::Delivery::PodCertificate, Some("keyward.io/demo".into())));
         let other = set.other_resolution().unwrap();
-        assert_eq!(delivery(&other), (crate::kinds::Delivery::Secret, None));
-        assert_eq!(delivery(&other.other_resolution().unwrap()).0, crate::kinds::Delivery::PodCertificate);
+        assert_eq!(delivery(other), (crate::kinds::Delivery::Secret, None));
+        assert_eq!(delivery(other.other_resolution().unwrap()).0, crate::kinds::Delivery::PodCertificate);
         let set = set.resolved(ClusterFacts::default());
         assert_eq!(delivery(&set), (crate::kinds::Delivery::Secret, None));
         assert!(!ProfileSet::builtin().unwrap().has_auto());
