@@ -884,41 +884,25 @@ impl Reconciler {
                     continue;
                 }
                 let mut meta = objects::meta("", &name, Some(profile), Scope::ClientCa, None);
-                meta.namespace = None;
                 let annotations = meta.annotations.get_or_insert_with(Default::default);
                 if let Some(t) = until {
                     annotations.insert(signer::PREVIOUS_UNTIL.into(), keyward_certs::rfc3339(t));
                 }
-                let mut object = DynamicObject::new(&name, &resource);
-                object.metadata = meta;
-                object.data = serde_json::json!({"spec": {"signerName": signer_name, "trustBundle": bundle}});
-                self.leader.check()?;
-                let action = match existing {
-                    None => {
-                        api.create(&PostParams::default(), &object).await?;
-                        Action::Provisioned
-                    }
-                    Some(e) => {
-                        object.metadata.resource_version = e.metadata.resource_version.clone();
-                        api.replace(&name, &PostParams::default(), &object).await?;
-                        Action::Renewed
-                    }
-                };
+                let spec = serde_json::json!({"signerName": signer_name, "trustBundle": bundle});
+                let action = self.put_trust_bundle(&api, &resource, meta, spec, existing.as_ref()).await?;
                 self.metrics.object("trust-bundle", action, true);
                 tracing::info!(%name, signer = %signer_name, certificates = if until.is_some() { 2 } else { 1 }, "client CA trust bundle written");
             }
         }
-        let ours = list_all(api.clone(), &objects::managed_selector(Scope::ClientCa)).await?;
-        for bundle in ours {
-            let name = bundle.name_any();
-            if is_managed(&bundle.metadata) && !wanted.contains(&name) {
-                self.leader.check()?;
-                api.delete(&name, &DeleteParams::default()).await?;
-                self.metrics.object("trust-bundle", Action::Deleted, true);
-                tracing::info!(%name, "client CA trust bundle of a signer no profile uses removed");
-            }
-        }
-        Ok(())
+        let unwanted = |name: &str| !wanted.contains(name);
+        self.remove_trust_bundles(
+            &api,
+            Scope::ClientCa,
+            unwanted,
+            "trust-bundle",
+            "client CA trust bundle of a signer no profile uses",
+        )
+        .await
     }
 
     /// The server CAs the profiles deliver by `clusterTrustBundle` projection, each published
@@ -970,15 +954,15 @@ impl Reconciler {
             }
         }
         let names: BTreeSet<&str> = wanted.iter().map(|w| w.name.as_str()).collect();
-        for bundle in list_all(api.clone(), &objects::managed_selector(Scope::ServerCaBundle)).await? {
-            let name = bundle.name_any();
-            if is_managed(&bundle.metadata) && !names.contains(name.as_str()) {
-                self.leader.check()?;
-                api.delete(&name, &DeleteParams::default()).await?;
-                self.metrics.object("server-ca-bundle", Action::Deleted, true);
-                tracing::info!(%name, "server CA trust bundle no profile delivers removed");
-            }
-        }
+        let unwanted = |name: &str| !names.contains(name);
+        self.remove_trust_bundles(
+            &api,
+            Scope::ServerCaBundle,
+            unwanted,
+            "server-ca-bundle",
+            "server CA trust bundle no profile delivers",
+        )
+        .await?;
         first_error.map_or(Ok(()), Err)
     }
 
@@ -1000,25 +984,64 @@ impl Reconciler {
                 return Ok(Action::Unchanged);
             }
         }
-        let mut meta = objects::meta("", &w.name, Some(&w.profile), Scope::ServerCaBundle, None);
-        meta.namespace = None;
-        let mut object = DynamicObject::new(&w.name, resource);
-        object.metadata = meta;
-        object.data = serde_json::json!({"spec": {"trustBundle": pem}});
-        self.leader.check()?;
-        match existing {
-            None => {
-                api.create(&PostParams::default(), &object).await?;
-                tracing::info!(name = %w.name, profile = %w.profile, "server CA trust bundle published");
-                Ok(Action::Provisioned)
+        let meta = objects::meta("", &w.name, Some(&w.profile), Scope::ServerCaBundle, None);
+        let spec = serde_json::json!({"trustBundle": pem});
+        let action = self.put_trust_bundle(api, resource, meta, spec, existing.as_ref()).await?;
+        match action {
+            Action::Provisioned => {
+                tracing::info!(name = %w.name, profile = %w.profile, "server CA trust bundle published")
             }
-            Some(e) => {
-                object.metadata.resource_version = e.metadata.resource_version.clone();
-                api.replace(&w.name, &PostParams::default(), &object).await?;
-                tracing::info!(name = %w.name, profile = %w.profile, "server CA trust bundle updated from its source");
-                Ok(Action::Renewed)
+            _ => tracing::info!(name = %w.name, profile = %w.profile, "server CA trust bundle updated from its source"),
+        }
+        Ok(action)
+    }
+
+    /// Creates the ClusterTrustBundle `meta` names with `spec`, or replaces `existing` at the
+    /// version read (changed since: a 409, and the key is retried).
+    async fn put_trust_bundle(
+        &self,
+        api: &Api<DynamicObject>,
+        resource: &kube::api::ApiResource,
+        mut meta: kube::api::ObjectMeta,
+        spec: serde_json::Value,
+        existing: Option<&DynamicObject>,
+    ) -> Result<Action, Error> {
+        let name = meta.name.clone().unwrap_or_default();
+        // Cluster-scoped.
+        meta.namespace = None;
+        meta.resource_version = existing.and_then(|e| e.metadata.resource_version.clone());
+        let mut object = DynamicObject::new(&name, resource);
+        object.metadata = meta;
+        object.data = serde_json::json!({ "spec": spec });
+        self.leader.check()?;
+        if existing.is_some() {
+            api.replace(&name, &PostParams::default(), &object).await?;
+            Ok(Action::Renewed)
+        } else {
+            api.create(&PostParams::default(), &object).await?;
+            Ok(Action::Provisioned)
+        }
+    }
+
+    /// Deletes keyward's ClusterTrustBundles of `scope` whose names are `unwanted`.
+    async fn remove_trust_bundles(
+        &self,
+        api: &Api<DynamicObject>,
+        scope: Scope,
+        unwanted: impl Fn(&str) -> bool,
+        metric: &'static str,
+        what: &str,
+    ) -> Result<(), Error> {
+        for bundle in list_all(api.clone(), &objects::managed_selector(scope)).await? {
+            let name = bundle.name_any();
+            if is_managed(&bundle.metadata) && unwanted(&name) {
+                self.leader.check()?;
+                api.delete(&name, &DeleteParams::default()).await?;
+                self.metrics.object(metric, Action::Deleted, true);
+                tracing::info!(%name, "{what} removed");
             }
         }
+        Ok(())
     }
 
     /// Writes the cluster facts (whether this controller signs pod certificates, from its
