@@ -251,13 +251,7 @@ pub fn examine(
                         });
                     }
                 }
-                // A signer is not an object; a signer's bundles, picked by labels, have no name.
-                let named = |r: &&keyward_engine::Requirement| match r.kind {
-                    ObjectKind::Signer => false,
-                    ObjectKind::ClusterTrustBundle => !r.name.contains('/'),
-                    _ => true,
-                };
-                for r in injection.requires.iter().filter(named) {
+                for r in injection.requires.iter().filter(|r| r.is_object()) {
                     // Cluster-wide objects are looked up once, whichever namespace needs them.
                     let ns = if r.kind == ObjectKind::ClusterTrustBundle { "" } else { namespace };
                     let d = Dependency { kind: r.kind, namespace: ns.to_string(), name: r.name.clone() };

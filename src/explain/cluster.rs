@@ -53,7 +53,7 @@ pub async fn look(client: &Client, namespace: &str, explanation: &Explanation) -
                     .get_opt(&r.name)
                     .await
                     .map(|o| o.is_some()),
-                ObjectKind::ClusterTrustBundle if !r.name.contains('/') => {
+                ObjectKind::ClusterTrustBundle if r.is_object() => {
                     keyward_controller::signer::trust_bundle_exists(client, &r.name).await
                 }
                 // Not an object in the namespace: `requires` names it; nothing to look up.

@@ -274,7 +274,7 @@ fn text_report(what: &str, facts: &RequestFacts<'_>, explanation: &Explanation, 
                         r.name
                     ),
                     // Cluster-wide: by name, or a signer's bundles.
-                    keyward_engine::ObjectKind::ClusterTrustBundle if r.name.contains('/') => format!(
+                    keyward_engine::ObjectKind::ClusterTrustBundle if !r.is_object() => format!(
                         "  - ClusterTrustBundles of signer {} (provided by {}; Kubernetes 1.33+ with ClusterTrustBundle projection)",
                         r.name,
                         r.provided_by.as_str()

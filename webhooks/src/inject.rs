@@ -398,6 +398,17 @@ impl Requirement {
         let provided_by = if provision == Provision::User { Provider::User } else { Provider::Keyward };
         Self { kind, name: name.into(), provided_by, provision }
     }
+
+    /// Whether it names one object a lookup can find. A signer is not an object, and a
+    /// signer's trust bundles (required by the signer's name, which has a '/' no object name
+    /// has) are whichever its label selector picks.
+    pub fn is_object(&self) -> bool {
+        match self.kind {
+            ObjectKind::Signer => false,
+            ObjectKind::ClusterTrustBundle => !self.name.contains('/'),
+            _ => true,
+        }
+    }
 }
 
 // === the injection ===
