@@ -201,7 +201,12 @@ impl Kind for ClientCertificate {
                 None => check.problem("secretName", format!("required with delivery: {delivery} (the Secret the pod mounts)")),
                 Some(name) if *provider == Provider::Keyward && !name.uses_owner() => check.problem(
                     "secretName",
-                    format!("{:?}: keyward issues one client certificate per owner, so the name must include {{owner.name}}; or set provider: user", name.as_str()),
+                    format!(
+                        "{:?}: keyward issues one client certificate per owner, so the name must include {{owner.name}}{}",
+                        name.as_str(),
+                        // With auto keyward may be the signer, which provider: user refuses.
+                        if by_signer { "" } else { "; or set provider: user" }
+                    ),
                 ),
                 Some(_) => {}
             }
@@ -526,7 +531,7 @@ mod tests {
             yaml("delivery: auto\nsecretName: fixed\npodCertificate: {signerName: keyward.io/x}\nmountPath: /m\n");
         assert_eq!(
             problems(&spec),
-            ["spec.inject.k.secretName: \"fixed\": keyward issues one client certificate per owner, so the name must include {owner.name}; or set provider: user"]
+            ["spec.inject.k.secretName: \"fixed\": keyward issues one client certificate per owner, so the name must include {owner.name}"]
         );
     }
 
