@@ -44,12 +44,24 @@ pub enum Source {
 
 /// A `clusterTrustBundle` projection (Kubernetes' `ClusterTrustBundleProjection`), as the pod
 /// spec has it: `name`, or `signerName` with `labelSelector` (labels only), and `path`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct TrustBundleSource {
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub signer_name: Option<String>,
-    pub label_selector: Option<std::collections::BTreeMap<String, String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub label_selector: Option<MatchLabels>,
     pub path: String,
+}
+
+/// A label selector of labels only (`{}` picks every bundle of the signer).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MatchLabels {
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub match_labels: std::collections::BTreeMap<String, String>,
 }
 
 /// A `podCertificate` projection (Kubernetes' `PodCertificateProjection`), as the pod spec has it.
@@ -118,30 +130,13 @@ impl Serialize for VolumeSpec {
         enum Projection<'a> {
             ServiceAccountToken(Token<'a>),
             PodCertificate(&'a PodCertificateSource),
-            ClusterTrustBundle(Bundle<'a>),
+            ClusterTrustBundle(&'a TrustBundleSource),
         }
         #[derive(Serialize)]
         #[serde(rename_all = "camelCase")]
         struct Projected<'a> {
             default_mode: i64,
             sources: [Projection<'a>; 1],
-        }
-        #[derive(Serialize)]
-        #[serde(rename_all = "camelCase")]
-        struct Selector<'a> {
-            #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
-            match_labels: &'a std::collections::BTreeMap<String, String>,
-        }
-        #[derive(Serialize)]
-        #[serde(rename_all = "camelCase")]
-        struct Bundle<'a> {
-            #[serde(skip_serializing_if = "Option::is_none")]
-            name: Option<&'a str>,
-            #[serde(skip_serializing_if = "Option::is_none")]
-            signer_name: Option<&'a str>,
-            #[serde(skip_serializing_if = "Option::is_none")]
-            label_selector: Option<Selector<'a>>,
-            path: &'a str,
         }
         let mut map = serializer.serialize_map(Some(2))?;
         map.serialize_entry("name", &self.name)?;
@@ -174,12 +169,6 @@ impl Serialize for VolumeSpec {
                 map.serialize_entry("projected", &Projected { default_mode: DEFAULT_MODE, sources })?
             }
             Source::ClusterTrustBundle(bundle) => {
-                let bundle = Bundle {
-                    name: bundle.name.as_deref(),
-                    signer_name: bundle.signer_name.as_deref(),
-                    label_selector: bundle.label_selector.as_ref().map(|match_labels| Selector { match_labels }),
-                    path: &bundle.path,
-                };
                 let sources = [Projection::ClusterTrustBundle(bundle)];
                 map.serialize_entry("projected", &Projected { default_mode: DEFAULT_MODE, sources })?
             }

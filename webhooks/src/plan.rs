@@ -447,7 +447,7 @@ fn delivers(spec: &Spec<'_>, name: &str, ours: &Source, removed: &dyn Fn(usize) 
                         && field("signerName") == ours.signer_name.as_deref()
                         && field("path") == Some(&ours.path)
                         && theirs.pointer("/labelSelector/matchExpressions").is_none_or(Value::is_null)
-                        && labels(theirs) == ours.label_selector
+                        && labels(theirs).as_ref() == ours.label_selector.as_ref().map(|l| &l.match_labels)
                 })
             })
         }

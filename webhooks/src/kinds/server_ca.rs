@@ -3,14 +3,12 @@
 //! `clusterTrustBundle` projection (one cluster-wide ClusterTrustBundle, by name, or the bundles
 //! of a signer that a label selector picks), written to a file of the same name.
 
-use std::collections::BTreeMap;
-
 use serde::{Deserialize, Serialize};
 
 use super::Kind;
 use crate::inject::{
-    AuditItem, CaSource, Check, EnvSpec, Injection, MountSpec, ObjectKind, Provider, Provision, Requirement, Source,
-    TrustBundleSource, Unresolved, VolumeSpec,
+    AuditItem, CaSource, Check, EnvSpec, Injection, MatchLabels, MountSpec, ObjectKind, Provider, Provision,
+    Requirement, Source, TrustBundleSource, Unresolved, VolumeSpec,
 };
 use crate::names::{
     is_dns1123_label, is_dns1123_subdomain, is_label_value, is_qualified_name, DNS1123_LABEL_RULE,
@@ -57,14 +55,6 @@ pub struct TrustBundle {
     pub signer_name: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label_selector: Option<MatchLabels>,
-}
-
-/// A label selector of labels only (`{}` picks every bundle of the signer).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct MatchLabels {
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub match_labels: BTreeMap<String, String>,
 }
 
 /// Why `name` is not a signer name (`example.com/path`), if it is not.
@@ -279,7 +269,7 @@ impl ServerCa {
         let source = TrustBundleSource {
             name: bundle.name.clone(),
             signer_name: bundle.signer_name.clone(),
-            label_selector: bundle.label_selector.as_ref().map(|l| l.match_labels.clone()),
+            label_selector: bundle.label_selector.clone(),
             path: self.key.clone(),
         };
         // Required by a name or a signer: the object a person would look for.
