@@ -594,15 +594,17 @@ impl Check {
 
     /// A Secret or ConfigMap key, used as a file name in the volume.
     pub fn data_key(&mut self, field: &str, key: &str) {
+        // Kubernetes' IsConfigMapKey, and ValidateLocalNonReservedPath for the file it becomes
+        // (`..data` and its like are the kubelet's own files in the volume).
         let valid = !key.is_empty()
             && key.len() <= 253
             && key != "."
-            && key != ".."
+            && !key.starts_with("..")
             && key.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
         if !valid {
             self.problem(
                 field,
-                "must be a Secret or ConfigMap key: letters, digits, '-', '_' and '.', not '.' or '..'",
+                "must be a Secret or ConfigMap key: letters, digits, '-', '_' and '.', not '.' and not starting with '..'",
             );
         }
     }

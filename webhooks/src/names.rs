@@ -127,6 +127,44 @@ pub fn relative_path_problem(path: &str) -> Option<&'static str> {
     }
 }
 
+/// Why `name` is not a signer name as the apiserver's `ValidateSignerName` has it
+/// (kubernetes `pkg/apis/certificates/validation`), if it is not: `<domain>/<path>`, exactly one
+/// `/`; the domain at most 253 characters, at least two DNS-1123 labels separated by dots; the
+/// path `.`-separated DNS-1123 subdomains; the whole at most 571 characters. The first problem,
+/// as the apiserver words it.
+pub fn signer_name_problem(name: &str) -> Option<String> {
+    const MAX_DOMAIN: usize = DNS1123_SUBDOMAIN_MAX;
+    const MAX_NAME: usize = MAX_DOMAIN + (DNS1123_SUBDOMAIN_MAX + DNS1123_LABEL_MAX + 1) + 1;
+    let quoted = crate::text::quoted(name, 128);
+    if name.is_empty() {
+        return Some("a signer name is required".into());
+    }
+    let Some((domain, path)) = name.split_once('/').filter(|(_, path)| !path.contains('/')) else {
+        return Some(format!(
+            "{quoted} must be a fully qualified domain and path of the form 'example.com/signer-name'"
+        ));
+    };
+    if domain.len() > MAX_DOMAIN {
+        return Some(format!("{quoted}: its domain may not be more than {MAX_DOMAIN} characters"));
+    }
+    if let Some(label) = domain.split('.').find(|l| !is_dns1123_label(l)) {
+        return Some(format!("{quoted}: domain label {:?} is not {DNS1123_LABEL_RULE}", crate::text::clip(label, 64)));
+    }
+    if domain.split('.').count() < 2 {
+        return Some(format!("{quoted}: its domain should be a domain with at least two segments separated by dots"));
+    }
+    if let Some(label) = path.split('.').find(|l| !is_dns1123_subdomain(l)) {
+        return Some(format!(
+            "{quoted}: path segment {:?} is not {DNS1123_SUBDOMAIN_RULE}",
+            crate::text::clip(label, 64)
+        ));
+    }
+    if name.len() > MAX_NAME {
+        return Some(format!("{quoted} may not be more than {MAX_NAME} characters"));
+    }
+    None
+}
+
 /// Glob match with `*` (any run of characters, including none) and `?` (one character), for
 /// namespace patterns.
 pub fn glob_match(pattern: &str, text: &str) -> bool {
@@ -454,6 +492,7 @@ mod tests {
         assert!(mount_path_problem("/a/../b").is_some());
         assert!(mount_path_problem("/").is_some());
         assert_eq!(relative_path_problem("token"), None);
+        assert_eq!(relative_path_problem("a/..b"), None);
         assert!(relative_path_problem("/token").is_some());
         assert!(relative_path_problem("a/../../etc").is_some());
         assert!(relative_path_problem("..token").is_some());

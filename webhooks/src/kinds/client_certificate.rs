@@ -15,7 +15,7 @@ use crate::inject::{
     AuditItem, Check, EnvSpec, Injection, MountSpec, ObjectKind, PodCertificateSource, Provider, Provision,
     Requirement, Source, Unresolved, VolumeSpec,
 };
-use crate::names::{is_dns1123_subdomain, NameTemplate, TemplateContext};
+use crate::names::{NameTemplate, TemplateContext};
 
 /// The domain of every signer name keyward serves (its RBAC: `sign` on `keyward.io/*`).
 pub const SIGNER_DOMAIN: &str = "keyward.io";
@@ -166,13 +166,19 @@ impl ClientCertificate {
     }
 }
 
-/// Why `name` cannot be one of keyward's signer names, if it cannot.
-pub fn signer_name_problem(name: &str) -> Option<String> {
-    match name.split_once('/') {
-        Some((SIGNER_DOMAIN, rest)) if is_dns1123_subdomain(rest) => None,
-        _ => Some(format!(
-            "{name:?} is not one of keyward's signer names: use {SIGNER_DOMAIN}/<name>, <name> a DNS-1123 subdomain (e.g. {SIGNER_DOMAIN}/lmeval)"
+/// Why `name` cannot be one of keyward's signer names, if it cannot: a signer name the
+/// apiserver accepts ([`crate::names::signer_name_problem`]) in keyward's domain.
+pub fn keyward_signer_problem(name: &str) -> Option<String> {
+    let ours = name.split_once('/').is_some_and(|(domain, _)| domain == SIGNER_DOMAIN);
+    match crate::names::signer_name_problem(name) {
+        Some(problem) => {
+            Some(format!("{problem} (keyward's signers are {SIGNER_DOMAIN}/<name>, e.g. {SIGNER_DOMAIN}/lmeval)"))
+        }
+        None if !ours => Some(format!(
+            "{} is not one of keyward's signer names: use {SIGNER_DOMAIN}/<name> (e.g. {SIGNER_DOMAIN}/lmeval)",
+            crate::text::quoted(name, 128)
         )),
+        None => None,
     }
 }
 
@@ -231,7 +237,7 @@ impl Kind for ClientCertificate {
                     check.problem("podCertificate", format!("required with delivery: {delivery} (at least signerName)"))
                 }
                 Some(p) => {
-                    if let Some(problem) = signer_name_problem(&p.signer_name) {
+                    if let Some(problem) = keyward_signer_problem(&p.signer_name) {
                         check.problem("podCertificate.signerName", problem);
                     }
                     if !(MIN_EXPIRATION_SECONDS..=MAX_EXPIRATION_SECONDS).contains(&p.max_expiration_seconds) {
@@ -444,7 +450,7 @@ mod tests {
             [
                 "spec.inject.k.secretName: not with delivery: podCertificate (no Secret is made: the key stays on the node); remove it, or use delivery: auto",
                 "spec.inject.k.provider: with delivery: podCertificate keyward's controller is the signer; remove provider: user, or deliver a Secret of your own",
-                "spec.inject.k.podCertificate.signerName: \"example.com/x\" is not one of keyward's signer names: use keyward.io/<name>, <name> a DNS-1123 subdomain (e.g. keyward.io/lmeval)",
+                "spec.inject.k.podCertificate.signerName: \"example.com/x\" is not one of keyward's signer names: use keyward.io/<name> (e.g. keyward.io/lmeval)",
                 "spec.inject.k.podCertificate.maxExpirationSeconds: 60 is outside 3600..=7862400, the range Kubernetes accepts for a signer outside kubernetes.io",
             ]
         );
@@ -463,9 +469,12 @@ mod tests {
                 "spec.inject.k.podCertificate: only with delivery: podCertificate or auto; remove it, or set the delivery",
             ]
         );
-        for bad in ["keyward.io/", "keyward.io/Upper", "keyward.io/a/b", "keyward.io"] {
-            assert!(signer_name_problem(bad).is_some(), "{bad}");
+        for bad in
+            ["keyward.io/", "keyward.io/Upper", "keyward.io/a/b", "keyward.io", "keyward.io/a_b", "example.com/x"]
+        {
+            assert!(keyward_signer_problem(bad).is_some(), "{bad}");
         }
+        assert_eq!(keyward_signer_problem("keyward.io/lm.eval-v2"), None);
     }
 
     #[test]

@@ -28,7 +28,7 @@ mod token;
 
 pub use api_token::RemoveApiToken;
 pub use client_certificate::{
-    signer_name_problem, ClientCertificate, Delivery, KeyType, PodCertificate, MAX_EXPIRATION_SECONDS,
+    keyward_signer_problem, ClientCertificate, Delivery, KeyType, PodCertificate, MAX_EXPIRATION_SECONDS,
     MIN_EXPIRATION_SECONDS, SIGNER_DOMAIN,
 };
 pub use env::{Env, PlainEnv};

@@ -11,7 +11,7 @@ use crate::inject::{
     Requirement, Source, TrustBundleSource, Unresolved, VolumeSpec,
 };
 use crate::names::{
-    is_dns1123_label, is_dns1123_subdomain, is_label_value, is_qualified_name, DNS1123_LABEL_RULE,
+    is_dns1123_label, is_dns1123_subdomain, is_label_value, is_qualified_name, signer_name_problem, DNS1123_LABEL_RULE,
     DNS1123_SUBDOMAIN_RULE,
 };
 use crate::names::{NameTemplate, TemplateContext};
@@ -55,18 +55,6 @@ pub struct TrustBundle {
     pub signer_name: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label_selector: Option<MatchLabels>,
-}
-
-/// Why `name` is not a signer name (`example.com/path`), if it is not.
-fn signer_name_problem(name: &str) -> Option<String> {
-    let ok = name.split_once('/').is_some_and(|(domain, path)| {
-        is_dns1123_subdomain(domain)
-            && domain.contains('.')
-            && !path.is_empty()
-            && path.bytes().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'-' | b'_' | b'/'))
-    });
-    (!ok || name.len() > 571)
-        .then(|| format!("{name:?} is not a signer name: a domain, '/', and a path (e.g. example.com/serving-ca)"))
 }
 
 fn default_key() -> String {
@@ -451,7 +439,7 @@ mod tests {
             (
                 "clusterTrustBundle: {signerName: nodomain, labelSelector: {matchLabels: {\"bad key\": \"-v\"}}}\nmountPath: /m\n",
                 vec![
-                    "spec.inject.k.clusterTrustBundle.signerName: \"nodomain\" is not a signer name: a domain, '/', and a path (e.g. example.com/serving-ca)",
+                    "spec.inject.k.clusterTrustBundle.signerName: \"nodomain\" must be a fully qualified domain and path of the form 'example.com/signer-name'",
                     "spec.inject.k.clusterTrustBundle.labelSelector.matchLabels: \"bad key\" is not a valid label key",
                     "spec.inject.k.clusterTrustBundle.labelSelector.matchLabels[\"bad key\"]: \"-v\" is not a valid label value",
                 ],
@@ -468,6 +456,47 @@ mod tests {
             let spec: ServerCa = yaml(yaml_text);
             assert_eq!(problems(&spec), expected, "{yaml_text}");
         }
+    }
+
+    /// The signer names and file names the apiserver refuses in a pod (ValidateSignerName,
+    /// ValidateLocalNonReservedPath) are refused in the profile, before any pod is.
+    #[test]
+    fn signer_names_and_file_names_as_the_apiserver_checks_them() {
+        let refused = |signer: &str| {
+            let spec: ServerCa =
+                yaml(&format!("clusterTrustBundle: {{signerName: {signer:?}, labelSelector: {{}}}}\nmountPath: /m\n"));
+            problems(&spec)
+        };
+        for (signer, why) in [
+            (
+                "example.com/a/b",
+                "\"example.com/a/b\" must be a fully qualified domain and path of the form 'example.com/signer-name'"
+                    .to_string(),
+            ),
+            ("Example.com/ca", format!("\"Example.com/ca\": domain label \"Example\" is not {DNS1123_LABEL_RULE}")),
+            (
+                "example.com/serving_ca",
+                format!("\"example.com/serving_ca\": path segment \"serving_ca\" is not {DNS1123_SUBDOMAIN_RULE}"),
+            ),
+            (
+                "localhost/ca",
+                "\"localhost/ca\": its domain should be a domain with at least two segments separated by dots"
+                    .to_string(),
+            ),
+            ("example.com/", format!("\"example.com/\": path segment \"\" is not {DNS1123_SUBDOMAIN_RULE}")),
+        ] {
+            let problems = refused(signer);
+            assert_eq!(problems.len(), 1, "{signer}: {problems:?}");
+            assert_eq!(problems[0], format!("spec.inject.k.clusterTrustBundle.signerName: {why}"));
+        }
+        for good in ["example.com/serving-ca", "cert-manager.io/ca.v2", "a.b/c"] {
+            assert_eq!(refused(good), Vec::<String>::new(), "{good}");
+        }
+        let spec: ServerCa = yaml("configMapName: b\nkey: ..data\nmountPath: /m\n");
+        assert_eq!(
+            problems(&spec),
+            ["spec.inject.k.key: must be a Secret or ConfigMap key: letters, digits, '-', '_' and '.', not '.' and not starting with '..'"]
+        );
     }
 
     #[test]
