@@ -745,3 +745,58 @@ fn a_pod_keyward_injected_under_a_profile_that_now_conflicts_with_it_is_stale() 
     let out = audit(&fake, &["-n", "team-a"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
 }
+
+/// What a tenant writes on her own pods is hostile input to an admin's terminal and to a daily
+/// audit: an owner reference whose UID holds escape sequences (a window title, a clipboard
+/// write, a fake "no findings" line) and one whose name holds a space. Each is a finding for its
+/// pod; the table carries no control byte and one line per finding; the JSON is exact; and the
+/// rest of the cluster is still audited.
+#[test]
+fn hostile_owner_references_are_findings_escaped_never_the_end_of_the_audit() {
+    let fake = healthy();
+    let hostile_uid =
+        "x\u{1b}]0;pwned\u{7}\u{1b}]52;c;ZXZpbA==\u{7}\r\nno findings; 0 of 0 pods concern keyward\u{202e}";
+    let mut escaping = injected("escaping", "good", "uid-good-job");
+    escaping["metadata"]["ownerReferences"][0]["uid"] = json!(hostile_uid);
+    fake.seed(escaping);
+    let mut spaced = injected("spaced", "good", "uid-good-job");
+    spaced["metadata"]["ownerReferences"][0]["name"] = json!("has space");
+    fake.seed(spaced);
+    fake.seed(injected("orphan", "gone", "uid-gone-job"));
+
+    let out = audit(&fake, &["-n", "team-a"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let table = text(&out.stdout);
+    let unsafe_chars: Vec<char> =
+        table.chars().filter(|c| (c.is_control() && *c != '\n') || ('\u{2028}'..='\u{202e}').contains(c)).collect();
+    assert!(unsafe_chars.is_empty(), "{unsafe_chars:?} in\n{table}");
+    let rows = findings_in_table(&table);
+    let found: Vec<(String, String)> =
+        rows.iter().map(|r| (r["pod"].as_str().unwrap().into(), r["finding"].as_str().unwrap().into())).collect();
+    assert!(found.contains(&("escaping".into(), "unreadable".into())), "{table}");
+    assert!(found.contains(&("orphan".into(), "owner-gone".into())), "the rest is audited: {table}");
+    assert!(found.iter().any(|(pod, _)| pod == "spaced"), "{table}");
+    assert!(table.lines().last().unwrap().starts_with(&format!("{} findings", rows.len())), "{table}");
+    let escaping_row = rows.iter().find(|r| r["pod"] == "escaping").unwrap();
+    assert!(escaping_row["detail"].as_str().unwrap().contains(r"\u{1b}]0;pwned\u{7}"), "{escaping_row}");
+
+    // The JSON keeps every byte, escaped as JSON escapes them.
+    let out = audit(&fake, &["-n", "team-a", "-o", "json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let raw = text(&out.stdout);
+    assert!(!raw.chars().any(|c| c.is_control() && c != '\n'), "{raw}");
+    let report: Value = serde_json::from_str(&raw).unwrap();
+    let details: Vec<&str> = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["pod"] == "escaping")
+        .map(|f| f["detail"].as_str().unwrap())
+        .collect();
+    assert_eq!(details.len(), 1, "{report:#}");
+    assert!(
+        details[0].starts_with("its controller owner reference cannot be looked up: the controller owner's uid "),
+        "{}",
+        details[0]
+    );
+}

@@ -34,6 +34,7 @@ pub enum Kind {
     NoLeader,
     CertificatePending,
     CertificateRequesters,
+    Unreadable,
 }
 
 impl Kind {
@@ -51,6 +52,7 @@ impl Kind {
             Self::NoLeader => "no-leader",
             Self::CertificatePending => "certificate-pending",
             Self::CertificateRequesters => "certificate-requesters",
+            Self::Unreadable => "unreadable",
         }
     }
 }
@@ -252,6 +254,13 @@ pub fn examine(
                     }
                 }
                 for r in injection.requires.iter().filter(|r| r.is_object()) {
+                    // A name no object can have (from a template over what the pod's creator
+                    // wrote) is not looked up: the request would fail, and end the audit.
+                    if r.kind != ObjectKind::ClusterTrustBundle && !keyward_engine::names::is_dns1123_subdomain(&r.name)
+                    {
+                        e.push(Kind::Unreadable, e.profile.clone(), format!("it would need {:?} {}, which is not a name Kubernetes allows: the pod cannot start; fix what the name is made from (its owner reference or labels)", r.kind, printable_name(&r.name)));
+                        continue;
+                    }
                     // Cluster-wide objects are looked up once, whichever namespace needs them.
                     let ns = if r.kind == ObjectKind::ClusterTrustBundle { "" } else { namespace };
                     let d = Dependency { kind: r.kind, namespace: ns.to_string(), name: r.name.clone() };
@@ -263,6 +272,20 @@ pub fn examine(
             }
         }
         e.owner = controller_owner(pod, namespace);
+        // An owner reference is the pod creator's to write: one that names no object Kubernetes
+        // allows is reported, not looked up.
+        if let Some(o) = &e.owner {
+            let owner = keyward_controller::desired::Owner {
+                api_version: o.api_version.clone(),
+                kind: o.kind.clone(),
+                name: o.name.clone(),
+                uid: o.uid.clone(),
+            };
+            if let Some(problem) = keyward_controller::desired::identity_problem(namespace, &owner) {
+                e.owner = None;
+                e.push(Kind::Unreadable, e.profile.clone(), format!("its controller owner reference cannot be looked up: {problem}; keyward issues nothing for it (written by hand, or copied); recreate the pod"));
+            }
+        }
     }
     e
 }
@@ -326,7 +349,7 @@ impl Examined {
         if let Some(owner) = self.owner.take() {
             match lookups.owners.get(&owner) {
                 Some(None) => self.push(Kind::OwnerGone, profile.clone(), format!("its owner {} {} does not exist: the pod is orphaned and its per-owner credentials are no longer renewed; delete the pod", owner.kind, owner.name)),
-                Some(Some(uid)) if *uid != owner.uid => self.push(Kind::OwnerGone, profile.clone(), format!("its owner {} {} was recreated (UID {uid}, the pod names {}): the pod belongs to the old one; delete it", owner.kind, owner.name, owner.uid)),
+                Some(Some(uid)) if *uid != owner.uid => self.push(Kind::OwnerGone, profile.clone(), format!("its owner {} {} was recreated (UID {}, the pod names {}): the pod belongs to the old one; delete it", owner.kind, owner.name, printable_word(uid), owner.uid)),
                 _ => {}
             }
         }

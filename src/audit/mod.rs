@@ -12,6 +12,7 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
 use clap::{Args, ValueEnum};
+use keyward_engine::text::terminal_safe;
 use keyward_engine::ProfileSet;
 use serde_json::json;
 
@@ -143,18 +144,22 @@ async fn audit(args: &AuditArgs, profiles: &ProfileSet) -> anyhow::Result<Printe
     Ok(Printed { text, found })
 }
 
-/// One line per finding, grouped by namespace (cluster findings first), then a summary.
+/// One line per finding, grouped by namespace (cluster findings first), then a summary. Every
+/// cell is the cluster's to write (pod names, owner references, records, messages): each goes
+/// through [`terminal_safe`], so no control or format character reaches the terminal and a
+/// finding is always one line.
 pub fn table(g: &Gathered) -> String {
+    let cell = |s: &str| terminal_safe(s).into_owned();
     let rows: Vec<[String; 5]> = g
         .findings
         .iter()
         .map(|f| {
             [
-                if f.namespace.is_empty() { "(cluster)".into() } else { f.namespace.clone() },
-                if f.pod.is_empty() { "-".into() } else { f.pod.clone() },
-                f.profile.clone().unwrap_or_else(|| "-".into()),
+                if f.namespace.is_empty() { "(cluster)".into() } else { cell(&f.namespace) },
+                if f.pod.is_empty() { "-".into() } else { cell(&f.pod) },
+                f.profile.as_deref().map_or_else(|| "-".into(), cell),
                 f.finding.as_str().into(),
-                f.detail.clone(),
+                cell(&f.detail),
             ]
         })
         .collect();
@@ -180,7 +185,7 @@ pub fn table(g: &Gathered) -> String {
     out.push_str(&summary(g));
     out.push('\n');
     for note in &g.notes {
-        out.push_str(&format!("note: {note}\n"));
+        out.push_str(&format!("note: {}\n", terminal_safe(note)));
     }
     out
 }
