@@ -153,28 +153,34 @@ impl PodCertificates {
     }
 }
 
-/// The version of `certificates.k8s.io` that serves PodCertificateRequests, as `choice` says
-/// or, for `auto`, as discovery says (v1 preferred).
+/// The versions of `certificates.k8s.io` keyward signs PodCertificateRequests at, the one the
+/// cluster facts name first: as `choice` says or, for `auto`, every one discovery finds (v1
+/// first; both where a cluster serves both, for kubelets that still create v1beta1 requests).
 pub async fn pod_certificate_api(
     client: &kube::Client,
     choice: PodCertificates,
-) -> anyhow::Result<Option<keyward_controller::signer::ApiVersion>> {
+) -> anyhow::Result<Vec<keyward_controller::signer::ApiVersion>> {
     match choice.fixed() {
-        Some(version) => Ok(version),
-        None => served(client, keyward_controller::signer::ApiVersion::PLURAL).await.context("--pod-certificates auto"),
+        Some(version) => Ok(version.into_iter().collect()),
+        None => keyward_controller::signer::served_versions(client, keyward_controller::signer::ApiVersion::PLURAL)
+            .await
+            .map_err(|e| discovery_error(keyward_controller::signer::ApiVersion::PLURAL, &e))
+            .context("--pod-certificates auto"),
     }
 }
 
 /// The version of `certificates.k8s.io` that serves `plural`, by discovery (v1 preferred).
 async fn served(client: &kube::Client, plural: &str) -> anyhow::Result<Option<keyward_controller::signer::ApiVersion>> {
-    keyward_controller::signer::served_version(client, plural).await.map_err(|e| {
-        let fix = if plural == keyward_controller::signer::ApiVersion::PLURAL {
-            "; give --pod-certificates v1, v1beta1 or off"
-        } else {
-            ""
-        };
-        anyhow::anyhow!("cannot read the API server's discovery of certificates.k8s.io for {plural} ({e}){fix}")
-    })
+    keyward_controller::signer::served_version(client, plural).await.map_err(|e| discovery_error(plural, &e))
+}
+
+fn discovery_error(plural: &str, e: &kube::Error) -> anyhow::Error {
+    let fix = if plural == keyward_controller::signer::ApiVersion::PLURAL {
+        "; give --pod-certificates v1, v1beta1 or off"
+    } else {
+        ""
+    };
+    anyhow::anyhow!("cannot read the API server's discovery of certificates.k8s.io for {plural} ({e}){fix}")
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -264,7 +270,8 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     // `delivery: auto` is decided by what this controller signs, from its own discovery (and
     // written as the cluster facts for the webhook, which makes no API call).
     let pod_certificates = pod_certificate_api(&client, args.pod_certificates).await?;
-    let store = Arc::new(store.with_facts(keyward_controller::signer::cluster_facts(pod_certificates)));
+    let store =
+        Arc::new(store.with_facts(keyward_controller::signer::cluster_facts(pod_certificates.first().copied())));
     let profiles = store.profiles().current_arc();
     let issuing = issuing_profiles(&profiles);
     // Without --client-ca-dir no set that issues is accepted (above), so nothing reads this.
@@ -297,9 +304,13 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     // and the server CAs profiles deliver by `clusterTrustBundle` projection.
     let trust_bundles = served(&client, keyward_controller::signer::ApiVersion::TRUST_BUNDLES).await?;
     let signers = keyward_controller::signer::signers(&profiles);
-    match pod_certificates {
-        Some(version) => {
-            tracing::info!(api = %format!("{}/{}", keyward_controller::signer::ApiVersion::GROUP, version.as_str()), signers = ?signers.iter().map(|(s, _)| s).collect::<Vec<_>>(), "signing PodCertificateRequests of keyward's signers")
+    match pod_certificates.first() {
+        Some(_) => {
+            let apis: Vec<String> = pod_certificates
+                .iter()
+                .map(|v| format!("{}/{}", keyward_controller::signer::ApiVersion::GROUP, v.as_str()))
+                .collect();
+            tracing::info!(api = %apis.join(", "), signers = ?signers.iter().map(|(s, _)| s).collect::<Vec<_>>(), "signing PodCertificateRequests of keyward's signers")
         }
         None if !signers.is_empty() => tracing::error!(
             signers = ?signers.iter().map(|(s, _)| s).collect::<Vec<_>>(),

@@ -28,10 +28,13 @@ pub fn cluster_facts_yaml(
         // Only `auto` asks the cluster.
         None => {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-            runtime.block_on(async {
-                let (client, _) = access.client().await?;
-                crate::controller::pod_certificate_api(&client, choice).await
-            })?
+            runtime
+                .block_on(async {
+                    let (client, _) = access.client().await?;
+                    crate::controller::pod_certificate_api(&client, choice).await
+                })?
+                .first()
+                .copied()
         }
     };
     let facts = keyward_controller::signer::cluster_facts(version);

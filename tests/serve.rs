@@ -74,22 +74,21 @@ async fn a_matching_pod_gets_the_patch_and_others_pass_untouched() {
         without_attestation["metadata"]["annotations"].as_object_mut().unwrap().remove("keyward.io/attestation");
     assert!(attestation.is_some(), "{pod}");
     assert_eq!(without_attestation, expected);
-    // The admission attestation, signed with the mounted key over the owner and the record.
+    // The admission attestation, signed with the mounted key, as keyward's controller checks
+    // it on the pod as stored (created a moment after admission): it holds.
     let attestor = DirAttestor::load(server.attestation_dir.as_ref().unwrap().path());
-    let annotations = &pod["metadata"]["annotations"];
-    let owner = &pod["metadata"]["ownerReferences"][0];
-    let payload = keyward_engine::attest::payload(
+    let mut stored = pod.clone();
+    stored["metadata"]["namespace"] = json!("team-a");
+    stored["metadata"]["uid"] = json!("3c0d6f8e-2b1a-4c5d-9e8f-7a6b5c4d3e2f");
+    stored["metadata"]["creationTimestamp"] = json!(keyward_certs::rfc3339(std::time::SystemTime::now()));
+    let verdict = keyward_controller::desired::for_pod(
+        &keyward_engine::ProfileSet::builtin().unwrap(),
+        &serde_json::value::to_raw_value(&stored).unwrap(),
         "team-a",
-        &keyward_engine::attest::OwnerRef {
-            group: "foundation-model-stack.github.com.github.com",
-            kind: "LMEvalJob",
-            name: owner["name"].as_str().unwrap(),
-            uid: owner["uid"].as_str().unwrap(),
-        },
-        "lmeval",
-        annotations["keyward.io/injected"].as_str().unwrap(),
+        "cluster.local",
     );
-    assert!(attestor.0.verify(&payload, annotations["keyward.io/attestation"].as_str().unwrap()), "{annotations}");
+    let keyward_controller::desired::PodVerdict::Claim(claim) = verdict else { panic!("no claim: {verdict:?}") };
+    assert_eq!(claim.attested(&attestor.0), keyward_engine::attest::Verdict::Valid);
 
     // Selected, but not created by the operator: refused with 403 and the reason.
     let response = client

@@ -4,8 +4,10 @@
 //! `current`; a signature under `current` or `previous` verifies, so a rotation never
 //! invalidates a pod attested a moment before it.
 //!
-//! An attestation is `v1.<key id>.<base64url HMAC>`: the key id (the first 8 bytes of the
-//! key's SHA-256, hex) picks the key to check with; it says nothing about the key itself.
+//! The attestation's value and payload are the engine's (`keyward_engine::attest`): this module
+//! makes and checks the HMAC in it, named by a key id (the first 8 bytes of the key's SHA-256,
+//! hex) that picks the key to check with and says nothing about the key itself, and draws the
+//! nonce each attestation carries.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -23,7 +25,6 @@ pub const CURRENT_FILE: &str = "current";
 pub const PREVIOUS_FILE: &str = "previous";
 /// The size of a key, in bytes.
 pub const KEY_BYTES: usize = 32;
-const PREFIX: &str = "v1";
 
 /// One key and its id.
 #[derive(Clone)]
@@ -69,6 +70,23 @@ pub fn generate() -> Result<[u8; KEY_BYTES], Error> {
     Ok(bytes)
 }
 
+/// A nonce for one attestation: 12 random bytes, base64url (16 characters). Should the system
+/// refuse randomness (ring documents it as possible, Linux does not do it once booted), a
+/// process-wide counter with the clock and the process id stands in: still never repeated.
+pub fn nonce() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut bytes = [0u8; 12];
+    if ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes).is_err() {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let mixed =
+            ring::digest::digest(&ring::digest::SHA256, format!("{nanos}.{n}.{}", std::process::id()).as_bytes());
+        bytes.copy_from_slice(&mixed.as_ref()[..12]);
+    }
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+}
+
 /// Makes sure `dir/current` holds a key, for development (`keyward serve` without
 /// `--tls-dir`): a new random key the first time, kept after that (`0600`).
 pub fn ensure_dev_key(dir: &Path) -> Result<(), Error> {
@@ -88,27 +106,23 @@ pub struct Keys {
 }
 
 impl Keys {
-    /// The attestation of `payload` with the current key.
-    pub fn sign(&self, payload: &[u8]) -> Option<String> {
+    /// The HMAC of `payload` with the current key: its id, and the tag (base64url).
+    pub fn sign(&self, payload: &[u8]) -> Option<(String, String)> {
         let key = self.current.as_ref()?;
         let tag = hmac::sign(&key.key, payload);
-        Some(format!("{PREFIX}.{}.{}", key.id, base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(tag.as_ref())))
+        Some((key.id.clone(), base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(tag.as_ref())))
     }
 
-    /// Whether `value` attests `payload` under the current or the previous key (compared in
-    /// constant time).
-    pub fn verify(&self, payload: &[u8], value: &str) -> bool {
-        let mut parts = value.splitn(3, '.');
-        let (Some(PREFIX), Some(id), Some(tag)) = (parts.next(), parts.next(), parts.next()) else {
-            return false;
-        };
+    /// Whether `tag` (base64url) is the HMAC of `payload` under the key `key_id`, when that is
+    /// the current or the previous key (the whole tag compared, in constant time).
+    pub fn verify(&self, payload: &[u8], key_id: &str, tag: &str) -> bool {
         let Ok(tag) = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(tag) else {
             return false;
         };
         [&self.current, &self.previous]
             .into_iter()
             .flatten()
-            .find(|k| k.id == id)
+            .find(|k| k.id == key_id)
             .is_some_and(|k| hmac::verify(&k.key, payload, &tag).is_ok())
     }
 
@@ -224,24 +238,49 @@ mod tests {
         let (a, b, c) = (generate().unwrap(), generate().unwrap(), generate().unwrap());
         let key = |bytes: &[u8]| Key::from_bytes(bytes, "k").unwrap();
         let first = Keys { current: Some(key(&a)), previous: None };
-        let value = first.sign(b"payload").unwrap();
-        assert!(value.starts_with(&format!("v1.{}.", key_id(&a))));
-        assert!(first.verify(b"payload", &value));
-        assert!(!first.verify(b"payload2", &value));
+        let (id, tag) = first.sign(b"payload").unwrap();
+        assert_eq!(id, key_id(&a));
+        assert!(first.verify(b"payload", &id, &tag));
+        assert!(!first.verify(b"payload2", &id, &tag));
         // Rotated once: still verifies; rotated twice: no longer.
         let second = Keys { current: Some(key(&b)), previous: Some(key(&a)) };
-        assert!(second.verify(b"payload", &value));
-        assert_ne!(second.sign(b"payload").unwrap(), value);
+        assert!(second.verify(b"payload", &id, &tag));
+        assert_ne!(second.sign(b"payload").unwrap(), (id.clone(), tag.clone()));
         let third = Keys { current: Some(key(&c)), previous: Some(key(&b)) };
-        assert!(!third.verify(b"payload", &value));
+        assert!(!third.verify(b"payload", &id, &tag));
         // Forgeries: another key's id, a cut tag, junk.
-        let forged = format!("v1.{}.{}", key_id(&b), value.rsplit('.').next().unwrap());
-        assert!(!second.verify(b"payload", &forged));
-        assert!(!first.verify(b"payload", &value[..value.len() - 2]));
-        for junk in ["", "v1", "v1..", "v2.x.y", "v1.0011223344556677.!!!"] {
-            assert!(!first.verify(b"payload", junk), "{junk:?}");
+        assert!(!second.verify(b"payload", &key_id(&b), &tag));
+        assert!(!first.verify(b"payload", &id, &tag[..tag.len() - 2]));
+        for junk in ["", "!!!", "AAAA"] {
+            assert!(!first.verify(b"payload", &id, junk), "{junk:?}");
         }
         assert_eq!(Keys::default().sign(b"payload"), None);
+    }
+
+    /// Guards against a comparison of only part of the tag: a full-length tag whose last bytes
+    /// differ is refused (mutation: `hmac::verify` replaced by a comparison of the first bytes).
+    #[test]
+    fn a_full_length_tag_with_its_last_bytes_changed_is_refused() {
+        let keys = Keys { current: Some(Key::from_bytes(&generate().unwrap(), "k").unwrap()), previous: None };
+        let (id, tag) = keys.sign(b"payload").unwrap();
+        let mut raw = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(&tag).unwrap();
+        assert_eq!(raw.len(), 32);
+        for i in [31, 24, 16, 8] {
+            raw[i] ^= 0x01;
+            let changed = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&raw);
+            assert_eq!(changed.len(), tag.len());
+            assert!(!keys.verify(b"payload", &id, &changed), "byte {i} changed");
+            raw[i] ^= 0x01;
+        }
+    }
+
+    #[test]
+    fn nonces_do_not_repeat() {
+        let nonces: std::collections::HashSet<String> = (0..1000).map(|_| nonce()).collect();
+        assert_eq!(nonces.len(), 1000);
+        assert!(nonces
+            .iter()
+            .all(|n| n.len() == 16 && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')));
     }
 
     #[test]

@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 
 use keyward_engine::attest;
+use keyward_engine::binding::{self, Masks};
 use keyward_engine::engine::decide_admitted;
 use keyward_engine::inject::{CaSource, Provision, RoleBinding, RoleKind};
 use keyward_engine::names::{is_dns1123_label, is_dns1123_subdomain, Labels, TemplateContext};
@@ -19,6 +20,9 @@ use keyward_engine::{
 };
 use serde_json::value::RawValue;
 
+use crate::attestation::Evidence;
+use crate::metrics::Refusal;
+
 /// `app.kubernetes.io/managed-by: keyward` on everything the controller writes; it never
 /// modifies or deletes an object without it.
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "keyward");
@@ -28,6 +32,9 @@ pub const PROVISIONED_FOR: &str = "keyward.io/provisioned-for";
 pub const PROFILE_ANNOTATION: &str = "keyward.io/profile";
 /// The namespace label that opts a namespace in (the webhook's `namespaceSelector`).
 pub const OPT_IN: (&str, &str) = ("keyward.io/inject", "enabled");
+/// The pod label that opts a pod out (the webhook's `objectSelector`): keyward's webhook never
+/// sees such a pod.
+pub const OPT_OUT: (&str, &str) = ("keyward.io/inject", "disabled");
 
 /// The pod's controller owner, as its ownerReference names it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -259,9 +266,9 @@ pub enum PodVerdict {
     /// The pod is one keyward injected, for this owner: issue, once the attestation and the
     /// owner check out.
     Claim(PodClaim),
-    /// The pod is selected and injected, but names an owner no identity may be made from:
-    /// refused, and why.
-    Unverifiable(String),
+    /// The pod is selected and carries the injection, but keyward must not serve it: refused,
+    /// and why (reported).
+    Refused(Refusal, String),
     /// Nothing, and why (for the debug log).
     Nothing(String),
 }
@@ -274,29 +281,15 @@ pub struct PodClaim {
     /// Checked by Kubernetes' name rules: every segment of its identity is one.
     pub owner: Owner,
     pub wants: Vec<Desired>,
-    /// The pod's `keyward.io/attestation`, and what it must attest.
-    pub attestation: Option<String>,
-    pub payload: Vec<u8>,
-}
-
-/// Whether an attestation holds, under the keys given.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Attested {
-    Valid,
-    /// The pod has none (created before keyward attested, or never admitted by it).
-    Missing,
-    /// It has one that does not verify: written by someone other than keyward's webhook, or
-    /// for another owner, profile or injection.
-    Forged,
+    /// The pod's admission attestation, and what it must hold for (boxed: the index keeps a
+    /// claim per pod, and most are small).
+    pub evidence: Box<Evidence>,
 }
 
 impl PodClaim {
-    pub fn attested(&self, keys: &keyward_certs::attestation::Keys) -> Attested {
-        match &self.attestation {
-            None => Attested::Missing,
-            Some(value) if keys.verify(&self.payload, value) => Attested::Valid,
-            Some(_) => Attested::Forged,
-        }
+    /// Whether the pod's attestation holds, under the keys given.
+    pub fn attested(&self, keys: &keyward_certs::attestation::Keys) -> attest::Verdict {
+        self.evidence.check(&self.owner, &self.profile, keys)
     }
 }
 
@@ -321,6 +314,9 @@ pub fn for_pod(profiles: &ProfileSet, pod: &RawValue, namespace: &str, trust_dom
     });
     let annotation = |key: &str| read.metadata.annotations.kept.get(key).map(|v| v.to_string());
     let (attestation, injected) = (annotation(ANNOTATION_ATTESTATION), annotation(ANNOTATION_INJECTED));
+    let created = read.metadata.creation_timestamp.as_deref().and_then(attest::unix_seconds);
+    let opted_out = read.metadata.labels.get(OPT_OUT.0).is_some_and(|v| v.as_ref() == OPT_OUT.1);
+    let spec = read.spec;
     let facts = RequestFacts::pod_create(namespace, Requester::Assumed);
     // Either resolution of `delivery: auto` is as keyward admits pods (the attestation,
     // checked next, says the webhook admitted it).
@@ -355,8 +351,22 @@ pub fn for_pod(profiles: &ProfileSet, pod: &RawValue, namespace: &str, trust_dom
         return PodVerdict::Nothing("it has no controller owner".into());
     };
     if let Some(problem) = identity_problem(namespace, &owner) {
-        return PodVerdict::Unverifiable(problem);
+        return PodVerdict::Refused(Refusal::UnverifiableOwner, problem);
     }
+    // Whatever it carries: keyward's webhook never sees a pod with this label.
+    if opted_out {
+        return PodVerdict::Refused(
+            Refusal::OptedOut,
+            format!(
+                "it is labelled {}={}, so keyward's webhook never admitted it; remove the label and recreate the pod",
+                OPT_OUT.0, OPT_OUT.1
+            ),
+        );
+    }
+    let binding = match binding::of_raw(spec, &Masks::of(&mutation.injections)) {
+        Ok(b) => b,
+        Err(e) => return PodVerdict::Nothing(format!("its spec cannot be read: {e}")),
+    };
     let mut wants = Vec::new();
     for requirement in wanted {
         let want = match &requirement.provision {
@@ -378,13 +388,14 @@ pub fn for_pod(profiles: &ProfileSet, pod: &RawValue, namespace: &str, trust_dom
             want,
         });
     }
-    let payload = attest::payload(
-        namespace,
-        &attest::OwnerRef { group: owner.group(), kind: &owner.kind, name: &owner.name, uid: &owner.uid },
-        &profile,
-        injected.as_deref().unwrap_or_default(),
-    );
-    PodVerdict::Claim(PodClaim { profile, owner, wants, attestation, payload })
+    let evidence = Box::new(Evidence {
+        value: attestation,
+        namespace: namespace.to_string(),
+        injected: injected.unwrap_or_default(),
+        binding,
+        created,
+    });
+    PodVerdict::Claim(PodClaim { profile, owner, wants, evidence })
 }
 
 /// Why an identity cannot be made from this owner, if it cannot: each value that becomes part

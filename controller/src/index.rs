@@ -9,6 +9,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use crate::desired::{PodClaim, PodVerdict};
+use crate::metrics::Refusal;
 
 /// A pod, as seen by one watch (a profile's selector).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -35,8 +36,9 @@ pub struct Indexed {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Entry {
     Claim(PodClaim),
-    /// Injected, but its owner cannot be an identity: refused, and why.
-    Unverifiable(String),
+    /// Injected, but not to be served (its owner cannot be an identity, it is opted out):
+    /// refused, and why.
+    Refused(Refusal, String),
 }
 
 impl Indexed {
@@ -45,7 +47,7 @@ impl Indexed {
             Entry::Claim(c) => {
                 c.wants.first().map(|d| OwnerKey { namespace: d.namespace.clone(), uid: c.owner.uid.clone() })
             }
-            Entry::Unverifiable(_) => None,
+            Entry::Refused(..) => None,
         }
     }
 }
@@ -56,13 +58,16 @@ pub struct PodIndex {
     owners: HashMap<OwnerKey, BTreeSet<PodKey>>,
     /// Per stream being re-listed: the pods seen so far in the new list.
     relisting: HashMap<usize, HashSet<PodKey>>,
+    /// The streams that have listed once: until every one has, a pod missing here may only
+    /// not have arrived yet.
+    listed: HashSet<usize>,
 }
 
-/// What changed: the owners to reconcile, and pods refused for an unverifiable owner.
+/// What changed: the owners to reconcile, and pods newly refused (with their UID).
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Changed {
     pub owners: Vec<OwnerKey>,
-    pub unverifiable: Vec<(PodKey, String)>,
+    pub refused: Vec<(PodKey, String, Refusal, String)>,
     /// A pod new to its owner (not an update of one already seen): what keyward remembers of
     /// the owner's Secrets is checked again (someone may have deleted them).
     pub arrived: Option<PodClaim>,
@@ -77,12 +82,12 @@ impl PodIndex {
         let mut changed = Changed::default();
         let entry = match verdict {
             PodVerdict::Claim(claim) => Some(Entry::Claim(claim)),
-            PodVerdict::Unverifiable(why) => {
-                let new = !matches!(self.pods.get(&key), Some(Indexed { verdict: Entry::Unverifiable(_), uid: u }) if *u == uid);
+            PodVerdict::Refused(refusal, why) => {
+                let new = !matches!(self.pods.get(&key), Some(Indexed { verdict: Entry::Refused(r, _), uid: u }) if *u == uid && *r == refusal);
                 if new {
-                    changed.unverifiable.push((key.clone(), why.clone()));
+                    changed.refused.push((key.clone(), uid.clone(), refusal, why.clone()));
                 }
-                Some(Entry::Unverifiable(why))
+                Some(Entry::Refused(refusal, why))
             }
             PodVerdict::Nothing(_) => None,
         };
@@ -139,6 +144,7 @@ impl PodIndex {
 
     /// The list is complete: pods of `stream` it did not hold are gone; returns their owners.
     pub fn end_relist(&mut self, stream: usize) -> Vec<OwnerKey> {
+        self.listed.insert(stream);
         let Some(seen) = self.relisting.remove(&stream) else { return Vec::new() };
         let gone: Vec<PodKey> = self.pods.keys().filter(|k| k.stream == stream && !seen.contains(k)).cloned().collect();
         let mut owners: Vec<OwnerKey> = gone.iter().filter_map(|k| self.forget(k)).collect();
@@ -158,6 +164,11 @@ impl PodIndex {
                 _ => None,
             })
             .collect()
+    }
+
+    /// Whether streams `0..streams` have each listed once.
+    pub fn has_listed(&self, streams: usize) -> bool {
+        (0..streams).all(|s| self.listed.contains(&s))
     }
 
     /// Every owner with a pod.

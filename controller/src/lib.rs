@@ -1,6 +1,7 @@
 //! keyward's controller: it makes every object the profiles mark as provided by keyward exist,
 //! stay valid, and go away with its owner or when its namespace opts out.
 //!
+//! - [`attestation`]: the admission attestation as the controller checks it (pure).
 //! - [`conditions`]: states it reports and works around rather than fails on.
 //! - [`desired`]: what should exist, from the profiles and a live pod (pure).
 //! - [`identity`]: client certificates (issue, renew) and generated tokens.
@@ -15,6 +16,7 @@
 
 #![warn(unreachable_pub)]
 
+pub mod attestation;
 pub mod client;
 pub mod conditions;
 pub mod desired;

@@ -30,8 +30,18 @@ struct ConditionLabels {
 pub enum Refusal {
     /// The pod has no admission attestation.
     NoAttestation,
-    /// The pod's attestation does not verify.
+    /// The pod's attestation does not verify, or cannot be read.
     ForgedAttestation,
+    /// The pod's attestation verifies, for a pod that runs or mounts something else.
+    ReboundAttestation,
+    /// The pod's attestation verifies, but was made too long before or after the pod's creation.
+    UntimelyAttestation,
+    /// Another live pod carries the same attestation and came first (or in the same second).
+    DuplicateAttestation,
+    /// The pod is labelled `keyward.io/inject=disabled`: the webhook never admitted it.
+    OptedOut,
+    /// The pod carries an attestation in a namespace that is not opted in.
+    NamespaceNotOptedIn,
     /// The owner the pod names does not exist with that UID.
     OwnerMissing,
     /// The owner's name, kind, group or UID is not what Kubernetes allows.
@@ -41,18 +51,40 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 5] = [
+    pub const ALL: [Refusal; 10] = [
         Self::NoAttestation,
         Self::ForgedAttestation,
+        Self::ReboundAttestation,
+        Self::UntimelyAttestation,
+        Self::DuplicateAttestation,
+        Self::OptedOut,
+        Self::NamespaceNotOptedIn,
         Self::OwnerMissing,
         Self::UnverifiableOwner,
         Self::UnverifiedSecret,
     ];
 
+    /// The refusal of a pod whose attestation does not hold (`None`: it holds).
+    pub fn of(verdict: &keyward_engine::attest::Verdict) -> Option<Self> {
+        use keyward_engine::attest::Verdict;
+        match verdict {
+            Verdict::Valid => None,
+            Verdict::Missing => Some(Self::NoAttestation),
+            Verdict::Malformed(_) | Verdict::Forged => Some(Self::ForgedAttestation),
+            Verdict::Rebound => Some(Self::ReboundAttestation),
+            Verdict::Untimely { .. } => Some(Self::UntimelyAttestation),
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::NoAttestation => "no-attestation",
             Self::ForgedAttestation => "forged-attestation",
+            Self::ReboundAttestation => "rebound-attestation",
+            Self::UntimelyAttestation => "untimely-attestation",
+            Self::DuplicateAttestation => "duplicate-attestation",
+            Self::OptedOut => "opted-out",
+            Self::NamespaceNotOptedIn => "namespace-not-opted-in",
             Self::OwnerMissing => "owner-missing",
             Self::UnverifiableOwner => "unverifiable-owner",
             Self::UnverifiedSecret => "unverified-secret",
@@ -64,6 +96,11 @@ impl Refusal {
         match self {
             Self::NoAttestation => "NoAdmissionAttestation",
             Self::ForgedAttestation => "ForgedAdmissionAttestation",
+            Self::ReboundAttestation => "ReboundAdmissionAttestation",
+            Self::UntimelyAttestation => "UntimelyAdmissionAttestation",
+            Self::DuplicateAttestation => "DuplicateAdmissionAttestation",
+            Self::OptedOut => "OptedOut",
+            Self::NamespaceNotOptedIn => "NamespaceNotOptedIn",
             Self::OwnerMissing => "OwnerMissing",
             Self::UnverifiableOwner => "UnverifiableOwner",
             Self::UnverifiedSecret => "UnverifiedSecret",
@@ -183,7 +220,7 @@ impl Default for Metrics {
         let refused = Family::<ResultLabels, Counter>::default();
         registry.register(
             "refused",
-            "Pods, owners and Secrets keyward issued nothing for, each counted once, by result (no-attestation|forged-attestation|owner-missing|unverifiable-owner|unverified-secret)",
+            "Pods, owners and Secrets keyward issued nothing for, each counted once, by result (no-attestation|forged-attestation|rebound-attestation|untimely-attestation|duplicate-attestation|opted-out|namespace-not-opted-in|owner-missing|unverifiable-owner|unverified-secret)",
             refused.clone(),
         );
         for r in Refusal::ALL {

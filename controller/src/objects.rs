@@ -144,10 +144,22 @@ pub fn token_secret(d: &Desired, owner: &Owner, key: &str, token: &str) -> Secre
 }
 
 /// The client CA's certificate (never its key), for control planes to trust.
-pub fn client_ca_config_map(namespace: &str, name: &str, ca_pem: &str) -> ConfigMap {
+pub fn client_ca_config_map(
+    namespace: &str,
+    name: &str,
+    bundle_pem: &str,
+    previous_until: Option<std::time::SystemTime>,
+) -> ConfigMap {
+    let mut metadata = meta(namespace, name, None, Scope::ClientCa, None);
+    if let Some(until) = previous_until {
+        metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(crate::signer::PREVIOUS_UNTIL.into(), keyward_certs::rfc3339(until));
+    }
     ConfigMap {
-        metadata: meta(namespace, name, None, Scope::ClientCa, None),
-        data: Some(BTreeMap::from([(crate::identity::CA_CRT.to_string(), ca_pem.to_string())])),
+        metadata,
+        data: Some(BTreeMap::from([(crate::identity::CA_CRT.to_string(), bundle_pem.to_string())])),
         ..ConfigMap::default()
     }
 }

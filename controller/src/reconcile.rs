@@ -21,6 +21,7 @@ use k8s_openapi::NamespaceResourceScope;
 use keyward_certs::attestation::{self, Keys};
 use keyward_certs::pki::Ca;
 use keyward_certs::CertStore;
+use keyward_engine::text::clip;
 use keyward_engine::ProfileSet;
 use kube::api::{
     ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
@@ -31,8 +32,9 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::attestation::{first_of_its_attestation, refusal_note, Sibling};
 use crate::conditions::{Change, Condition, Conditions};
-use crate::desired::{self, Attested, Desired, Owner, PodClaim, SourceKey, Want};
+use crate::desired::{self, Desired, Owner, PodClaim, SourceKey, Want};
 use crate::error::Error;
 use crate::identity::{self, Renewal, CA_CRT, TLS_CRT, TLS_KEY};
 use crate::index::{OwnerKey, PodKey};
@@ -41,6 +43,7 @@ use crate::metrics::{Action, Metrics, Refusal};
 use crate::objects::{self, is_managed, Scope};
 use crate::queue::Outcome;
 use crate::signer;
+use keyward_engine::attest::Verdict;
 
 /// The controller's settings (from `keyward controller`'s flags).
 #[derive(Debug, Clone)]
@@ -69,9 +72,11 @@ pub struct Settings {
     /// The MutatingWebhookConfiguration whose `matchConditions` keyward keeps equal to the
     /// profiles (`None`: `--webhook-match-conditions external`).
     pub match_conditions_of: Option<String>,
-    /// The version of `certificates.k8s.io` that serves PodCertificateRequests (`None`: the
-    /// cluster does not, and keyward signs nothing).
-    pub pod_certificates: Option<crate::signer::ApiVersion>,
+    /// The versions of `certificates.k8s.io` keyward watches and signs PodCertificateRequests
+    /// at, the one the cluster facts name first: v1, v1beta1, or (where a cluster serves both,
+    /// and `--pod-certificates auto`) both. Empty: the cluster serves none, and keyward signs
+    /// nothing.
+    pub pod_certificates: Vec<crate::signer::ApiVersion>,
     /// The version that serves ClusterTrustBundles (`None`: none is published).
     pub trust_bundles: Option<crate::signer::ApiVersion>,
 }
@@ -90,7 +95,7 @@ impl Default for Settings {
             serving: None,
             client_ca_secret: None,
             match_conditions_of: None,
-            pod_certificates: None,
+            pod_certificates: Vec::new(),
             trust_bundles: None,
         }
     }
@@ -118,6 +123,10 @@ struct Memo {
     /// When the certificate expires.
     not_after: Option<SystemTime>,
 }
+
+/// The pods of an owner as the pod watches hold them (name, UID, claim); `None` until every
+/// pod watch has listed once (a pod missing then may only not have arrived yet).
+pub type OwnerPods<'a> = dyn Fn(&OwnerKey) -> Option<Vec<(String, String, PodClaim)>> + Sync + 'a;
 
 /// How one owner's reconcile ended, for the queue.
 type OwnerResult = Result<Outcome, Error>;
@@ -162,7 +171,7 @@ impl Reconciler {
         let reporter = kube::runtime::events::Reporter { controller: "keyward".into(), instance: Some(instance) };
         let recorder = Recorder::new(client.clone(), reporter);
         // `delivery: auto` is what this controller signs, whatever the set was resolved with.
-        let facts = crate::signer::cluster_facts(settings.pod_certificates);
+        let facts = crate::signer::cluster_facts(settings.pod_certificates.first().copied());
         let profiles =
             if profiles.facts() == facts { profiles } else { Arc::new(ProfileSet::clone(&profiles).resolved(facts)) };
         Self {
@@ -488,27 +497,27 @@ impl Reconciler {
             return Ok(Outcome::Done);
         };
         let keys = self.attestation_keys().ok_or(Error::NoAttestationKeys)?;
-        // Prefer a pod whose attestation verifies; report the others once each.
-        let mut attested = Attested::Missing;
-        let mut claim = first;
-        for (key, uid, c) in pods {
-            match c.attested(&keys) {
-                Attested::Valid => {
-                    if attested != Attested::Valid {
-                        claim = c;
-                    }
-                    attested = Attested::Valid;
-                }
-                other => {
-                    if attested != Attested::Valid {
-                        attested = other;
-                    }
-                    let refusal =
-                        if other == Attested::Forged { Refusal::ForgedAttestation } else { Refusal::NoAttestation };
-                    self.report_pod(key, uid, refusal).await;
-                }
+        // Serve the pod whose attestation holds and which is not a copy of another's; report
+        // the others once each.
+        let verdicts: Vec<Verdict> = pods.iter().map(|(_, _, c)| c.attested(&keys)).collect();
+        let siblings: Vec<Sibling> = pods
+            .iter()
+            .zip(&verdicts)
+            .map(|((key, uid, c), v)| Sibling::of(&key.name, uid, c, *v == Verdict::Valid))
+            .collect();
+        let mut served = None;
+        for (((key, uid, c), me), verdict) in pods.iter().zip(&siblings).zip(&verdicts) {
+            let refused = match Refusal::of(verdict) {
+                Some(refusal) => Some((refusal, refusal_note(verdict))),
+                None => first_of_its_attestation(me, &siblings).err().map(|why| (Refusal::DuplicateAttestation, why)),
+            };
+            match refused {
+                None => served = served.or(Some(c)),
+                Some((refusal, why)) => self.report_pod(key, uid, refusal, &why).await,
             }
         }
+        let attested = served.is_some();
+        let claim = served.unwrap_or(first);
         let mut check = OwnerCheck::default();
         let mut next: Option<SystemTime> = None;
         let mut first_error = None;
@@ -516,9 +525,9 @@ impl Reconciler {
         for d in claim.wants.iter().filter(|d| !matches!(d.want, Want::PodCertificate { .. })) {
             let result = match &d.want {
                 Want::ClientCertificate { owner: o, identity } => {
-                    self.client_certificate(d, o, identity, attested == Attested::Valid, &mut check).await
+                    self.client_certificate(d, o, identity, attested, &mut check).await
                 }
-                Want::Token { owner: o, key } => self.token(d, o, key, attested == Attested::Valid, &mut check).await,
+                Want::Token { owner: o, key } => self.token(d, o, key, attested, &mut check).await,
                 _ => Ok((Action::Unchanged, None)),
             };
             let result = match result {
@@ -805,8 +814,37 @@ impl Reconciler {
                     continue;
                 }
             }
-            let object = objects::client_ca_config_map(ns, &self.settings.client_ca_config_map, ca.cert_pem());
-            match self.ensure(ns, stores.as_ref().map(|s| &s.config_maps), object, |a, b| a.data == b.data).await {
+            // The CA it replaced stays beside it as long as a certificate it signed can be
+            // presented, as in the trust bundles.
+            let name = &self.settings.client_ca_config_map;
+            let existing = match &stores {
+                Some(s) => s.config_maps.get(&ObjectRef::new(name).within(ns)).map(|o| (*o).clone()),
+                None => Api::<ConfigMap>::namespaced(self.client.clone(), ns).get_opt(name).await?,
+            };
+            let there = existing.filter(|cm| is_managed(&cm.metadata)).map(|cm| {
+                let until = cm
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(signer::PREVIOUS_UNTIL))
+                    .and_then(|t| keyward_certs::parse_rfc3339(t));
+                let pem = cm.data.as_ref().and_then(|d| d.get(identity::CA_CRT)).cloned().unwrap_or_default();
+                (pem, until)
+            });
+            let (bundle, until) = signer::trust_bundle(
+                ca.cert_pem(),
+                there.as_ref().map(|(b, u)| (b.as_str(), *u)),
+                SystemTime::now(),
+                signer::trust_overlap(self.settings.client_cert_validity),
+            );
+            let object = objects::client_ca_config_map(ns, name, &bundle, until);
+            let same = |a: &ConfigMap, b: &ConfigMap| {
+                let until = |c: &ConfigMap| {
+                    c.metadata.annotations.as_ref().and_then(|a| a.get(signer::PREVIOUS_UNTIL)).cloned()
+                };
+                a.data == b.data && until(a) == until(b)
+            };
+            match self.ensure(ns, stores.as_ref().map(|s| &s.config_maps), object, same).await {
                 Ok(Action::Foreign) => {
                     self.metrics.object("client-ca", Action::Foreign, true);
                     tracing::warn!(namespace = %ns, name = %self.settings.client_ca_config_map, "a ConfigMap keyward does not manage has the client CA's name; left alone");
@@ -877,7 +915,7 @@ impl Reconciler {
                     ca.cert_pem(),
                     there.as_ref().map(|(b, u)| (b.as_str(), *u)),
                     SystemTime::now(),
-                    self.settings.client_cert_validity,
+                    signer::trust_overlap(self.settings.client_cert_validity),
                 );
                 if there.as_ref().is_some_and(|(b, u)| *b == bundle && *u == until) {
                     self.metrics.object("trust-bundle", Action::Unchanged, true);
@@ -1250,18 +1288,19 @@ impl Reconciler {
     // === reports ===
 
     /// Reports a pod keyward issues nothing for, once per pod and reason: a log line, the
-    /// metric, and a Warning Event on the pod.
-    pub async fn report_pod(&self, pod: &PodKey, uid: &str, refusal: Refusal) {
+    /// metric, and a Warning Event on the pod saying `why` (none in a namespace that did not
+    /// opt in: keyward writes nothing there, so pods there cost it no API call).
+    pub async fn report_pod(&self, pod: &PodKey, uid: &str, refusal: Refusal, why: &str) {
         if !lock(&self.reported).insert((uid.to_string(), refusal)) {
             return;
         }
         self.metrics.refused(refusal);
-        let note = match refusal {
-            Refusal::NoAttestation => "keyward issues nothing for this pod's owner: the pod carries no admission attestation (keyward.io/attestation), so keyward's webhook did not admit it as such (created before the namespace opted in, while the webhook was down, or with its labels added later). Have the operator create it again".to_string(),
-            Refusal::ForgedAttestation => "keyward issues nothing for this pod's owner: its admission attestation (keyward.io/attestation) does not verify; it was not written by keyward's webhook for this owner, profile and injection, or its key has been rotated out. Have the operator create the pod again".to_string(),
-            other => format!("keyward issues nothing for this pod: {}", other.as_str()),
+        let advice = match refusal {
+            Refusal::OptedOut | Refusal::NamespaceNotOptedIn | Refusal::UnverifiableOwner => "",
+            _ => "; have the operator create the pod again",
         };
-        tracing::warn!(namespace = %pod.namespace, pod = %pod.name, reason = refusal.as_str(), "pod refused: nothing issued");
+        let note = format!("keyward issues nothing for this pod's owner: {why}{advice}");
+        tracing::warn!(namespace = %pod.namespace, pod = %pod.name, reason = refusal.as_str(), why = %clip(why, 1024), "pod refused: nothing issued");
         let regarding = ObjectReference {
             api_version: Some("v1".into()),
             kind: Some("Pod".into()),
@@ -1270,16 +1309,9 @@ impl Reconciler {
             uid: Some(uid.to_string()),
             ..ObjectReference::default()
         };
-        self.event(refusal.event_reason(), &note, "Issue", &regarding).await;
-    }
-
-    /// Reports a pod whose owner no identity may be made from (a name Kubernetes does not allow).
-    pub async fn report_unverifiable(&self, pod: &PodKey, why: &str) {
-        if !lock(&self.reported).insert((format!("{}/{}", pod.namespace, pod.name), Refusal::UnverifiableOwner)) {
-            return;
+        if refusal != Refusal::NamespaceNotOptedIn {
+            self.event(refusal.event_reason(), &clip(&note, 1024), "Issue", &regarding).await;
         }
-        self.metrics.refused(Refusal::UnverifiableOwner);
-        tracing::warn!(namespace = %pod.namespace, pod = %pod.name, reason = %why, "pod refused: its owner cannot be an identity; nothing issued");
     }
 
     /// Forgets the reports about a pod (deleted), so a new pod of that name is reported anew.
@@ -1368,10 +1400,16 @@ impl Reconciler {
     /// and not answered yet: the owner's certificate for the kubelet's key, or a denial that
     /// says why (and an Event on the request). Every fact is read fresh from the API: a denial
     /// is final for the pod.
-    pub async fn sign(&self, namespace: &str, name: &str) -> Result<Outcome, Error> {
-        let Some(version) = self.settings.pod_certificates else {
+    pub async fn sign(
+        &self,
+        version: signer::ApiVersion,
+        namespace: &str,
+        name: &str,
+        siblings: &OwnerPods<'_>,
+    ) -> Result<Outcome, Error> {
+        if self.settings.pod_certificates.is_empty() {
             return Ok(Outcome::Done);
-        };
+        }
         let api = Api::<DynamicObject>::namespaced_with(self.client.clone(), namespace, &version.api_resource());
         let Some(object) = api.get_opt(name).await? else {
             return Ok(Outcome::Done);
@@ -1384,6 +1422,10 @@ impl Reconciler {
                 return Ok(Outcome::Done);
             }
         };
+        if signer::answered_elsewhere(&request, version, &self.settings.pod_certificates) {
+            tracing::debug!(%namespace, %name, "no key readable at v1: answered at v1beta1");
+            return Ok(Outcome::Done);
+        }
         let keys = self.attestation_keys().ok_or(Error::NoAttestationKeys)?;
         let opted_in = Api::<Namespace>::all(self.client.clone())
             .get_opt(namespace)
@@ -1403,9 +1445,20 @@ impl Reconciler {
         let now = SystemTime::now();
         let generation = object.metadata.generation;
         let verdict = match signer::decide(&request, &self.profiles, facts) {
-            signer::Verdict::Issue { owner, identity, profile, validity } => {
+            signer::Verdict::Issue { owner, identity, profile, validity, pod } => {
                 let mut check = OwnerCheck::default();
-                if self.owner_verified(namespace, &owner, &mut check).await? {
+                let Some(others) = siblings(&OwnerKey { namespace: namespace.to_string(), uid: owner.uid.clone() })
+                else {
+                    tracing::debug!(%namespace, %name, "the pod watches have not listed yet; the request waits a second");
+                    return Ok(Outcome::At(tokio::time::Instant::now() + Duration::from_secs(1)));
+                };
+                let others: Vec<Sibling> = others
+                    .iter()
+                    .map(|(name, uid, c)| Sibling::of(name, uid, c, c.attested(&keys) == Verdict::Valid))
+                    .collect();
+                if let Err(why) = first_of_its_attestation(&pod, &others) {
+                    Err(("DuplicateAttestation", format!("pod {namespace}/{}: {why}", request.pod_name)))
+                } else if self.owner_verified(namespace, &owner, &mut check).await? {
                     Ok((owner, identity, profile, validity))
                 } else {
                     Err((

@@ -60,8 +60,9 @@ pub enum Key {
     ServingCert,
     /// The webhook configuration's `matchConditions`.
     MatchConditions,
-    /// A PodCertificateRequest for one of keyward's signers.
+    /// A PodCertificateRequest for one of keyward's signers, at the version it was seen at.
     CertificateRequest {
+        version: crate::signer::ApiVersion,
         namespace: String,
         name: String,
     },
@@ -228,8 +229,10 @@ pub async fn run(
         });
     }
 
-    // PodCertificateRequests of keyward's signers, not answered yet: each is signed or denied.
-    if let Some(version) = reconciler.settings().pod_certificates {
+    // PodCertificateRequests of keyward's signers, not answered yet: each is signed or denied,
+    // at every version keyward signs (a request is one object, whichever version shows it: a
+    // request already answered is left alone).
+    for version in reconciler.settings().pod_certificates.clone() {
         let api = Api::<kube::api::DynamicObject>::all_with(client.clone(), &version.api_resource());
         let stream = watcher::watcher(api, watcher::Config::default().page_size(500)).default_backoff();
         let tx = tx.clone();
@@ -241,8 +244,11 @@ pub async fn run(
                     Ok(object) => {
                         if let Ok(request) = crate::signer::Request::read(&object) {
                             if !request.decided && crate::signer::is_keyward_signer(&request.signer_name) {
-                                let _ = tx
-                                    .send(Key::CertificateRequest { namespace: request.namespace, name: request.name });
+                                let _ = tx.send(Key::CertificateRequest {
+                                    version,
+                                    namespace: request.namespace,
+                                    name: request.name,
+                                });
                             }
                         }
                     }
@@ -567,8 +573,17 @@ async fn observe_pod(
     let ns = pod.namespace().unwrap_or_default();
     let key = PodKey { stream: stream_id, namespace: ns.clone(), name: pod.name_any() };
     if namespaces.get(&reflector::ObjectRef::new(&ns)).is_none() {
-        // Not opted in: nothing to do, nothing kept.
+        // Not opted in: nothing to do, nothing kept; a pod carrying an attestation here is
+        // reported (keyward's webhook never admits pods in such a namespace).
         lock(index).remove(&key);
+        if pod.annotations().contains_key(keyward_engine::ANNOTATION_ATTESTATION) {
+            let why = format!(
+                "namespace {ns} is not labelled {}={}, so keyward's webhook never admitted this pod, whatever it carries",
+                OPT_IN.0, OPT_IN.1
+            );
+            let uid = pod.uid().unwrap_or_default();
+            reconciler.report_pod(&key, &uid, crate::metrics::Refusal::NamespaceNotOptedIn, &why).await;
+        }
         return;
     }
     let verdict = match serde_json::value::to_raw_value(pod) {
@@ -580,8 +595,8 @@ async fn observe_pod(
     if let Some(claim) = &changed.arrived {
         reconciler.recheck(claim);
     }
-    for (pod, why) in &changed.unverifiable {
-        reconciler.report_unverifiable(pod, why).await;
+    for (pod, uid, refusal, why) in &changed.refused {
+        reconciler.report_pod(pod, uid, *refusal, why).await;
     }
     for owner in changed.owners {
         let _ = tx.send(Key::Owner(owner));
@@ -725,7 +740,22 @@ async fn work(
         Key::AttestationKey => reconciler.attestation_key().await,
         Key::ServingCert => reconciler.serving_cert().await,
         Key::MatchConditions => reconciler.match_conditions().await,
-        Key::CertificateRequest { namespace, name } => reconciler.sign(namespace, name).await,
+        Key::CertificateRequest { version, namespace, name } => {
+            // Another pod with the request's attestation is looked for among the pods watched:
+            // only once every pod watch has listed.
+            let streams = pod_selectors(reconciler).len();
+            let siblings = |owner: &OwnerKey| {
+                let index = lock(index);
+                index.has_listed(streams).then(|| {
+                    index
+                        .claims(owner)
+                        .into_iter()
+                        .map(|(k, uid, c)| (k.name.clone(), uid.to_string(), c.clone()))
+                        .collect()
+                })
+            };
+            reconciler.sign(*version, namespace, name, &siblings).await
+        }
     };
     match result {
         Ok(outcome) => outcome,

@@ -14,16 +14,19 @@ use base64::Engine as _;
 use keyward_certs::attestation::Keys;
 use keyward_engine::cluster::{ClusterFacts, PodCertificates};
 use keyward_engine::kinds::SIGNER_DOMAIN;
+use keyward_engine::text::clip;
 use keyward_engine::ProfileSet;
 use kube::api::{ApiResource, DynamicObject};
 use serde_json::{json, Value};
 use x509_parser::prelude::FromDer;
 
-use crate::desired::{self, Attested, Owner, PodVerdict, Want};
+use crate::attestation::{refusal_note, Sibling};
+use crate::desired::{self, Owner, PodVerdict, Want};
+use crate::metrics::Refusal;
 
 /// Which version of `certificates.k8s.io` serves PodCertificateRequests in this cluster: v1
 /// from Kubernetes 1.37, v1beta1 in 1.35 and 1.36 (behind the `PodCertificateRequest` gate).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ApiVersion {
     V1,
     V1beta1,
@@ -94,16 +97,24 @@ pub fn cluster_facts(version: Option<ApiVersion>) -> ClusterFacts {
 /// ClusterTrustBundles), by discovery, v1 preferred; `None` when neither does. (The one API
 /// call in this module: the controller and `keyward audit` both ask it.)
 pub async fn served_version(client: &kube::Client, plural: &str) -> Result<Option<ApiVersion>, kube::Error> {
+    Ok(served_versions(client, plural).await?.first().copied())
+}
+
+/// Every version of `certificates.k8s.io` that serves `plural`, v1 first. Where both serve
+/// PodCertificateRequests (1.37, with kubelets of 1.35 or 1.36 still creating v1beta1 requests
+/// whose `pkixPublicKey` does not survive conversion to v1), the signer watches and signs both.
+pub async fn served_versions(client: &kube::Client, plural: &str) -> Result<Vec<ApiVersion>, kube::Error> {
+    let mut served = Vec::new();
     for version in [ApiVersion::V1, ApiVersion::V1beta1] {
         let group_version = format!("{}/{}", ApiVersion::GROUP, version.as_str());
         match client.list_api_group_resources(&group_version).await {
-            Ok(list) if list.resources.iter().any(|r| r.name == plural) => return Ok(Some(version)),
+            Ok(list) if list.resources.iter().any(|r| r.name == plural) => served.push(version),
             Ok(_) => {}
             Err(kube::Error::Api(e)) if e.code == 404 => {}
             Err(e) => return Err(e),
         }
     }
-    Ok(None)
+    Ok(served)
 }
 
 /// Whether the ClusterTrustBundle `name` exists, at whichever version serves it (a version the
@@ -137,6 +148,9 @@ pub struct Request {
     /// The DER SubjectPublicKeyInfo to certify (`pkixPublicKey`, or the key of
     /// `stubPKCS10Request`), or why there is none.
     pub public_key: Result<Vec<u8>, String>,
+    /// The keys of `spec.unverifiedUserAnnotations` (the pod's `userAnnotations`): keyward
+    /// recognises none, and denies a request that has any, as the API asks of signers.
+    pub user_annotations: Vec<String>,
     /// Issued, Denied or Failed already: its status may not change again.
     pub decided: bool,
 }
@@ -175,6 +189,10 @@ impl Request {
             node_name: text("nodeName")?,
             max_expiration_seconds: spec["maxExpirationSeconds"].as_i64().unwrap_or(DEFAULT_MAX_EXPIRATION),
             public_key,
+            user_annotations: spec["unverifiedUserAnnotations"]
+                .as_object()
+                .map(|m| m.keys().map(|k| clip(k, 64).into_owned()).collect())
+                .unwrap_or_default(),
             decided,
         })
     }
@@ -197,14 +215,22 @@ fn public_key(spec: &Value) -> Result<Vec<u8>, String> {
     bytes("pkixPublicKey").unwrap_or_else(|| Err("neither spec.stubPKCS10Request nor spec.pkixPublicKey is set".into()))
 }
 
+/// Whether a request read at `version` is left to another version keyward also signs at: v1
+/// has no `pkixPublicKey`, so a request a 1.35 kubelet made at v1beta1 shows no key at v1, and
+/// is answered at v1beta1, where its key can be read, rather than denied.
+pub fn answered_elsewhere(request: &Request, version: ApiVersion, signing: &[ApiVersion]) -> bool {
+    version == ApiVersion::V1 && request.public_key.is_err() && signing.contains(&ApiVersion::V1beta1)
+}
+
 // === impl Verdict ===
 
 /// What to answer a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
-    /// Issue `identity` for `owner` once the owner is confirmed to exist (the one fact left to
-    /// ask the API), valid at most `validity`.
-    Issue { owner: Owner, identity: String, profile: String, validity: Duration },
+    /// Issue `identity` for `owner` once the owner is confirmed to exist and `pod` is not a
+    /// copy of another pod with its attestation (the facts left to the caller), valid at most
+    /// `validity`.
+    Issue { owner: Owner, identity: String, profile: String, validity: Duration, pod: Box<Sibling> },
     /// Deny, with a condition reason and a message that says what to do.
     Deny { reason: &'static str, message: String },
 }
@@ -272,9 +298,21 @@ pub fn decide(request: &Request, profiles: &ProfileSet, facts: Facts<'_>) -> Ver
             ),
         );
     }
+    if !request.user_annotations.is_empty() {
+        return deny(
+            "InvalidUnverifiedUserAnnotations",
+            format!(
+                "keyward's signers recognise no userAnnotations, and the request carries {}; remove userAnnotations from the pod's podCertificate volume",
+                request.user_annotations.join(", ")
+            ),
+        );
+    }
     let claim = match desired::for_pod(profiles, raw, &request.namespace, facts.trust_domain) {
         PodVerdict::Claim(claim) => claim,
-        PodVerdict::Nothing(why) | PodVerdict::Unverifiable(why) => {
+        PodVerdict::Refused(refusal, why) => {
+            return deny(refusal.event_reason(), format!("{pod_ref} is not one keyward serves: {why}"));
+        }
+        PodVerdict::Nothing(why) => {
             return deny("NotInjected", format!("{pod_ref} is not one keyward injected for signer {:?}: {why}; recreate it in an opted-in namespace", request.signer_name));
         }
     };
@@ -293,20 +331,22 @@ pub fn decide(request: &Request, profiles: &ProfileSet, facts: Facts<'_>) -> Ver
             ),
         );
     };
-    match claim.attested(facts.keys) {
-        Attested::Valid => {}
-        Attested::Missing => {
-            return deny("NoAttestation", format!("{pod_ref} carries no admission attestation (keyward.io/attestation): keyward's webhook did not admit it as such; have the operator create it again"));
-        }
-        Attested::Forged => {
-            return deny("ForgedAttestation", format!("{pod_ref}'s admission attestation does not verify: it was not written by keyward's webhook for this owner, profile and injection; have the operator create it again"));
-        }
+    let verdict = claim.attested(facts.keys);
+    if let Some(refusal) = Refusal::of(&verdict) {
+        let reason = match refusal {
+            Refusal::NoAttestation => "NoAttestation",
+            Refusal::ForgedAttestation => "ForgedAttestation",
+            Refusal::ReboundAttestation => "ReboundAttestation",
+            _ => "UntimelyAttestation",
+        };
+        return deny(reason, format!("{pod_ref}: {}; have the operator create it again", refusal_note(&verdict)));
     }
     if let Err(reason) = &request.public_key {
-        return deny("UnsupportedKey", format!("the request's key cannot be read: {reason}"));
+        return deny("UnsupportedKeyType", format!("the request's key cannot be read: {reason}"));
     }
     let asked = Duration::from_secs(u64::try_from(request.max_expiration_seconds).unwrap_or(0));
-    Verdict::Issue { owner, identity, profile, validity: facts.validity.min(asked) }
+    let pod = Box::new(Sibling::of(&request.pod_name, &request.pod_uid, &claim, true));
+    Verdict::Issue { owner, identity, profile, validity: facts.validity.min(asked), pod }
 }
 
 /// The parts of a pod the identity check reads.
@@ -346,6 +386,13 @@ pub struct Window {
 const MIN_LIFE: Duration = Duration::from_secs(3600);
 const BACKDATE: Duration = Duration::from_secs(60);
 const REFRESH_MARGIN: Duration = Duration::from_secs(600);
+
+/// How long a replaced client CA must stay trusted: the longest a certificate it signed can
+/// still be presented. A pod certificate lives at least the apiserver's hour whatever
+/// `--client-cert-validity` says, and every certificate is backdated a minute.
+pub fn trust_overlap(validity: Duration) -> Duration {
+    validity.max(MIN_LIFE) + BACKDATE
+}
 
 /// The window for a certificate of life `validity` issued at `now`: backdated a minute (clock
 /// skew), in whole seconds, refreshed at two thirds of its life.
@@ -489,6 +536,30 @@ mod tests {
         let (after, until) = trust_bundle(new.cert_pem(), Some((&both, until)), t(1_800_000_200) + day, day);
         assert_eq!((certificates(&after), until), (certificates(new.cert_pem()), None));
         assert_eq!(trust_bundle_name("keyward.io/lmeval"), "keyward.io:lmeval:client-ca");
+    }
+
+    #[test]
+    fn a_replaced_ca_stays_as_long_as_any_certificate_it_signed_can_be_presented() {
+        // Twenty-minute certificates, but a pod certificate lives at least the apiserver's hour.
+        let validity = Duration::from_secs(20 * 60);
+        assert_eq!(trust_overlap(validity), Duration::from_secs(3660));
+        assert_eq!(trust_overlap(Duration::from_secs(86_400)), Duration::from_secs(86_460));
+        let old = keyward_certs::pki::Ca::mint("old", t(1_800_000_000), Duration::from_secs(86_400 * 90)).unwrap();
+        let new = keyward_certs::pki::Ca::mint("new", t(1_800_000_000), Duration::from_secs(86_400 * 90)).unwrap();
+        // The last pod certificate the old CA signed, a moment before it was replaced.
+        let rotation = t(1_800_000_500);
+        let last = window(rotation, validity);
+        let (first, _) = trust_bundle(old.cert_pem(), None, t(1_800_000_000), trust_overlap(validity));
+        let (both, until) = trust_bundle(new.cert_pem(), Some((&first, None)), rotation, trust_overlap(validity));
+        assert!(until.unwrap() >= last.not_after, "trusted until the last one it signed expires");
+        // A minute before that certificate expires, its CA is still in the bundle.
+        let (still, _) = trust_bundle(
+            new.cert_pem(),
+            Some((&both, until)),
+            last.not_after - Duration::from_secs(60),
+            trust_overlap(validity),
+        );
+        assert_eq!(certificates(&still).len(), 2);
     }
 
     #[test]

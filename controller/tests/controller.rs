@@ -250,8 +250,7 @@ fn token_pod(keys: &keyward_certs::attestation::Keys, name: &str) -> Value {
     let facts = RequestFacts::pod_create("team-a", Requester::User("system:serviceaccount:kube-system:job-controller"))
         .attested_by(&attestor);
     let d = keyward_engine::decide(&facts, &serde_json::value::to_raw_value(&pod).unwrap(), &token_profiles());
-    let patch: json_patch::Patch = serde_json::from_value(serde_json::to_value(d.patch()).unwrap()).unwrap();
-    json_patch::patch(&mut pod, &patch).unwrap();
+    stored(&mut pod, &d, "team-a", &format!("uid-{name}"));
     pod
 }
 
@@ -349,8 +348,8 @@ async fn the_attestation_key_is_created_kept_and_rotated_with_the_previous_one_s
     let rotated = attestation_keys(&r).await;
     assert_eq!(rotated.previous.as_ref().unwrap().id(), first.current.as_ref().unwrap().id());
     assert_ne!(rotated.current.as_ref().unwrap().id(), first.current.as_ref().unwrap().id());
-    let signed = first.sign(b"payload").unwrap();
-    assert!(rotated.verify(b"payload", &signed), "an attestation made just before the rotation still verifies");
+    let (key_id, tag) = first.sign(b"payload").unwrap();
+    assert!(rotated.verify(b"payload", &key_id, &tag), "an attestation made just before the rotation still verifies");
     let secret = fake.get("v1", "Secret", "keyward-system", "keyward-attestation").unwrap();
     assert_eq!(secret["data"].as_object().unwrap().keys().collect::<Vec<_>>(), ["current", "previous"]);
 }

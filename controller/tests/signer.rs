@@ -32,7 +32,7 @@ fn profiles() -> ProfileSet {
 }
 
 fn signing(version: ApiVersion) -> Settings {
-    Settings { pod_certificates: Some(version), trust_bundles: Some(version), ..settings() }
+    Settings { pod_certificates: vec![version], trust_bundles: Some(version), ..settings() }
 }
 
 /// The fms driver pod of `owner`, as stored once keyward's webhook admitted it under the pod
@@ -42,6 +42,26 @@ fn pod(keys: Option<&keyward_certs::attestation::Keys>, namespace: &str, name: &
     pod["spec"]["nodeName"] = json!(NODE);
     pod
 }
+
+/// A tenant's copy of `original` (a stored pod: its labels, annotations, owner and volumes, as
+/// `get pods` shows them) named `name`, created `later` seconds after it on her own node.
+fn copy_of(original: &Value, name: &str, later: i64) -> Value {
+    let mut copy = original.clone();
+    copy["metadata"]["name"] = json!(name);
+    copy["metadata"]["uid"] = json!(format!("uid-{name}"));
+    let created = keyward_certs::parse_rfc3339(original["metadata"]["creationTimestamp"].as_str().unwrap()).unwrap();
+    let at = if later >= 0 {
+        created + Duration::from_secs(later.unsigned_abs())
+    } else {
+        created - Duration::from_secs(later.unsigned_abs())
+    };
+    copy["metadata"]["creationTimestamp"] = json!(keyward_certs::rfc3339(at));
+    copy
+}
+
+/// A tenant's copy: its name, how many seconds after the original it is created, and what she
+/// changes.
+type TenantCopy = (&'static str, i64, fn(&mut Value));
 
 /// A key the kubelet made, and its DER SubjectPublicKeyInfo.
 fn kubelet_key() -> (rcgen::KeyPair, Vec<u8>) {
@@ -200,6 +220,23 @@ async fn every_other_request_is_denied_saying_why_and_another_signers_is_never_t
     s.fake.seed(orphan.clone());
     let elsewhere = pod(Some(&s.keys), "elsewhere", "evaljob-sample", "evaljob-sample", OWNER_UID);
     s.fake.seed(elsewhere.clone());
+    // A tenant's copies of the driver pod (its annotations, owner and volumes; read with `get
+    // pods`): running her image; exactly alike but labelled out of the webhook's reach; exactly
+    // alike a minute later (a second pod with one attestation); exactly alike an hour later.
+    let copies: [TenantCopy; 4] = [
+        ("copied", 30, |p| p["spec"]["containers"][0]["image"] = json!("quay.io/tenant/steal:1")),
+        ("opted-out", 30, |p| p["metadata"]["labels"]["keyward.io/inject"] = json!("disabled")),
+        ("twin", 60, |_| {}),
+        ("late", 3600, |_| {}),
+    ];
+    let mut created = BTreeMap::new();
+    for (name, later, change) in copies {
+        let mut copy = copy_of(&good, name, later);
+        change(&mut copy);
+        created.insert(name, copy["metadata"]["creationTimestamp"].as_str().unwrap().to_string());
+        s.fake.seed(copy);
+    }
+    let copy = |name: &str| s.fake.get("v1", "Pod", "team-a", name).unwrap();
 
     let mut requests: BTreeMap<&str, Value> = BTreeMap::new();
     let mut on = |name: &'static str, pod: &Value, signer: &str, edit: &dyn Fn(&mut Value)| {
@@ -216,18 +253,34 @@ async fn every_other_request_is_denied_saying_why_and_another_signers_is_never_t
     on("orphan", &orphan, SIGNER, &|_| {});
     on("elsewhere", &elsewhere, SIGNER, &|_| {});
     on("not-ours", &good, "example.com/signer", &|_| {});
+    on("annotated", &good, SIGNER, &|r| r["spec"]["unverifiedUserAnnotations"] = json!({"example.com/tier": "gold"}));
+    on("no-key", &good, SIGNER, &|r| {
+        r["spec"].as_object_mut().unwrap().retain(|k, _| k != "pkixPublicKey" && k != "proofOfPossession")
+    });
+    for name in ["copied", "opted-out", "twin", "late"] {
+        on(name, &copy(name), SIGNER, &|_| {});
+    }
     for r in requests.values() {
         s.fake.seed(r.clone());
     }
 
+    let late_at = created["late"].clone();
+    let admitted_at = good["metadata"]["creationTimestamp"].as_str().unwrap().to_string();
+    let late = format!("pod team-a/late: its admission attestation (keyward.io/attestation) was made at {admitted_at} but the pod was created at {late_at}, more than 300 s apart: it was copied from a pod admitted earlier (or the webhook's and the apiserver's clocks disagree that much); have the operator create it again");
     let expected = [
+        ("annotated", "InvalidUnverifiedUserAnnotations", "keyward's signers recognise no userAnnotations, and the request carries example.com/tier; remove userAnnotations from the pod's podCertificate volume"),
+        ("copied", "ReboundAttestation", "pod team-a/copied: its admission attestation (keyward.io/attestation) was made for a pod that runs or mounts something else (copied from another pod, or this pod was changed by another webhook after keyward's last look); have the operator create it again"),
         ("elsewhere", "NamespaceNotOptedIn", "namespace elsewhere is not labelled keyward.io/inject=enabled: keyward signs only for opted-in namespaces; label it and recreate the pod"),
-        ("forged", "ForgedAttestation", "pod team-a/forged's admission attestation does not verify: it was not written by keyward's webhook for this owner, profile and injection; have the operator create it again"),
+        ("forged", "ForgedAttestation", "pod team-a/forged: its admission attestation (keyward.io/attestation) does not verify: keyward's webhook did not write it for this namespace, owner, profile and injection, or its key has been rotated out; have the operator create it again"),
+        ("late", "UntimelyAttestation", late.as_str()),
+        ("no-key", "UnsupportedKeyType", "the request's key cannot be read: neither spec.stubPKCS10Request nor spec.pkixPublicKey is set"),
         ("no-pod", "PodNotFound", "pod team-a/never-created does not exist (deleted, or never created)"),
+        ("opted-out", "OptedOut", "pod team-a/opted-out is not one keyward serves: it is labelled keyward.io/inject=disabled, so keyward's webhook never admitted it; remove the label and recreate the pod"),
         ("orphan", "OwnerMissing", "its owner LMEvalJob gone-job does not exist with UID uid-gone: keyward issues only for a live owner"),
         ("other-node", "PodMismatch", "pod team-a/evaljob-sample runs as service account \"default\" on node \"worker-1\", not \"default\" on \"worker-2\" as requested"),
         ("recreated", "PodUIDMismatch", "pod team-a/evaljob-sample has UID pod-uid-team-a-evaljob-sample, not uid-of-an-earlier-pod as requested: the pod was recreated; its kubelet asks again"),
-        ("unattested", "NoAttestation", "pod team-a/unattested carries no admission attestation (keyward.io/attestation): keyward's webhook did not admit it as such; have the operator create it again"),
+        ("twin", "DuplicateAttestation", "pod team-a/twin: pod evaljob-sample carries the same admission attestation and was created first: an attestation is for the one pod keyward's webhook admitted, and this one is a copy"),
+        ("unattested", "NoAttestation", "pod team-a/unattested: it carries no admission attestation (keyward.io/attestation): keyward's webhook did not admit it as a pod of this profile (created before its namespace opted in, while the webhook was down, or selected only by labels added later); have the operator create it again"),
         ("unknown-signer", "UnknownSigner", "no keyward profile delivers pod certificates from signer \"keyward.io/other\"; the profiles name [\"keyward.io/lmeval\"]"),
     ];
     for (name, reason, message) in expected {
@@ -240,7 +293,7 @@ async fn every_other_request_is_denied_saying_why_and_another_signers_is_never_t
             "{name}"
         );
     }
-    s.fake.until(LIMIT, |_| (s.reconciler.metrics().pod_certificate_count("denied") == 8).then_some(())).await;
+    s.fake.until(LIMIT, |_| (s.reconciler.metrics().pod_certificate_count("denied") == 14).then_some(())).await;
     // Each denial is an Event on the request, for the person who looks at it.
     let event = s
         .fake
@@ -402,8 +455,14 @@ fn ders(pem: &str) -> Vec<Vec<u8>> {
 async fn the_client_ca_is_each_signers_trust_bundle_with_both_cas_through_a_rotation() {
     let fake = FakeApi::default();
     fake.seed(opted_in("team-a"));
+    fake.seed(namespace("lm-eval"));
     let ca = client_ca();
-    let settings = Settings { trust_bundles: Some(ApiVersion::V1beta1), ..signing(ApiVersion::V1beta1) };
+    // Twenty-minute certificates: a pod certificate still lives the apiserver's hour.
+    let settings = Settings {
+        trust_bundles: Some(ApiVersion::V1beta1),
+        client_cert_validity: Duration::from_secs(20 * 60),
+        ..signing(ApiVersion::V1beta1)
+    };
     let r = reconciler_with(fake.client("keyward"), profiles(), &ca, Leadership::always(), settings.clone());
     let run = start(&fake, r, Leadership::always(), &ca, "keyward");
     let bundle = fake.until(LIMIT, bundle_of).await;
@@ -431,7 +490,21 @@ async fn the_client_ca_is_each_signers_trust_bundle_with_both_cas_through_a_rota
     )
     .unwrap();
     let overlap = until.duration_since(rotated).unwrap_or_default().as_secs();
-    assert!((86_398..=86_401).contains(&overlap), "the old CA stays a certificate's life: {overlap}s");
+    // The longest a certificate the old CA signed lives (a pod certificate's hour, not the
+    // 20 minutes of --client-cert-validity), backdated a minute: an hour and a minute.
+    assert!((3658..=3661).contains(&overlap), "the old CA stays a certificate's life: {overlap}s");
+    // The published ConfigMap trusts both for as long.
+    let config_map = fake
+        .until(LIMIT, |f| {
+            f.get("v1", "ConfigMap", "lm-eval", "keyward-client-ca")
+                .filter(|c| ders(c["data"]["ca.crt"].as_str().unwrap_or_default()).len() == 2)
+        })
+        .await;
+    assert_eq!(ders(config_map["data"]["ca.crt"].as_str().unwrap()), expected);
+    assert_eq!(
+        config_map["metadata"]["annotations"]["keyward.io/previous-ca-until"],
+        bundle["metadata"]["annotations"]["keyward.io/previous-ca-until"]
+    );
 
     // Once that time has passed (the annotation says so), the old CA goes: the running loop sees
     // the changed bundle through its watch and rewrites it. (Calling `publish_client_ca` here
@@ -693,4 +766,97 @@ async fn what_keyward_publishes_deleted_while_its_watch_was_down_is_back_when_th
     fake.unhang();
     // (Without the end of a list counting as a change, this waits for the resync and fails.)
     fake.until(LIMIT, |f| server_ca_bundle(f).and(bundle_of(f)).and(facts_of(f))).await;
+}
+
+/// On a cluster that serves the API at both versions (1.37, with kubelets of 1.35 still
+/// creating v1beta1 requests), keyward watches and signs both: a v1beta1 request carrying
+/// `pkixPublicKey` and a v1 request carrying a PKCS#10 stub are both issued, each for exactly
+/// the life it asked for when that is shorter than keyward's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_served_versions_are_signed_each_for_the_life_it_asks() {
+    let fake = FakeApi::default();
+    fake.seed(opted_in("team-a"));
+    fake.seed(owner());
+    let ca = client_ca();
+    let settings = Settings {
+        pod_certificates: vec![ApiVersion::V1, ApiVersion::V1beta1],
+        trust_bundles: Some(ApiVersion::V1),
+        ..settings()
+    };
+    let r = reconciler_with(fake.client("keyward"), profiles(), &ca, Leadership::always(), settings);
+    let keys = attestation_keys(&r).await;
+    let _run = start(&fake, r.clone(), Leadership::always(), &ca, "keyward");
+    let good = pod(Some(&keys), "team-a", "evaljob-sample", "evaljob-sample", OWNER_UID);
+    fake.seed(good.clone());
+    let (old_key, old_spki) = kubelet_key();
+    drop(old_key);
+    let (new_key, new_spki) = kubelet_key();
+    // Guards the clamp to the request's maximum (mutation: `validity: facts.validity` for
+    // `facts.validity.min(asked)`): two hours asked, under keyward's day, are two hours given.
+    let mut from_old = pcr::request("certificates.k8s.io/v1beta1", "req-old", &good, SIGNER, KeyField::Pkix(&old_spki));
+    from_old["spec"]["maxExpirationSeconds"] = json!(7200);
+    fake.seed(from_old);
+    fake.seed(pcr::request("certificates.k8s.io/v1", "req-new", &good, SIGNER, KeyField::Stub(&stub_csr(&new_key))));
+    for (version, name, spki, life) in
+        [(ApiVersion::V1beta1, "req-old", &old_spki, 7200), (ApiVersion::V1, "req-new", &new_spki, 86_400)]
+    {
+        let pcr = answered(&fake, version, "team-a", name).await;
+        assert_eq!(pcr["status"]["conditions"][0]["type"], "Issued", "{pcr:#}");
+        let (uris, leaf_key, got, signed) = leaf_of(&pcr, ca.ca.cert_pem());
+        assert_eq!((uris, &leaf_key, got, signed), (vec![IDENTITY.to_string()], spki, life, true), "{name}");
+    }
+}
+
+#[test]
+fn at_v1_a_request_whose_key_only_v1beta1_shows_is_left_to_the_v1beta1_watch() {
+    use keyward_controller::signer::{answered_elsewhere, Request};
+    let good = pod(None, "team-a", "evaljob-sample", "evaljob-sample", OWNER_UID);
+    let (_, spki) = kubelet_key();
+    let read = |object: Value| Request::read(&serde_json::from_value(object).unwrap()).unwrap();
+    // What v1 shows of a request a 1.35 kubelet made at v1beta1: no key at all.
+    let mut keyless = pcr::request("certificates.k8s.io/v1", "req-a", &good, SIGNER, KeyField::Pkix(&spki));
+    keyless["spec"].as_object_mut().unwrap().retain(|k, _| k != "pkixPublicKey" && k != "proofOfPossession");
+    let keyless = read(keyless);
+    let both = [ApiVersion::V1, ApiVersion::V1beta1];
+    assert!(answered_elsewhere(&keyless, ApiVersion::V1, &both));
+    // Only v1 served: nobody else will answer it; it is denied (UnsupportedKeyType).
+    assert!(!answered_elsewhere(&keyless, ApiVersion::V1, &[ApiVersion::V1]));
+    // At v1beta1 it is answered, whatever else is served.
+    assert!(!answered_elsewhere(&keyless, ApiVersion::V1beta1, &both));
+    // A request with its key readable is answered where it is seen.
+    let with_key = read(pcr::request("certificates.k8s.io/v1", "req-b", &good, SIGNER, KeyField::Pkix(&spki)));
+    assert!(!answered_elsewhere(&with_key, ApiVersion::V1, &both));
+}
+
+/// The fake judges a status update as the apiserver's `ValidatePodCertificateRequestStatusUpdate`
+/// does: no stricter (an unchanged terminal status may be written again), no more lenient.
+#[test]
+fn the_fake_judges_status_updates_as_the_apiserver_does() {
+    let now = std::time::SystemTime::now();
+    let good = pod(None, "team-a", "evaljob-sample", "evaljob-sample", OWNER_UID);
+    let (_, spki) = kubelet_key();
+    let request = pcr::request("certificates.k8s.io/v1beta1", "req", &good, SIGNER, KeyField::Pkix(&spki));
+    let denied = keyward_controller::signer::denied_status("PodNotFound", "gone", now, Some(1));
+    assert_eq!(pcr::validate_status_update(&request, &denied, now), Ok(()));
+    let mut terminal = request.clone();
+    terminal["status"] = denied.clone();
+    assert_eq!(pcr::validate_status_update(&terminal, &denied, now), Ok(()), "the same status, again");
+    let other = keyward_controller::signer::denied_status("PodMismatch", "moved", now, Some(1));
+    assert!(pcr::validate_status_update(&terminal, &other, now).unwrap_err().contains("immutable after"));
+    // Nothing but a transition to a terminal condition; an unchanged empty status is fine.
+    assert_eq!(pcr::validate_status_update(&request, &json!({}), now), Ok(()));
+    assert!(pcr::validate_status_update(&request, &json!({"certificateChain": "x"}), now)
+        .unwrap_err()
+        .contains("immutable unless transitioning"));
+    let mut two = denied.clone();
+    two["conditions"].as_array_mut().unwrap().push(
+        json!({"type": "Failed", "status": "True", "reason": "X", "lastTransitionTime": keyward_certs::rfc3339(now)}),
+    );
+    assert!(pcr::validate_status_update(&request, &two, now).unwrap_err().contains("at most one condition"));
+    let mut unknown = denied.clone();
+    unknown["conditions"][0]["type"] = json!("Approved");
+    assert!(pcr::validate_status_update(&request, &unknown, now).unwrap_err().contains("Unsupported value"));
+    let mut long = denied;
+    long["conditions"][0]["message"] = json!("x".repeat(32_769));
+    assert!(pcr::validate_status_update(&request, &long, now).unwrap_err().contains("Too long"));
 }

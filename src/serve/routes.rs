@@ -18,6 +18,7 @@ use axum::Router;
 use http_body_util::BodyExt;
 use keyward_certs::attestation::KeyStore;
 use keyward_certs::CertStore;
+use keyward_engine::attest::{Signature, Stamp};
 use keyward_engine::engine::decide_object;
 use keyward_engine::review::{self, AdmissionRequest};
 use keyward_engine::text::clip;
@@ -52,12 +53,16 @@ pub struct AppState {
 pub struct KeyAttestor(pub Arc<KeyStore>);
 
 impl Attestor for KeyAttestor {
-    fn attest(&self, payload: &[u8]) -> Option<String> {
-        self.0.keys().sign(payload)
+    fn stamp(&self) -> Stamp {
+        keyward_controller::attestation::stamp_now()
     }
 
-    fn verifies(&self, payload: &[u8], value: &str) -> bool {
-        self.0.keys().verify(payload, value)
+    fn sign(&self, payload: &[u8]) -> Option<Signature> {
+        self.0.keys().sign(payload).map(|(key_id, tag)| Signature { key_id, tag })
+    }
+
+    fn verifies(&self, payload: &[u8], key_id: &str, tag: &str) -> bool {
+        self.0.keys().verify(payload, key_id, tag)
     }
 }
 
@@ -228,10 +233,9 @@ fn answer(state: &AppState, body: &[u8]) -> Response {
         Ok(r) => r,
         Err(e) => return refuse(state, StatusCode::BAD_REQUEST, e.to_string()),
     };
-    let facts = match &state.attestor {
-        Some(attestor) => request.facts().attested_by(attestor.as_ref()),
-        None => request.facts(),
-    };
+    // The webhook's own admission: keyward's annotations on the pod are only those it vouches for.
+    let attestor = state.attestor.as_deref().map(|a| a as &dyn Attestor);
+    let facts = request.facts().admitting(attestor);
     let decision = decide_object(&facts, &request.object, &profiles);
     let took = started.elapsed();
     state.metrics.observe_decision(decision.profile.as_deref(), decision.allowed(), decision.reason.as_str(), took);

@@ -68,24 +68,13 @@ pub struct Server {
 }
 
 /// The engine's attestor over the keys in a directory (what `keyward serve` signs with).
-#[derive(Debug)]
-pub struct DirAttestor(pub keyward_certs::attestation::Keys);
+pub struct DirAttestor;
 
 impl DirAttestor {
-    pub fn load(dir: &std::path::Path) -> Self {
+    pub fn load(dir: &std::path::Path) -> keyward_controller::attestation::KeysAttestor {
         let store = keyward_certs::attestation::KeyStore::new(dir);
         store.load().unwrap();
-        Self((*store.keys()).clone())
-    }
-}
-
-impl keyward_engine::Attestor for DirAttestor {
-    fn attest(&self, payload: &[u8]) -> Option<String> {
-        self.0.sign(payload)
-    }
-
-    fn verifies(&self, payload: &[u8], value: &str) -> bool {
-        self.0.verify(payload, value)
+        keyward_controller::attestation::KeysAttestor((*store.keys()).clone())
     }
 }
 

@@ -26,12 +26,17 @@ fn raw(v: &Value) -> Box<RawValue> {
 struct HmacAttestor(keyward_certs::attestation::Keys);
 
 impl keyward_engine::Attestor for HmacAttestor {
-    fn attest(&self, payload: &[u8]) -> Option<String> {
-        self.0.sign(payload)
+    fn stamp(&self) -> keyward_engine::attest::Stamp {
+        let at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+        keyward_engine::attest::Stamp { at, nonce: keyward_certs::attestation::nonce() }
     }
 
-    fn verifies(&self, payload: &[u8], value: &str) -> bool {
-        self.0.verify(payload, value)
+    fn sign(&self, payload: &[u8]) -> Option<keyward_engine::attest::Signature> {
+        self.0.sign(payload).map(|(key_id, tag)| keyward_engine::attest::Signature { key_id, tag })
+    }
+
+    fn verifies(&self, payload: &[u8], key_id: &str, tag: &str) -> bool {
+        self.0.verify(payload, key_id, tag)
     }
 }
 

@@ -15,10 +15,11 @@ use crate::audit::{
     AuditRecord, ContainerScope, ANNOTATION_INJECTED, ANNOTATION_ORIGINAL_SA, LABEL_PROFILE,
     TOTAL_ANNOTATION_SIZE_LIMIT,
 };
+use crate::binding::{self, Masks};
 use crate::check::violations;
 use crate::inject::{ApiToken, Injection, Requirement};
 use crate::names::TemplateContext;
-use crate::patch::{OpValue, Patch, PatchOp, Path};
+use crate::patch::{Op, OpValue, Patch, PatchOp, Path};
 use crate::plan::{plan, MAX_PATCH_OPERATIONS};
 use crate::pod::{self, Metadata, Wanted};
 use crate::profile::{ConflictPolicy, Otherwise, Profile, ProfileSet};
@@ -40,9 +41,12 @@ pub struct RequestFacts<'a> {
     /// `request.namespace`: the pod's own `metadata.namespace` may be empty on CREATE.
     pub namespace: &'a str,
     pub requester: Requester<'a>,
+    /// The webhook's own admission: what it answers is what the pod gets, so keyward's
+    /// annotations that it did not write or check itself are removed. `false` (explain, the
+    /// controller's and the audit's re-evaluation of a stored pod): they are left as they are.
+    pub admitting: bool,
     /// Signs the admission attestation of pods whose profile issues per-owner credentials
-    /// (the webhook's key). `None` (explain, the controller's re-evaluation): no attestation is
-    /// written or compared.
+    /// (the webhook's key). `None`: no attestation is written or compared.
     pub attestor: Option<&'a dyn Attestor>,
 }
 
@@ -66,13 +70,20 @@ impl<'a> RequestFacts<'a> {
             sub_resource: "",
             namespace,
             requester,
+            admitting: false,
             attestor: None,
         }
     }
 
-    /// The same facts, attested with `attestor`.
+    /// The same facts, as the webhook's own admission of the pod, attesting with `attestor`
+    /// (if it has a key).
+    pub fn admitting(self, attestor: Option<&'a dyn Attestor>) -> Self {
+        Self { admitting: true, attestor, ..self }
+    }
+
+    /// The same facts, as the webhook's admission, attested with `attestor`.
     pub fn attested_by(self, attestor: &'a dyn Attestor) -> Self {
-        Self { attestor: Some(attestor), ..self }
+        self.admitting(Some(attestor))
     }
 
     fn is_pod_create(&self) -> bool {
@@ -154,6 +165,9 @@ pub struct Mutation {
     pub audit: Option<(String, ContainerScope)>,
     /// Per injection: whether the patch makes the pod refer to its objects anew.
     pub new_dependencies: Vec<bool>,
+    /// The admission attestation keyward wrote on the pod, or found there and checked: the
+    /// only one the pod may leave the webhook with.
+    pub attestation: Option<String>,
 }
 
 impl Mutation {
@@ -219,7 +233,13 @@ impl Decision {
     fn unchanged(reason: Reason) -> Self {
         Self::new(
             reason,
-            Ok(Mutation { ops: Vec::new(), injections: Vec::new(), audit: None, new_dependencies: Vec::new() }),
+            Ok(Mutation {
+                ops: Vec::new(),
+                injections: Vec::new(),
+                audit: None,
+                new_dependencies: Vec::new(),
+                attestation: None,
+            }),
         )
     }
 
@@ -320,12 +340,69 @@ fn decide_read(
 ) -> Decision {
     let meta = &read.metadata;
     let mut d = decide_pod(facts, meta, read.spec, profiles, explain);
+    if facts.admitting {
+        d = only_keywards_own(d, meta);
+    }
     d.pod = match (&meta.name, &meta.generate_name) {
         (Some(name), _) if !name.is_empty() => Some(clip(name, 253).into_owned()),
         (_, Some(prefix)) if !prefix.is_empty() => Some(format!("{}*", clip(prefix, 253))),
         _ => None,
     };
     d
+}
+
+/// The pod leaves the webhook with keyward's attestation and audit record only if keyward wrote
+/// or checked them in this decision: anything a pod's author put there (copied from another
+/// pod, say) is removed, whichever way the pod was decided, and a patch that would let one
+/// through is refused (the self-check's rule for keyward's own annotations).
+fn only_keywards_own(mut d: Decision, meta: &Metadata<'_>) -> Decision {
+    let Ok(mutation) = &mut d.outcome else { return d };
+    let existing = |key: &str| meta.annotations.kept.get(key).map(|v| v.as_ref());
+    let record = mutation.audit().map(|r| r.to_annotation());
+    let mut removed = Vec::new();
+    for (key, vouched) in
+        [(ANNOTATION_ATTESTATION, mutation.attestation.as_deref()), (ANNOTATION_INJECTED, record.as_deref())]
+    {
+        if vouched.is_none() && existing(key).is_some() {
+            mutation.ops.push(PatchOp::remove(Path::Annotations(Some(key))));
+            removed.push(key);
+        }
+    }
+    if !removed.is_empty() {
+        d.warnings.push(format!(
+            "keyward: removed {} from this pod: only keyward's webhook writes them, for pods it injects",
+            removed.join(" and ")
+        ));
+    }
+    let Ok(mutation) = &d.outcome else { return d };
+    let after = |key: &str| annotation_after(existing(key), &mutation.ops, key);
+    let wrong: Vec<&str> =
+        [(ANNOTATION_ATTESTATION, mutation.attestation.as_deref()), (ANNOTATION_INJECTED, record.as_deref())]
+            .into_iter()
+            .filter(|(key, vouched)| after(key) != *vouched)
+            .map(|(key, _)| key)
+            .collect();
+    if wrong.is_empty() {
+        return d;
+    }
+    Decision::deny(
+        Reason::Internal,
+        format!(
+            "keyward: internal error: the patched pod would carry {} that keyward did not write for it; the pod was refused rather than let it through",
+            wrong.join(" and ")
+        ),
+    )
+}
+
+/// The value of annotation `key` after `ops`, given its value before.
+fn annotation_after<'a>(before: Option<&'a str>, ops: &'a [PatchOp], key: &str) -> Option<&'a str> {
+    ops.iter().fold(before, |value, op| match (&op.path, op.op, &op.value) {
+        (Path::Annotations(Some(k)), Op::Remove, _) if *k == key => None,
+        (Path::Annotations(Some(k)), Op::Add | Op::Replace, OpValue::Str(v)) if *k == key => Some(v.as_str()),
+        (Path::Annotations(None), Op::Add | Op::Replace, OpValue::Map(k, v)) => (*k == key).then_some(v.as_str()),
+        (Path::Annotations(None), Op::Remove, _) => None,
+        _ => value,
+    })
 }
 
 fn decide_pod(
@@ -538,9 +615,11 @@ fn inject(
     let kinds = record.kinds();
     let existing = |key: &str| meta.annotations.kept.get(key).map(|v| v.as_ref());
     let mut added: Vec<(&'static str, String)> = Vec::new();
-    let attestation = match attestation(facts, meta, profile, &annotation, existing(ANNOTATION_ATTESTATION)) {
-        Attestation::Keep => None,
-        Attestation::Write(value) => Some(value),
+    let (attestation, vouched) = match attestation(facts, meta, profile, &annotation, raw_spec, &injections) {
+        Attestation::NotNeeded => (None, None),
+        Attestation::Keep(value) => (None, Some(value)),
+        Attestation::Write(value) => (Some(value.clone()), Some(value)),
+        Attestation::Unbindable(e) => return invalid_pod(&e),
         Attestation::NoKey => {
             return Decision::deny(
                 Reason::Unattestable,
@@ -622,8 +701,13 @@ fn inject(
         audit_annotations.insert("original-service-account".into(), original);
     }
     let reason = if ops.len() == usize::from(label_op) { Reason::AlreadyInjected } else { Reason::Injected };
-    let mutation =
-        Mutation { ops, injections, audit: Some((profile.name.clone(), containers)), new_dependencies: used };
+    let mutation = Mutation {
+        ops,
+        injections,
+        audit: Some((profile.name.clone(), containers)),
+        new_dependencies: used,
+        attestation: vouched,
+    };
     let mut d = Decision::new(reason, Ok(mutation));
     d.warnings = warnings;
     d.audit_annotations = audit_annotations;
@@ -632,35 +716,122 @@ fn inject(
 
 /// What to do about the admission attestation.
 enum Attestation {
-    /// Nothing: the profile issues nothing per owner, or the pod's is already valid.
-    Keep,
+    /// None is needed: the profile issues nothing per owner, the pod has no owner, or this is
+    /// not the webhook (no key).
+    NotNeeded,
+    /// The pod's own is valid for it (a reinvocation): kept.
+    Keep(String),
     Write(String),
     /// One is needed and no key is loaded.
     NoKey,
+    /// The spec cannot be bound (not JSON: never for a pod the apiserver sent).
+    Unbindable(String),
 }
 
-/// The admission attestation, if the profile issues per-owner credentials: the attestation
-/// binds the owner and the record of what was injected, so the controller issues per-owner
-/// credentials only for pods this webhook admitted as such.
+/// The admission attestation, if the profile issues per-owner credentials: it binds the owner,
+/// the record of what was injected, and what the pod runs and mounts ([`binding`]), so the
+/// controller issues per-owner credentials only for pods this webhook admitted as such, and
+/// never for a copy of one. One the pod carries is kept only if it is valid for this very pod
+/// and recent (the webhook's reinvocation); anything else is replaced.
 fn attestation(
     facts: &RequestFacts<'_>,
     meta: &Metadata<'_>,
     profile: &Profile,
     injected: &str,
-    existing: Option<&str>,
+    spec: Option<&RawValue>,
+    injections: &[(&'static str, Injection)],
 ) -> Attestation {
     let (Some(attestor), Some(owner), true) = (facts.attestor, &meta.controller_owner, profile.issues_per_owner) else {
-        return Attestation::Keep;
+        return Attestation::NotNeeded;
     };
-    let owner = attest::OwnerRef {
-        group: select::api_group(&owner.api_version),
-        kind: &owner.kind,
-        name: &owner.name,
-        uid: &owner.uid,
+    let bound = match binding::of_raw(spec, &Masks::of(injections)) {
+        Ok(b) => b,
+        Err(e) => return Attestation::Unbindable(e),
     };
-    let payload = attest::payload(facts.namespace, &owner, &profile.name, injected);
-    if existing.is_some_and(|v| attestor.verifies(&payload, v)) {
-        return Attestation::Keep;
+    let subject = attest::Subject {
+        namespace: facts.namespace,
+        owner: attest::OwnerRef {
+            group: select::api_group(&owner.api_version),
+            kind: &owner.kind,
+            name: &owner.name,
+            uid: &owner.uid,
+        },
+        profile: &profile.name,
+        injected,
+    };
+    let stamp = attestor.stamp();
+    if let Some(value) = meta.annotations.kept.get(ANNOTATION_ATTESTATION) {
+        // Made for this pod, and lately: its time is checked against now as the controller
+        // checks it against the pod's creation.
+        let verdict =
+            attest::check(Some(value), &subject, &bound, Some(stamp.at), |p, id, tag| attestor.verifies(p, id, tag));
+        if verdict == attest::Verdict::Valid {
+            return Attestation::Keep(value.to_string());
+        }
     }
-    attestor.attest(&payload).map_or(Attestation::NoKey, Attestation::Write)
+    match attestor.sign(&attest::payload(&subject, stamp.at, &stamp.nonce, &bound)) {
+        Some(signature) => Attestation::Write(attest::format(&signature, &stamp, &bound)),
+        None => Attestation::NoKey,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::names::Labels;
+    use std::borrow::Cow;
+
+    fn meta_with(annotations: &[(&'static str, &'static str)]) -> Metadata<'static> {
+        let mut kept = Labels::new();
+        for (k, v) in annotations {
+            kept.insert(Cow::Borrowed(*k), Cow::Borrowed(*v));
+        }
+        let mut meta = Metadata::default();
+        meta.annotations.kept = kept;
+        meta.annotations.state = pod::Presence::Present(annotations.len());
+        meta
+    }
+
+    fn admitted(ops: Vec<PatchOp>, attestation: Option<&str>) -> Decision {
+        Decision::new(
+            Reason::Injected,
+            Ok(Mutation {
+                ops,
+                injections: Vec::new(),
+                audit: None,
+                new_dependencies: Vec::new(),
+                attestation: attestation.map(str::to_string),
+            }),
+        )
+    }
+
+    /// The self-check of keyward's own annotations: a plan that would let through an
+    /// attestation keyward did not vouch for is refused, whatever path made it.
+    #[test]
+    fn a_patch_that_would_leave_an_unvouched_attestation_is_refused() {
+        let written = |v: &str| PatchOp::add(Path::Annotations(Some(ANNOTATION_ATTESTATION)), OpValue::Str(v.into()));
+        // Written, and vouched for: fine.
+        let d = only_keywards_own(admitted(vec![written("v2.a")], Some("v2.a")), &meta_with(&[]));
+        assert_eq!(d.reason, Reason::Injected);
+        // Written, but not the one vouched for (a bug): refused.
+        let d = only_keywards_own(admitted(vec![written("v2.b")], Some("v2.a")), &meta_with(&[]));
+        assert_eq!(d.reason, Reason::Internal);
+        assert_eq!(
+            d.message().unwrap(),
+            "keyward: internal error: the patched pod would carry keyward.io/attestation that keyward did not write for it; the pod was refused rather than let it through"
+        );
+        // Written with nothing vouched for: refused too.
+        let d = only_keywards_own(admitted(vec![written("v2.b")], None), &meta_with(&[]));
+        assert_eq!(d.reason, Reason::Internal);
+        // The pod's own, not vouched for: removed, with a warning.
+        let d = only_keywards_own(admitted(Vec::new(), None), &meta_with(&[(ANNOTATION_ATTESTATION, "v2.x")]));
+        assert_eq!(d.reason, Reason::Injected);
+        assert_eq!(d.patch().ops, [PatchOp::remove(Path::Annotations(Some(ANNOTATION_ATTESTATION)))]);
+        // The pod's own, checked and kept: stays.
+        let d = only_keywards_own(admitted(Vec::new(), Some("v2.x")), &meta_with(&[(ANNOTATION_ATTESTATION, "v2.x")]));
+        assert!(d.patch().is_empty());
+        // A whole new annotations map replaces what was there.
+        let whole = PatchOp::add(Path::Annotations(None), OpValue::Map(ANNOTATION_INJECTED, "{}".into()));
+        assert_eq!(annotation_after(Some("v2.x"), std::slice::from_ref(&whole), ANNOTATION_ATTESTATION), None);
+    }
 }

@@ -10,8 +10,8 @@
 //! - [`profile`]: the `InjectionProfile` schema (listing the kinds), loading and validation;
 //!   [`cluster`]: the cluster facts `delivery: auto` resolves against.
 //! - [`pod`]: the narrow view of the pod, decoded from the raw request.
-//! - [`select`], `plan`, `check`, [`audit`], [`attest`]: selection, the patch, the self-check, the
-//!   record, and the admission attestation's payload.
+//! - [`select`], `plan`, `check`, [`audit`], [`binding`], [`attest`]: selection, the patch, the
+//!   self-check, the record, what an attestation binds of the pod, and the attestation itself.
 //! - [`engine`]: the decision; [`review`]: the AdmissionReview envelope.
 //! - [`match_conditions`]: the webhook configuration's CEL, from the profiles.
 
@@ -19,6 +19,7 @@
 
 pub mod attest;
 pub mod audit;
+pub mod binding;
 mod check;
 pub mod cluster;
 pub mod engine;

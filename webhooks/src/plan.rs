@@ -546,7 +546,13 @@ fn same_mount(theirs: &str, ours: &MountSpec) -> bool {
 }
 
 fn same_env(theirs: &str, ours: &EnvSpec) -> bool {
-    let mut v = parse(theirs);
+    same_env_value(&parse(theirs), ours)
+}
+
+/// Whether an env var, as JSON, is `ours` (as the apiserver leaves it: `null`s dropped, an
+/// empty `value` beside `valueFrom` ignored).
+pub(crate) fn same_env_value(theirs: &Value, ours: &EnvSpec) -> bool {
+    let mut v = theirs.clone();
     without_nulls(&mut v);
     if let Value::Object(e) = &mut v {
         if e.get("value").and_then(Value::as_str) == Some("") && e.contains_key("valueFrom") {

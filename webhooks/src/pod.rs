@@ -25,6 +25,9 @@ use crate::names::{Labels, KUBE_API_ACCESS_PREFIX, SERVICE_ACCOUNT_MOUNT_PATH};
 pub struct Metadata<'a> {
     pub name: Option<Cow<'a, str>>,
     pub generate_name: Option<Cow<'a, str>>,
+    /// Set by the apiserver after mutating admission (`null` in an AdmissionReview); read by
+    /// the controller, which checks the admission attestation's time against it.
+    pub creation_timestamp: Option<Cow<'a, str>>,
     pub labels: Labels<'a>,
     pub annotations: Annotations<'a>,
     /// The ownerReference with `controller: true`.
@@ -419,6 +422,7 @@ impl<'de> Visitor<'de> for MetadataMap<'_> {
             match key.as_ref() {
                 "name" => meta.name = map.next_value_seed(Nullable(Str))?,
                 "generateName" => meta.generate_name = map.next_value_seed(Nullable(Str))?,
+                "creationTimestamp" => meta.creation_timestamp = map.next_value_seed(Nullable(Str))?,
                 "labels" => meta.labels = map.next_value_seed(Nullable(StringMap))?.unwrap_or_default(),
                 "annotations" => {
                     meta.annotations = map

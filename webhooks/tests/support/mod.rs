@@ -149,12 +149,16 @@ pub fn patch_json(decision: &Decision) -> Value {
     serde_json::to_value(decision.patch()).unwrap()
 }
 
-/// An attestor for engine tests: a keyed FNV-1a "signature", deterministic and key-dependent
-/// (the engine only asks for a value and compares it; the real HMAC is keyward-certs').
+/// An attestor for engine tests: a keyed FNV-1a "tag", deterministic and key-dependent (the
+/// engine only asks for a tag and compares it; the real HMAC is keyward-certs'), stamped at
+/// [`ADMITTED_AT`] with a nonce that counts up.
 #[derive(Debug, Clone)]
 pub struct TestAttestor {
     pub key: Option<u64>,
 }
+
+/// The time a [`TestAttestor`] stamps: 2026-12-02T07:22:22Z.
+pub const ADMITTED_AT: u64 = 1_796_196_142;
 
 impl TestAttestor {
     fn tag(key: u64, payload: &[u8]) -> String {
@@ -162,16 +166,22 @@ impl TestAttestor {
         for b in payload {
             h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
         }
-        format!("v1.test.{h:016x}")
+        format!("{h:016x}")
     }
 }
 
 impl keyward_engine::Attestor for TestAttestor {
-    fn attest(&self, payload: &[u8]) -> Option<String> {
-        self.key.map(|k| Self::tag(k, payload))
+    fn stamp(&self) -> keyward_engine::attest::Stamp {
+        static NONCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NONCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        keyward_engine::attest::Stamp { at: ADMITTED_AT, nonce: format!("n{n}") }
     }
 
-    fn verifies(&self, payload: &[u8], value: &str) -> bool {
-        self.key.is_some_and(|k| Self::tag(k, payload) == value)
+    fn sign(&self, payload: &[u8]) -> Option<keyward_engine::attest::Signature> {
+        self.key.map(|k| keyward_engine::attest::Signature { key_id: format!("{k:x}"), tag: Self::tag(k, payload) })
+    }
+
+    fn verifies(&self, payload: &[u8], key_id: &str, tag: &str) -> bool {
+        self.key.is_some_and(|k| format!("{k:x}") == key_id && Self::tag(k, payload) == tag)
     }
 }
