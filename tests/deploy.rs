@@ -282,7 +282,7 @@ fn the_controller_is_leader_elected_least_privileged_and_mounts_the_client_ca() 
         json!([{"kind": "ServiceAccount", "name": "keyward-controller", "namespace": "keyward-system"}])
     );
     // The webhook's account stays without any binding.
-    for doc in docs.iter().filter(|d| d["kind"].as_str().is_some_and(|k| k.ends_with("Binding"))) {
+    for doc in docs.iter().filter(|d| matches!(d["kind"].as_str(), Some("RoleBinding" | "ClusterRoleBinding"))) {
         assert!(doc["subjects"].as_array().unwrap().iter().all(|s| s["name"] != "keyward"), "{doc}");
     }
     find(&docs, "NetworkPolicy", "keyward-controller");
@@ -489,4 +489,160 @@ fn every_metric_an_alert_uses_is_one_keyward_exports() {
     assert!(used.len() >= 8, "{used:?}");
     let unknown: Vec<_> = used.iter().filter(|(_, m)| !exported.contains(m)).collect();
     assert!(unknown.is_empty(), "alerts on metrics keyward does not export: {unknown:?}");
+}
+
+// === the admission policy that keeps keyward's attestation keyward's ===
+
+/// What the apiserver decides on a pod request under a ValidatingAdmissionPolicy: its match
+/// conditions, then each validation, evaluated as CEL with the variables the apiserver binds
+/// (`object`, `oldObject` null on CREATE, `request`, `namespaceObject`). `Ok` when admitted,
+/// else the refusing validation's message.
+fn policy_admits(
+    policy: &Value,
+    operation: &str,
+    object: &Value,
+    old: &Value,
+    namespace: &Value,
+) -> Result<(), String> {
+    let mut context = cel::Context::default();
+    context.add_variable("object", cel::to_value(object).unwrap()).unwrap();
+    context.add_variable("oldObject", cel::to_value(old).unwrap()).unwrap();
+    context.add_variable("request", cel::to_value(json!({"operation": operation})).unwrap()).unwrap();
+    context.add_variable("namespaceObject", cel::to_value(namespace).unwrap()).unwrap();
+    let holds = |expression: &str| {
+        let program = cel::Program::compile(expression).unwrap_or_else(|e| panic!("{expression}: {e}"));
+        match program.execute(&context) {
+            Ok(cel::Value::Bool(b)) => b,
+            // An error would be failurePolicy: Fail, a refusal: never what a pod should meet.
+            other => panic!("{expression} on {object}: {other:?}"),
+        }
+    };
+    let spec = &policy["spec"];
+    if !spec["matchConditions"].as_array().unwrap().iter().all(|c| holds(c["expression"].as_str().unwrap())) {
+        return Ok(());
+    }
+    for v in spec["validations"].as_array().unwrap() {
+        if !holds(v["expression"].as_str().unwrap()) {
+            return Err(v["message"].as_str().unwrap().to_string());
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn no_pod_gets_keywards_attestation_except_through_its_webhook() {
+    let docs = render("cert-manager");
+    let policy = find(&docs, "ValidatingAdmissionPolicy", "keyward-attestation");
+    let binding = find(&docs, "ValidatingAdmissionPolicyBinding", "keyward-attestation");
+    assert_eq!(binding["spec"], json!({"policyName": "keyward-attestation", "validationActions": ["Deny"]}));
+    assert_eq!(policy["spec"]["failurePolicy"], "Fail");
+    assert_eq!(
+        policy["spec"]["matchConstraints"]["resourceRules"],
+        json!([{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"], "resources": ["pods", "pods/status"]}])
+    );
+    let ns = |name: &str, opted_in: bool| {
+        let mut labels = json!({"kubernetes.io/metadata.name": name});
+        if opted_in {
+            labels["keyward.io/inject"] = json!("enabled");
+        }
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}})
+    };
+    let pod = |annotations: Value, labels: Value| json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "team-a", "labels": labels, "annotations": annotations}, "spec": {"containers": [{"name": "c", "image": "x"}]}});
+    let attested = json!({"keyward.io/attestation": "v2.abc", "other": "x"});
+    let app = json!({"app": "x"});
+    let team_a = ns("team-a", true);
+    let admits =
+        |op: &str, object: &Value, old: &Value, namespace: &Value| policy_admits(policy, op, object, old, namespace);
+
+    // CREATE: where the webhook sees the pod (and removes any attestation it did not write).
+    assert_eq!(admits("CREATE", &pod(attested.clone(), app.clone()), &Value::Null, &team_a), Ok(()));
+    // Where it does not: refused, saying why.
+    let refusal = "keyward.io/attestation is written only by keyward's webhook, which does not see pods in this namespace or pods labelled keyward.io/inject=disabled: remove the annotation";
+    let opted_out = pod(attested.clone(), json!({"app": "x", "keyward.io/inject": "disabled"}));
+    assert_eq!(admits("CREATE", &opted_out, &Value::Null, &team_a), Err(refusal.into()));
+    for namespace in [ns("team-b", false), ns("kube-system", true), ns("keyward-system", true)] {
+        assert_eq!(
+            admits("CREATE", &pod(attested.clone(), app.clone()), &Value::Null, &namespace),
+            Err(refusal.into()),
+            "{namespace}"
+        );
+    }
+    // A pod without one is none of the policy's business, anywhere.
+    assert_eq!(
+        admits(
+            "CREATE",
+            &pod(json!({"a": "b"}), json!({"keyward.io/inject": "disabled"})),
+            &Value::Null,
+            &ns("team-b", false)
+        ),
+        Ok(())
+    );
+    assert_eq!(admits("CREATE", &json!({"metadata": {"name": "bare"}}), &Value::Null, &ns("team-b", false)), Ok(()));
+
+    // UPDATE (pods or pods/status): added or changed, refused; kept or removed, admitted.
+    let updated = "keyward.io/attestation is written only by keyward's webhook when a pod is created: it may not be added or changed afterwards (removing it is allowed)";
+    let plain = pod(json!({"other": "x"}), app.clone());
+    assert_eq!(admits("UPDATE", &pod(attested.clone(), app.clone()), &plain, &team_a), Err(updated.into()));
+    assert_eq!(
+        admits("UPDATE", &pod(attested.clone(), app.clone()), &json!({"metadata": {"name": "p"}}), &team_a),
+        Err(updated.into())
+    );
+    let other = pod(json!({"keyward.io/attestation": "v2.copied"}), app.clone());
+    assert_eq!(admits("UPDATE", &other, &pod(attested.clone(), app.clone()), &team_a), Err(updated.into()));
+    let relabelled = pod(attested.clone(), json!({"app": "x", "team": "blue"}));
+    assert_eq!(admits("UPDATE", &relabelled, &pod(attested.clone(), app.clone()), &team_a), Ok(()));
+    assert_eq!(admits("UPDATE", &plain, &pod(attested, app), &team_a), Ok(()));
+}
+
+#[test]
+fn the_policy_mirrors_the_webhooks_scope_and_is_cluster_scoped_in_every_install() {
+    let docs = render("cert-manager");
+    let webhook = &find(&docs, "MutatingWebhookConfiguration", "keyward")["webhooks"][0];
+    // The namespaces and the pod label the webhook skips are those the policy names.
+    assert_eq!(
+        webhook["namespaceSelector"]["matchExpressions"],
+        json!([{"key": "keyward.io/inject", "operator": "In", "values": ["enabled"]},
+               {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "keyward-system"]}])
+    );
+    assert_eq!(
+        webhook["objectSelector"]["matchExpressions"],
+        json!([{"key": "keyward.io/inject", "operator": "NotIn", "values": ["disabled"]}])
+    );
+    let create_rule = find(&docs, "ValidatingAdmissionPolicy", "keyward-attestation")["spec"]["validations"][1]
+        ["expression"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for part in [
+        "namespaceObject.metadata.labels['keyward.io/inject'] == 'enabled'",
+        "['kube-system', 'keyward-system']",
+        "object.metadata.labels['keyward.io/inject'] == 'disabled'",
+    ] {
+        assert!(create_rule.contains(part), "{part} not in {create_rule}");
+    }
+    // Cluster-scoped objects carry no namespace, in every overlay (kustomize would give the
+    // policy one, and the apiserver would drop it, but a GitOps diff would not).
+    let cluster_scoped = [
+        "Namespace",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "PriorityClass",
+        "MutatingWebhookConfiguration",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ];
+    for overlay in
+        ["cert-manager", "self-managed", "openshift", "local", "local-self-managed", "local-pod-certificates"]
+    {
+        let docs = render(overlay);
+        assert_eq!(docs.iter().filter(|d| d["kind"] == "ValidatingAdmissionPolicy").count(), 1, "{overlay}");
+        for d in docs.iter().filter(|d| cluster_scoped.contains(&d["kind"].as_str().unwrap_or_default())) {
+            assert!(
+                d["metadata"]["namespace"].is_null(),
+                "{overlay}: {} {} has a namespace",
+                d["kind"],
+                d["metadata"]["name"]
+            );
+        }
+    }
 }

@@ -162,7 +162,18 @@ expect "lmeval main env" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.spe
 expect_contains "lmeval audit annotation" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.metadata.annotations.keyward\.io/injected}')" '"profile":"lmeval"'
 # The admission attestation the controller checks before it issues (the key is the Secret
 # keyward-attestation, which the controller created and the webhook mounts).
-expect_contains "lmeval admission attestation" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.metadata.annotations.keyward\.io/attestation}')" 'v1.'
+attestation="$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.metadata.annotations.keyward\.io/attestation}')"
+expect_contains "lmeval admission attestation" "$attestation" 'v2.'
+# A copy of it on a pod of one's own: removed by the webhook where the webhook sees the pod
+# (not selected by any profile, here), refused by the admission policy where it does not.
+sed -e "s#^  labels: {app.kubernetes.io/name: fms-lm-eval-service}#  labels: {app: tenant}\n  annotations: {keyward.io/attestation: \"$attestation\"}#" \
+  "$WORK/lmeval.yaml" > "$WORK/copied.yaml"
+expect "a copied attestation is removed by the webhook" "$(dry_create "$LMEVAL_USER" "$WORK/copied.yaml" '{.metadata.annotations}')" ""
+sed -e 's#{app: tenant}#{app: tenant, keyward.io/inject: disabled}#' "$WORK/copied.yaml" > "$WORK/copied-opted-out.yaml"
+if out="$("${K[@]}" create --dry-run=server -n "$NS" -f "$WORK/copied-opted-out.yaml" 2>&1)"; then
+  fail "a pod labelled out of the webhook's reach was created with a copied attestation: $out"
+fi
+expect_contains "a copied attestation on an opted-out pod" "$out" "keyward.io/attestation is written only by keyward's webhook"
 # The pod opt-out: labelled keyward.io/inject=disabled, it is never sent to keyward.
 sed 's#labels: {app.kubernetes.io/name: fms-lm-eval-service}#labels: {app.kubernetes.io/name: fms-lm-eval-service, keyward.io/inject: disabled}#' \
   "$WORK/lmeval.yaml" > "$WORK/lmeval-opted-out.yaml"

@@ -1,7 +1,8 @@
 //! The webhook configuration's `matchConditions`: a CEL expression, generated from the
 //! profiles, that is true for exactly the pods some profile's label and annotation selectors
-//! select, so the apiserver sends keyward only those. `keyward manifests webhook` renders it,
-//! and the controller keeps the live configuration equal to it.
+//! select, and for pods that carry keyward's own annotations (which the webhook removes unless
+//! it wrote them), so the apiserver sends keyward only those. `keyward manifests webhook`
+//! renders it, and the controller keeps the live configuration equal to it.
 
 use std::collections::BTreeMap;
 
@@ -13,10 +14,21 @@ pub const WEBHOOK_NAME: &str = "pods.keyward.io";
 /// The name of its one match condition.
 pub const CONDITION_NAME: &str = "selected-by-a-keyward-profile";
 
+/// A CEL term true for a pod that carries keyward's attestation or audit record: such a pod
+/// reaches the webhook whatever its labels, so that one copied from another pod is removed
+/// (a pod the webhook never sees would keep it).
+pub const CARRIES_KEYWARDS_ANNOTATIONS: &str = "(has(object.metadata.annotations) && (\"keyward.io/attestation\" in object.metadata.annotations || \"keyward.io/injected\" in object.metadata.annotations))";
+
 /// A CEL expression true for every pod some profile's label and annotation selectors select
-/// (owners and namespaces are checked by keyward itself). It never errors: labels and
-/// annotations may be absent, and then each selector is decided here, statically.
+/// (owners and namespaces are checked by keyward itself), and every pod that carries keyward's
+/// own annotations. It never errors: labels and annotations may be absent, and then each
+/// selector is decided here, statically.
 pub fn match_expression(profiles: &ProfileSet) -> String {
+    format!("{} || {CARRIES_KEYWARDS_ANNOTATIONS}", selected_expression(profiles))
+}
+
+/// The part of [`match_expression`] the profiles' selectors make.
+fn selected_expression(profiles: &ProfileSet) -> String {
     let terms: Vec<String> = profiles
         .iter()
         .map(|p| {
@@ -92,7 +104,8 @@ mod tests {
         let expected = format!(
             "(has({l}) ? ((\"app.kubernetes.io/name\" in {l} && {l}[\"app.kubernetes.io/name\"] == \"fms-lm-eval-service\")) : false) || \
 (has({l}) ? ((\"app\" in {l} && {l}[\"app\"] == \"ml-pipeline-persistenceagent\")) : false) || \
-(has({l}) ? ((\"app\" in {l} && {l}[\"app\"] == \"ml-pipeline-scheduledworkflow\")) : false)"
+(has({l}) ? ((\"app\" in {l} && {l}[\"app\"] == \"ml-pipeline-scheduledworkflow\")) : false) || \
+{CARRIES_KEYWARDS_ANNOTATIONS}"
         );
         assert_eq!(match_expression(&set), expected);
     }
@@ -107,7 +120,7 @@ mod tests {
         let l = "object.metadata.labels";
         assert_eq!(
             match_expression(&set),
-            format!("(has({l}) ? ((!(\"tier\" in {l}) || !({l}[\"tier\"] in [\"gpu\"]))) : true)")
+            format!("(has({l}) ? ((!(\"tier\" in {l}) || !({l}[\"tier\"] in [\"gpu\"]))) : true) || {CARRIES_KEYWARDS_ANNOTATIONS}")
         );
     }
 
@@ -125,7 +138,7 @@ mod tests {
             match_expression(&set),
             format!(
                 "((has({l}) ? ((\"app\" in {l} && {l}[\"app\"] == \"x\")) : false) && (has({a}) ? ((\"example.com/auth\" in {a} && {a}[\"example.com/auth\"] == \"true\")) : false)) || \
-(has({a}) ? ((\"example.com/mode\" in {a})) : false)"
+(has({a}) ? ((\"example.com/mode\" in {a})) : false) || {CARRIES_KEYWARDS_ANNOTATIONS}"
             )
         );
     }
@@ -160,18 +173,21 @@ mod tests {
     }
 
     /// What keyward's own selection decides on labels and annotations (the part the
-    /// conditions stand for: owners and namespaces are checked by keyward).
+    /// conditions stand for: owners and namespaces are checked by keyward), and whether the pod
+    /// carries keyward's annotations (which the webhook must see to remove).
     fn engine_selects(set: &ProfileSet, pod: &Value) -> bool {
         let (labels, annotations) = (map_of(pod, "labels"), map_of(pod, "annotations"));
-        set.iter().any(|p| {
-            let a = &p.spec.annotation_selector;
-            let a = LabelSelector {
-                match_labels: a.match_annotations.clone(),
-                match_expressions: a.match_expressions.clone(),
-            };
-            label_selector_matches(&p.spec.selector, &labels).is_ok()
-                && label_selector_matches(&a, &annotations).is_ok()
-        })
+        let carries = ["keyward.io/attestation", "keyward.io/injected"].iter().any(|k| annotations.get(*k).is_some());
+        carries
+            || set.iter().any(|p| {
+                let a = &p.spec.annotation_selector;
+                let a = LabelSelector {
+                    match_labels: a.match_annotations.clone(),
+                    match_expressions: a.match_expressions.clone(),
+                };
+                label_selector_matches(&p.spec.selector, &labels).is_ok()
+                    && label_selector_matches(&a, &annotations).is_ok()
+            })
     }
 
     /// Every pod fixture (bare, or the object of a review), with its file.
@@ -295,6 +311,18 @@ mod tests {
             let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata});
             prop_assert_eq!(cel_selects(&match_expression(&set), &pod), engine_selects(&set, &pod));
         }
+    }
+
+    #[test]
+    fn a_pod_carrying_keywards_annotations_reaches_the_webhook_whatever_its_labels() {
+        let expression = match_expression(&ProfileSet::builtin().unwrap());
+        for key in ["keyward.io/attestation", "keyward.io/injected"] {
+            let pod = json!({"metadata": {"name": "p", "labels": {"app": "tenant"}, "annotations": {key: "copied"}}});
+            assert!(cel_selects(&expression, &pod), "{key}");
+        }
+        let plain = json!({"metadata": {"name": "p", "labels": {"app": "tenant"}, "annotations": {"a": "b"}}});
+        assert!(!cel_selects(&expression, &plain));
+        assert!(!cel_selects(&expression, &json!({"metadata": {"name": "p"}})));
     }
 
     #[test]
