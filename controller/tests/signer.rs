@@ -223,8 +223,23 @@ async fn every_other_request_is_denied_saying_why_and_another_signers_is_never_t
     // A tenant's copies of the driver pod (its annotations, owner and volumes; read with `get
     // pods`): running her image; exactly alike but labelled out of the webhook's reach; exactly
     // alike a minute later (a second pod with one attestation); exactly alike an hour later.
-    let copies: [TenantCopy; 4] = [
+    let copies: [TenantCopy; 7] = [
         ("copied", 30, |p| p["spec"]["containers"][0]["image"] = json!("quay.io/tenant/steal:1")),
+        ("copied-command", 30, |p| p["spec"]["containers"][0]["command"] = json!(["sh", "-c", "cat $GRPC_CLIENT_KEY"])),
+        ("copied-volume", 30, |p| {
+            p["spec"]["volumes"]
+                .as_array_mut()
+                .unwrap()
+                .push(json!({"name": "tools", "configMap": {"name": "tenant-tools", "defaultMode": 420}}));
+            p["spec"]["containers"][0]["volumeMounts"]
+                .as_array_mut()
+                .unwrap()
+                .push(json!({"name": "tools", "mountPath": "/opt/app-root/src"}));
+        }),
+        ("copied-account", 30, |p| {
+            p["spec"]["serviceAccountName"] = json!("tenant-builder");
+            p["spec"]["serviceAccount"] = json!("tenant-builder");
+        }),
         ("opted-out", 30, |p| p["metadata"]["labels"]["keyward.io/inject"] = json!("disabled")),
         ("twin", 60, |_| {}),
         ("late", 3600, |_| {}),
@@ -257,7 +272,7 @@ async fn every_other_request_is_denied_saying_why_and_another_signers_is_never_t
     on("no-key", &good, SIGNER, &|r| {
         r["spec"].as_object_mut().unwrap().retain(|k, _| k != "pkixPublicKey" && k != "proofOfPossession")
     });
-    for name in ["copied", "opted-out", "twin", "late"] {
+    for name in ["copied", "copied-command", "copied-volume", "copied-account", "opted-out", "twin", "late"] {
         on(name, &copy(name), SIGNER, &|_| {});
     }
     for r in requests.values() {
@@ -270,6 +285,9 @@ async fn every_other_request_is_denied_saying_why_and_another_signers_is_never_t
     let expected = [
         ("annotated", "InvalidUnverifiedUserAnnotations", "keyward's signers recognise no userAnnotations, and the request carries example.com/tier; remove userAnnotations from the pod's podCertificate volume"),
         ("copied", "ReboundAttestation", "pod team-a/copied: its admission attestation (keyward.io/attestation) was made for a pod that runs or mounts something else (copied from another pod, or this pod was changed by another webhook after keyward's last look); have the operator create it again"),
+        ("copied-account", "ReboundAttestation", "pod team-a/copied-account: its admission attestation (keyward.io/attestation) was made for a pod that runs or mounts something else (copied from another pod, or this pod was changed by another webhook after keyward's last look); have the operator create it again"),
+        ("copied-command", "ReboundAttestation", "pod team-a/copied-command: its admission attestation (keyward.io/attestation) was made for a pod that runs or mounts something else (copied from another pod, or this pod was changed by another webhook after keyward's last look); have the operator create it again"),
+        ("copied-volume", "ReboundAttestation", "pod team-a/copied-volume: its admission attestation (keyward.io/attestation) was made for a pod that runs or mounts something else (copied from another pod, or this pod was changed by another webhook after keyward's last look); have the operator create it again"),
         ("elsewhere", "NamespaceNotOptedIn", "namespace elsewhere is not labelled keyward.io/inject=enabled: keyward signs only for opted-in namespaces; label it and recreate the pod"),
         ("forged", "ForgedAttestation", "pod team-a/forged: its admission attestation (keyward.io/attestation) does not verify: keyward's webhook did not write it for this namespace, owner, profile and injection, or its key has been rotated out; have the operator create it again"),
         ("late", "UntimelyAttestation", late.as_str()),
@@ -293,7 +311,7 @@ async fn every_other_request_is_denied_saying_why_and_another_signers_is_never_t
             "{name}"
         );
     }
-    s.fake.until(LIMIT, |_| (s.reconciler.metrics().pod_certificate_count("denied") == 14).then_some(())).await;
+    s.fake.until(LIMIT, |_| (s.reconciler.metrics().pod_certificate_count("denied") == 17).then_some(())).await;
     // Each denial is an Event on the request, for the person who looks at it.
     let event = s
         .fake

@@ -455,3 +455,76 @@ async fn an_opted_out_copy_and_a_second_pod_with_one_attestation_are_reported_no
     let _ = task.await;
     assert_eq!(r.metrics().refused_count(Refusal::DuplicateAttestation), 1, "the operator's pod is not the copy");
 }
+
+/// A mesh's injector runs after keyward and adds an init container, a sidecar and their volume;
+/// the apiserver calls keyward again (reinvocationPolicy: IfNeeded) and keyward attests the pod
+/// as it now is: that pod, as stored, gets its owner's certificate.
+#[tokio::test]
+async fn a_pod_another_webhook_changed_before_keyward_was_reinvoked_still_gets_its_identity() {
+    let fake = FakeApi::default();
+    fake.seed(owner());
+    let ca = client_ca();
+    let r = reconciler(&fake, "keyward", ProfileSet::builtin().unwrap(), &ca, Leadership::always());
+    let keys = attestation_keys(&r).await;
+    let attestor = KeysAttestor(keys.clone());
+    let facts = keyward_engine::RequestFacts::pod_create("team-a", keyward_engine::Requester::User(OPERATOR))
+        .attested_by(&attestor);
+    let profiles = ProfileSet::builtin().unwrap();
+    let decide =
+        |pod: &Value| keyward_engine::decide(&facts, &serde_json::value::to_raw_value(pod).unwrap(), &profiles);
+    let mut pod = fixture("lmeval-fms-driver-pod.json");
+    let first = decide(&pod);
+    let patch: json_patch::Patch = serde_json::from_value(serde_json::to_value(first.patch()).unwrap()).unwrap();
+    json_patch::patch(&mut pod, &patch).unwrap();
+    let admitted_first = pod["metadata"]["annotations"]["keyward.io/attestation"].clone();
+    // The mesh's webhook.
+    pod["spec"]["initContainers"].as_array_mut().unwrap().push(json!({"name": "mesh-init", "image": "mesh/proxy:1", "args": ["iptables"], "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File", "imagePullPolicy": "IfNotPresent"}));
+    pod["spec"]["containers"].as_array_mut().unwrap().push(json!({"name": "mesh-proxy", "image": "mesh/proxy:1", "volumeMounts": [{"name": "mesh-certs", "mountPath": "/etc/mesh"}], "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File", "imagePullPolicy": "IfNotPresent"}));
+    pod["spec"]["volumes"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "mesh-certs", "emptyDir": {"medium": "Memory"}}));
+    // Had keyward not been called again, the pod would get nothing.
+    let mut unreinvoked = pod.clone();
+    stored(
+        &mut unreinvoked,
+        &keyward_engine::decide(
+            &keyward_engine::RequestFacts::pod_create("team-a", keyward_engine::Requester::User(OPERATOR)),
+            &serde_json::value::to_raw_value(&pod).unwrap(),
+            &profiles,
+        ),
+        "team-a",
+        "pod-uid-unreinvoked",
+    );
+    let claim = claims(&r, &unreinvoked).remove(0).2;
+    assert_eq!(claim.attested(&keys), keyward_engine::attest::Verdict::Rebound);
+    // Reinvoked: a new attestation, for the pod as the mesh left it.
+    let again = decide(&pod);
+    stored(&mut pod, &again, "team-a", "pod-uid-meshed");
+    assert_ne!(pod["metadata"]["annotations"]["keyward.io/attestation"], admitted_first);
+    r.owner(&owner_key(), &claims(&r, &pod)).await.unwrap();
+    let secret = fake.get("v1", "Secret", "team-a", "evaljob-sample-lmeval-client").expect("issued");
+    assert_eq!(cert_uris(&secret_data(&secret, "tls.crt")), [IDENTITY]);
+}
+
+/// Guards the owner's UID in the attestation's payload (mutation: the UID left out of
+/// `attest::payload`'s fields): the job deleted and created again under the same name is
+/// another owner, and the old pod's attestation, its owner reference pointed at the new UID,
+/// buys nothing for it.
+#[tokio::test]
+async fn an_attestation_for_an_owner_deleted_and_created_again_under_its_name_is_refused() {
+    let fake = FakeApi::default();
+    fake.seed(lmevaljob("team-a", "evaljob-sample", "uid-of-the-new-job"));
+    let ca = client_ca();
+    let r = reconciler(&fake, "keyward", ProfileSet::builtin().unwrap(), &ca, Leadership::always());
+    let keys = attestation_keys(&r).await;
+    let mut old = attested_fms_pod(&keys);
+    old["metadata"]["ownerReferences"][0]["uid"] = json!("uid-of-the-new-job");
+    let claim = claims(&r, &old);
+    assert_eq!(claim[0].2.attested(&keys), keyward_engine::attest::Verdict::Forged);
+    let new_owner =
+        keyward_controller::index::OwnerKey { namespace: "team-a".into(), uid: "uid-of-the-new-job".into() };
+    r.owner(&new_owner, &claim).await.unwrap();
+    assert!(fake.get("v1", "Secret", "team-a", "evaljob-sample-lmeval-client").is_none());
+    assert_eq!(r.metrics().refused_count(Refusal::ForgedAttestation), 1);
+}
