@@ -177,7 +177,7 @@ mod tests {
     /// carries keyward's annotations (which the webhook must see to remove).
     fn engine_selects(set: &ProfileSet, pod: &Value) -> bool {
         let (labels, annotations) = (map_of(pod, "labels"), map_of(pod, "annotations"));
-        let carries = ["keyward.io/attestation", "keyward.io/injected"].iter().any(|k| annotations.get(*k).is_some());
+        let carries = ["keyward.io/attestation", "keyward.io/injected"].iter().any(|k| annotations.contains_key(*k));
         carries
             || set.iter().any(|p| {
                 let a = &p.spec.annotation_selector;
