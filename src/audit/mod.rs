@@ -234,3 +234,35 @@ pub fn json_report(g: &Gathered) -> serde_json::Value {
         "notes": g.notes,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use findings::{Finding, Kind};
+
+    /// Guards the table's own escape (mutation: `terminal_safe` returning its input): whatever a
+    /// finding's detail, profile or a note holds, the table holds no control or format
+    /// character, and each finding stays one line.
+    #[test]
+    fn the_table_escapes_every_cell_and_note() {
+        let hostile = "x\u{1b}]0;pwned\u{7}\r\nno findings\u{202e}";
+        let g = Gathered {
+            findings: vec![Finding {
+                namespace: "team-a".into(),
+                pod: "p".into(),
+                finding: Kind::Unreadable,
+                profile: Some(hostile.into()),
+                detail: hostile.into(),
+            }],
+            pods_listed: 1,
+            pods_audited: 1,
+            namespaces: ["team-a".to_string()].into(),
+            pages: 1,
+            notes: vec![hostile.into()],
+        };
+        let text = table(&g);
+        assert!(!text.chars().any(|c| (c.is_control() && c != '\n') || c == '\u{202e}'), "{text:?}");
+        assert_eq!(text.lines().count(), 4, "header, the finding, the summary, the note: {text}");
+        assert!(text.contains(r"x\u{1b}]0;pwned\u{7}\u{d}\u{a}no findings\u{202e}"), "{text}");
+    }
+}
