@@ -488,6 +488,13 @@ async fn the_client_ca_is_each_signers_trust_bundle_with_both_cas_through_a_rota
     assert_eq!(bundle["metadata"]["labels"]["app.kubernetes.io/managed-by"], "keyward");
     let old = ders(ca.ca.cert_pem());
     assert_eq!(ders(bundle["spec"]["trustBundle"].as_str().unwrap()), old);
+    // The ConfigMap too, before the rotation (published after it, it would hold only the new
+    // CA: it never trusted the old one).
+    fake.until(LIMIT, |f| {
+        f.get("v1", "ConfigMap", "lm-eval", "keyward-client-ca")
+            .filter(|c| ders(c["data"]["ca.crt"].as_str().unwrap_or_default()) == old)
+    })
+    .await;
 
     // The client CA rotates (cert-manager wrote a new one into the mounted Secret): the new CA
     // first, the old one kept as long as a certificate it signed may live.
