@@ -26,22 +26,31 @@
 //! (Kubernetes reads them as absent, and the apiserver writes neither), arrays in order (order matters for containers, mounts and env vars). Its
 //! size and depth are those of the spec, which the request body and the JSON parser bound.
 
-use serde_json::{Map, Value};
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::value::RawValue;
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::inject::{ApiToken, EnvSpec, Injection};
 use crate::names::{KUBE_API_ACCESS_PREFIX, SERVICE_ACCOUNT_MOUNT_PATH};
 
-/// The pod fields bound as they are (besides `volumes`, the containers and the account).
-const POD_FIELDS: [&str; 6] =
-    ["securityContext", "hostNetwork", "hostPID", "hostIPC", "hostUsers", "shareProcessNamespace"];
-/// The container fields bound as they are (besides `volumeMounts` and `env`, filtered).
+/// The host namespace fields of the pod, bound as they are. The view's keys are written in
+/// sorted (byte) order, so these lists are in that order.
+const HOST_FIELDS: [&str; 4] = ["hostIPC", "hostNetwork", "hostPID", "hostUsers"];
+/// The container fields bound as they are.
 const CONTAINER_FIELDS: [&str; 9] =
-    ["name", "image", "command", "args", "workingDir", "envFrom", "volumeDevices", "securityContext", "restartPolicy"];
-/// The probes whose `exec` command is bound.
-const PROBES: [&str; 3] = ["livenessProbe", "readinessProbe", "startupProbe"];
-/// The lifecycle hooks whose `exec` command is bound.
-const HOOKS: [&str; 2] = ["postStart", "preStop"];
+    ["args", "command", "envFrom", "image", "name", "restartPolicy", "securityContext", "volumeDevices", "workingDir"];
+/// The handlers whose `exec` command is bound: the view's key, and where the handler is.
+const EXEC_HANDLERS: [(&str, &str, Option<&str>); 5] = [
+    ("lifecycle.postStart.exec", "lifecycle", Some("postStart")),
+    ("lifecycle.preStop.exec", "lifecycle", Some("preStop")),
+    ("livenessProbe.exec", "livenessProbe", None),
+    ("readinessProbe.exec", "readinessProbe", None),
+    ("startupProbe.exec", "startupProbe", None),
+];
 
 /// A binding: the SHA-256 of the canonical view.
 pub type Digest32 = [u8; 32];
@@ -74,164 +83,257 @@ impl<'a> Masks<'a> {
         masks
     }
 
-    fn masks_volume(&self, volume: &Value) -> bool {
-        let name = volume.get("name").and_then(Value::as_str).unwrap_or_default();
+    fn masks_volume(&self, volume: &Node<'_>) -> bool {
+        let name = volume.get("name").and_then(Node::as_str).unwrap_or_default();
         self.volumes.contains(&name)
             || (self.removes_api_token && (name.starts_with(KUBE_API_ACCESS_PREFIX) || projects_an_api_token(volume)))
     }
 
-    fn masks_env(&self, env: &Value) -> bool {
-        let name = env.get("name").and_then(Value::as_str).unwrap_or_default();
-        self.env.iter().any(|ours| ours.name == name && crate::plan::same_env_value(env, ours))
+    fn masks_mount(&self, mount: &Node<'_>, masked_volumes: &[&str]) -> bool {
+        let volume = mount.get("name").and_then(Node::as_str).unwrap_or_default();
+        let path = mount.get("mountPath").and_then(Node::as_str).unwrap_or_default();
+        masked_volumes.contains(&volume) || (self.removes_api_token && path == SERVICE_ACCOUNT_MOUNT_PATH)
+    }
+
+    /// An env var of keyward's, exactly as keyward injects it (one of the pod's own of that
+    /// name and another value stays bound). Only env vars of keyward's names are compared.
+    fn masks_env(&self, env: &Node<'_>) -> bool {
+        let name = env.get("name").and_then(Node::as_str).unwrap_or_default();
+        let mut ours = self.env.iter().filter(|e| e.name == name).peekable();
+        if ours.peek().is_none() {
+            return false;
+        }
+        let theirs = env.to_value();
+        ours.any(|e| crate::plan::same_env_value(&theirs, e))
     }
 }
 
 /// The binding of a pod's `spec` (raw JSON), under `masks`. `Err`: the spec is not JSON.
-pub fn of_raw(spec: Option<&serde_json::value::RawValue>, masks: &Masks<'_>) -> Result<Digest32, String> {
-    let spec: Value = match spec {
-        Some(raw) => serde_json::from_str(raw.get()).map_err(|e| format!("spec: {e}"))?,
-        None => Value::Null,
-    };
-    Ok(digest(&view(&spec, masks)))
+pub fn of_raw(spec: Option<&RawValue>, masks: &Masks<'_>) -> Result<Digest32, String> {
+    Ok(Sha256::digest(canonical_view(spec, masks)?).into())
 }
 
-/// The SHA-256 of `view`'s canonical JSON.
-pub fn digest(view: &Value) -> Digest32 {
-    let mut bytes = Vec::with_capacity(1024);
-    canonical(view, &mut bytes);
-    Sha256::digest(&bytes).into()
+/// The canonical JSON of the bound view of a pod's `spec` (raw JSON), under `masks`: the bytes
+/// the binding is the digest of.
+pub fn canonical_view(spec: Option<&RawValue>, masks: &Masks<'_>) -> Result<Vec<u8>, String> {
+    let spec = match spec {
+        Some(raw) => {
+            let mut de = serde_json::Deserializer::from_str(raw.get());
+            let spec = Level::Spec.deserialize(&mut de).map_err(|e| format!("spec: {e}"))?;
+            de.end().map_err(|e| format!("spec: {e}"))?;
+            spec
+        }
+        None => Node::Null,
+    };
+    let mut out = Vec::with_capacity(spec_len_hint(spec.len_hint()));
+    view(&spec, masks, &mut out);
+    Ok(out)
 }
 
-/// The bound view of a pod's `spec`: what the binding is the digest of.
-pub fn view(spec: &Value, masks: &Masks<'_>) -> Value {
-    let mut out = Map::new();
-    let Some(spec) = spec.as_object() else {
-        return Value::Null;
-    };
-    for field in POD_FIELDS {
-        copy(spec, &mut out, field);
+fn spec_len_hint(n: usize) -> usize {
+    (n * 48).clamp(256, 64 * 1024)
+}
+
+/// Writes the view of `spec` as canonical JSON: an object with the view's keys in sorted order.
+fn view(spec: &Node<'_>, masks: &Masks<'_>, out: &mut Vec<u8>) {
+    if !matches!(spec, Node::Object(_)) {
+        out.extend_from_slice(b"null");
+        return;
     }
+    let mut object = ObjectWriter::new(out);
     // The account after the patch: the swap target, else the pod's (the ServiceAccount plugin
     // writes `default` when none is given, before any webhook).
+    if masks.removes_api_token {
+        object.entry("automountServiceAccountToken", |out| out.extend_from_slice(b"false"));
+    } else if let Some(v) = spec.get("automountServiceAccountToken").filter(|v| !v.absent()) {
+        object.entry("automountServiceAccountToken", |out| canonical(v, out));
+    }
+    // The volumes the masks leave, and the names of those they take: a mount of one is keyward's.
+    let masked_volumes: Vec<&str> = match spec.get("volumes") {
+        Some(Node::Array(volumes)) => volumes
+            .iter()
+            .filter(|v| masks.masks_volume(v))
+            .filter_map(|v| v.get("name").and_then(Node::as_str))
+            .collect(),
+        _ => Vec::new(),
+    };
+    containers(&mut object, spec.get("containers"), "containers", masks, &masked_volumes);
+    for field in HOST_FIELDS {
+        if let Some(v) = spec.get(field).filter(|v| !v.absent()) {
+            object.entry(field, |out| canonical(v, out));
+        }
+    }
+    containers(&mut object, spec.get("initContainers"), "initContainers", masks, &masked_volumes);
+    if let Some(v) = spec.get("securityContext").filter(|v| !v.absent()) {
+        object.entry("securityContext", |out| canonical(v, out));
+    }
     let account = match masks.service_account {
         Some(target) => target,
-        None => spec.get("serviceAccountName").and_then(Value::as_str).filter(|s| !s.is_empty()).unwrap_or("default"),
+        None => spec.get("serviceAccountName").and_then(Node::as_str).filter(|s| !s.is_empty()).unwrap_or("default"),
     };
-    out.insert("serviceAccountName".into(), Value::from(account));
-    if masks.removes_api_token {
-        out.insert("automountServiceAccountToken".into(), Value::Bool(false));
-    } else {
-        copy(spec, &mut out, "automountServiceAccountToken");
+    object.entry("serviceAccountName", |out| string(account, out));
+    if let Some(v) = spec.get("shareProcessNamespace").filter(|v| !v.absent()) {
+        object.entry("shareProcessNamespace", |out| canonical(v, out));
     }
-    // The volumes the masks leave, and their names: a mount of any other is keyward's.
-    let mut kept_volumes = Vec::new();
-    let mut masked_names: Vec<&str> = Vec::new();
-    match spec.get("volumes") {
-        Some(Value::Array(volumes)) => {
-            for volume in volumes {
-                if masks.masks_volume(volume) {
-                    masked_names.extend(volume.get("name").and_then(Value::as_str));
-                } else {
-                    kept_volumes.push(volume.clone());
+    if let Some(volumes) = spec.get("volumes") {
+        filtered(&mut object, "volumes", volumes, |v| masks.masks_volume(v));
+    }
+    object.finish();
+}
+
+fn containers(
+    object: &mut ObjectWriter<'_>,
+    list: Option<&Node<'_>>,
+    key: &str,
+    masks: &Masks<'_>,
+    masked_volumes: &[&str],
+) {
+    match list {
+        Some(Node::Array(items)) if !items.is_empty() => object.entry(key, |out| {
+            out.push(b'[');
+            for (i, c) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
                 }
+                container(c, masks, masked_volumes, out);
             }
-            out.insert("volumes".into(), Value::Array(kept_volumes));
+            out.push(b']');
+        }),
+        Some(other) if !other.absent() && !matches!(other, Node::Array(_)) => {
+            object.entry(key, |out| canonical(other, out))
         }
-        Some(other) => {
-            out.insert("volumes".into(), other.clone());
-        }
-        None => {}
+        _ => {}
     }
-    for list in ["initContainers", "containers"] {
-        match spec.get(list) {
-            Some(Value::Array(containers)) => {
-                let containers = containers.iter().map(|c| container(c, masks, &masked_names)).collect();
-                out.insert(list.into(), Value::Array(containers));
-            }
-            Some(other) => {
-                out.insert(list.into(), other.clone());
-            }
-            None => {}
-        }
-    }
-    Value::Object(out)
 }
 
-fn container(c: &Value, masks: &Masks<'_>, masked_volumes: &[&str]) -> Value {
-    let Some(c) = c.as_object() else { return c.clone() };
-    let mut out = Map::new();
-    for field in CONTAINER_FIELDS {
-        copy(c, &mut out, field);
+/// One container's view, keys in sorted order.
+fn container(c: &Node<'_>, masks: &Masks<'_>, masked_volumes: &[&str], out: &mut Vec<u8>) {
+    if !matches!(c, Node::Object(_)) {
+        canonical(c, out);
+        return;
     }
-    if let Some(mounts) = c.get("volumeMounts") {
-        out.insert(
-            "volumeMounts".into(),
-            filtered(mounts, |m| {
-                let volume = m.get("name").and_then(Value::as_str).unwrap_or_default();
-                let path = m.get("mountPath").and_then(Value::as_str).unwrap_or_default();
-                masked_volumes.contains(&volume) || (masks.removes_api_token && path == SERVICE_ACCOUNT_MOUNT_PATH)
-            }),
-        );
-    }
+    let mut object = ObjectWriter::new(out);
+    let plain = |object: &mut ObjectWriter<'_>, field: &str| {
+        if let Some(v) = c.get(field).filter(|v| !v.absent()) {
+            object.entry(field, |out| canonical(v, out));
+        }
+    };
+    // In sorted order: args, command, env, envFrom, image, lifecycle.*, livenessProbe.exec,
+    // name, readinessProbe.exec, restartPolicy, securityContext, startupProbe.exec,
+    // volumeDevices, volumeMounts, workingDir.
+    plain(&mut object, CONTAINER_FIELDS[0]);
+    plain(&mut object, CONTAINER_FIELDS[1]);
     if let Some(env) = c.get("env") {
-        out.insert("env".into(), filtered(env, |e| masks.masks_env(e)));
+        filtered(&mut object, "env", env, |e| masks.masks_env(e));
     }
-    for probe in PROBES {
-        if let Some(exec) = c.get(probe).and_then(|p| p.get("exec")) {
-            out.insert(format!("{probe}.exec"), exec.clone());
+    plain(&mut object, CONTAINER_FIELDS[2]);
+    plain(&mut object, CONTAINER_FIELDS[3]);
+    let exec = |object: &mut ObjectWriter<'_>, (key, at, hook): (&str, &str, Option<&str>)| {
+        let handler = match hook {
+            Some(hook) => c.get(at).and_then(|l| l.get(hook)),
+            None => c.get(at),
+        };
+        if let Some(v) = handler.and_then(|h| h.get("exec")).filter(|v| !v.absent()) {
+            object.entry(key, |out| canonical(v, out));
         }
+    };
+    exec(&mut object, EXEC_HANDLERS[0]);
+    exec(&mut object, EXEC_HANDLERS[1]);
+    exec(&mut object, EXEC_HANDLERS[2]);
+    plain(&mut object, CONTAINER_FIELDS[4]);
+    exec(&mut object, EXEC_HANDLERS[3]);
+    plain(&mut object, CONTAINER_FIELDS[5]);
+    plain(&mut object, CONTAINER_FIELDS[6]);
+    exec(&mut object, EXEC_HANDLERS[4]);
+    plain(&mut object, CONTAINER_FIELDS[7]);
+    if let Some(mounts) = c.get("volumeMounts") {
+        filtered(&mut object, "volumeMounts", mounts, |m| masks.masks_mount(m, masked_volumes));
     }
-    for hook in HOOKS {
-        if let Some(exec) = c.get("lifecycle").and_then(|l| l.get(hook)).and_then(|h| h.get("exec")) {
-            out.insert(format!("lifecycle.{hook}.exec"), exec.clone());
-        }
-    }
-    Value::Object(out)
+    plain(&mut object, CONTAINER_FIELDS[8]);
+    object.finish();
 }
 
-/// `items` without those `masked` says are keyward's (a non-array is kept as it is).
-fn filtered(items: &Value, masked: impl Fn(&Value) -> bool) -> Value {
+/// `items` under `key`, without those `masked` says are keyward's; an empty list is absent. A
+/// non-array is written as it is.
+fn filtered(object: &mut ObjectWriter<'_>, key: &str, items: &Node<'_>, masked: impl Fn(&Node<'_>) -> bool) {
     match items {
-        Value::Array(items) => Value::Array(items.iter().filter(|i| !masked(i)).cloned().collect()),
-        other => other.clone(),
-    }
-}
-
-fn copy(from: &Map<String, Value>, to: &mut Map<String, Value>, field: &str) {
-    if let Some(value) = from.get(field) {
-        to.insert(field.into(), value.clone());
+        Node::Array(items) => {
+            let kept: Vec<&Node<'_>> = items.iter().filter(|i| !masked(i)).collect();
+            if !kept.is_empty() {
+                object.entry(key, |out| {
+                    out.push(b'[');
+                    for (i, item) in kept.into_iter().enumerate() {
+                        if i > 0 {
+                            out.push(b',');
+                        }
+                        canonical(item, out);
+                    }
+                    out.push(b']');
+                });
+            }
+        }
+        other if !other.absent() => object.entry(key, |out| canonical(other, out)),
+        _ => {}
     }
 }
 
 /// Whether a volume projects a service account token for no audience (the API server's): the
 /// volumes keyward removes with the API token, besides `kube-api-access-*`.
-fn projects_an_api_token(volume: &Value) -> bool {
-    volume.pointer("/projected/sources").and_then(Value::as_array).into_iter().flatten().any(|source| {
+fn projects_an_api_token(volume: &Node<'_>) -> bool {
+    let sources = volume.get("projected").and_then(|p| p.get("sources"));
+    let Some(Node::Array(sources)) = sources else { return false };
+    sources.iter().any(|source| {
         source
             .get("serviceAccountToken")
-            .is_some_and(|t| t.get("audience").and_then(Value::as_str).is_none_or(str::is_empty))
+            .is_some_and(|t| t.get("audience").and_then(Node::as_str).is_none_or(str::is_empty))
     })
 }
 
-/// Canonical JSON: keys sorted, `null` and `[]` members left out, no whitespace. Strings and numbers as
-/// serde_json writes them (the same on both sides: both parse JSON text).
-fn canonical(value: &Value, out: &mut Vec<u8>) {
-    match value {
-        Value::Object(map) => {
-            let mut keys: Vec<&String> = map.iter().filter(|(_, v)| !absent(v)).map(|(k, _)| k).collect();
-            keys.sort_unstable();
-            out.push(b'{');
-            for (i, key) in keys.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                scalar(&Value::String(key.clone()), out);
-                out.push(b':');
-                canonical(&map[key], out);
-            }
-            out.push(b'}');
+// === canonical JSON ===
+
+/// An object being written: its entries must come in sorted key order (the callers write them
+/// so); it knows whether a comma is due.
+struct ObjectWriter<'o> {
+    out: &'o mut Vec<u8>,
+    first: bool,
+}
+
+impl<'o> ObjectWriter<'o> {
+    fn new(out: &'o mut Vec<u8>) -> Self {
+        out.push(b'{');
+        Self { out, first: true }
+    }
+
+    fn entry(&mut self, key: &str, value: impl FnOnce(&mut Vec<u8>)) {
+        if !self.first {
+            self.out.push(b',');
         }
-        Value::Array(items) => {
+        self.first = false;
+        string(key, self.out);
+        self.out.push(b':');
+        value(self.out);
+    }
+
+    fn finish(self) {
+        self.out.push(b'}');
+    }
+}
+
+/// Canonical JSON: keys sorted (the last of duplicates kept, as a JSON decoder keeps it),
+/// `null` and `[]` members left out, no whitespace; strings and numbers as serde_json writes
+/// them (both sides decode JSON text and write it again, so an escape one encoder uses and the
+/// other does not makes no difference).
+fn canonical(node: &Node<'_>, out: &mut Vec<u8>) {
+    match node {
+        Node::Null => out.extend_from_slice(b"null"),
+        Node::Bool(true) => out.extend_from_slice(b"true"),
+        Node::Bool(false) => out.extend_from_slice(b"false"),
+        Node::Number(n) => {
+            // Writing a number into a Vec cannot fail.
+            let _ = serde_json::to_writer(&mut *out, n);
+        }
+        Node::Str(s) => string(s, out),
+        Node::Array(items) => {
             out.push(b'[');
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
@@ -241,23 +343,215 @@ fn canonical(value: &Value, out: &mut Vec<u8>) {
             }
             out.push(b']');
         }
-        other => scalar(other, out),
+        Node::Object(entries) => {
+            let mut sorted: Vec<(usize, &(Cow<'_, str>, Node<'_>))> = entries.iter().enumerate().collect();
+            // By key, then by position, so the last of equal keys is the last of its run.
+            sorted.sort_by(|(i, a), (j, b)| a.0.cmp(&b.0).then(i.cmp(j)));
+            let mut object = ObjectWriter::new(out);
+            for (n, (_, (key, value))) in sorted.iter().enumerate() {
+                let superseded = sorted.get(n + 1).is_some_and(|(_, (next, _))| next == key);
+                if superseded || value.absent() {
+                    continue;
+                }
+                object.entry(key, |out| canonical(value, out));
+            }
+            object.finish();
+        }
     }
 }
 
-/// `null` and `[]` read as absent: Kubernetes treats them so, and the apiserver writes neither
-/// (`omitempty`), while a masked list can end up empty.
-fn absent(value: &Value) -> bool {
-    match value {
-        Value::Null => true,
-        Value::Array(items) => items.is_empty(),
-        _ => false,
+fn string(s: &str, out: &mut Vec<u8>) {
+    // Writing a string into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, s);
+}
+
+// === the spec, read without copying what needs no copy ===
+
+/// A JSON value whose strings borrow from the text where they have no escapes, and whose
+/// objects keep their entries in order (sorted when written). Depth is bounded by serde_json's
+/// recursion limit, size by the text.
+#[derive(Debug, Clone, PartialEq)]
+enum Node<'a> {
+    Null,
+    Bool(bool),
+    Number(serde_json::Number),
+    Str(Cow<'a, str>),
+    Array(Vec<Node<'a>>),
+    Object(Vec<(Cow<'a, str>, Node<'a>)>),
+}
+
+impl<'a> Node<'a> {
+    /// The value of `key` in an object (the last, if it is there more than once).
+    fn get(&self, key: &str) -> Option<&Node<'a>> {
+        match self {
+            Node::Object(entries) => entries.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v),
+            _ => None,
+        }
+    }
+
+    fn as_str(&self) -> Option<&str> {
+        match self {
+            Node::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// `null` and `[]` read as absent: Kubernetes treats them so, and the apiserver writes
+    /// neither (`omitempty`), while a masked list can end up empty.
+    fn absent(&self) -> bool {
+        match self {
+            Node::Null => true,
+            Node::Array(items) => items.is_empty(),
+            _ => false,
+        }
+    }
+
+    fn len_hint(&self) -> usize {
+        match self {
+            Node::Object(entries) => entries.len() * 4,
+            _ => 1,
+        }
+    }
+
+    fn to_value(&self) -> Value {
+        match self {
+            Node::Null => Value::Null,
+            Node::Bool(b) => Value::Bool(*b),
+            Node::Number(n) => Value::Number(n.clone()),
+            Node::Str(s) => Value::String(s.to_string()),
+            Node::Array(items) => Value::Array(items.iter().map(Node::to_value).collect()),
+            Node::Object(entries) => {
+                Value::Object(entries.iter().map(|(k, v)| (k.to_string(), v.to_value())).collect())
+            }
+        }
     }
 }
 
-fn scalar(value: &Value, out: &mut Vec<u8>) {
-    // Writing a scalar into a Vec cannot fail.
-    let _ = serde_json::to_writer(&mut *out, value);
+impl<'de: 'a, 'a> Deserialize<'de> for Node<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(NodeVisitor(Level::All))
+    }
+}
+
+/// How much of an object to keep while reading it: the spec and its containers keep only the
+/// fields the view reads (the rest is skipped without being built); anything below, all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Level {
+    Spec,
+    /// The elements of `containers` or `initContainers`.
+    Containers,
+    Container,
+    All,
+}
+
+impl Level {
+    /// Whether `key` of an object at this level is kept, and the level of its value.
+    fn keep(self, key: &str) -> Option<Level> {
+        match self {
+            Level::Spec => match key {
+                "containers" | "initContainers" => Some(Level::Containers),
+                "volumes"
+                | "serviceAccountName"
+                | "automountServiceAccountToken"
+                | "securityContext"
+                | "shareProcessNamespace" => Some(Level::All),
+                _ if HOST_FIELDS.contains(&key) => Some(Level::All),
+                _ => None,
+            },
+            Level::Container => match key {
+                "env" | "volumeMounts" => Some(Level::All),
+                _ if CONTAINER_FIELDS.contains(&key) => Some(Level::All),
+                _ if EXEC_HANDLERS.iter().any(|(_, at, _)| *at == key) => Some(Level::All),
+                _ => None,
+            },
+            Level::Containers | Level::All => Some(Level::All),
+        }
+    }
+
+    /// The level of an array's elements.
+    fn items(self) -> Level {
+        match self {
+            Level::Containers => Level::Container,
+            _ => Level::All,
+        }
+    }
+}
+
+impl<'de> de::DeserializeSeed<'de> for Level {
+    type Value = Node<'de>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(NodeVisitor(self))
+    }
+}
+
+struct NodeVisitor(Level);
+
+impl<'de> Visitor<'de> for NodeVisitor {
+    type Value = Node<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("JSON")
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(Node::Null)
+    }
+    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(Node::Null)
+    }
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
+        Ok(Node::Bool(v))
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(Node::Number(v.into()))
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+        Ok(Node::Number(v.into()))
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+        // JSON has no NaN or infinity: a finite number always converts.
+        Ok(serde_json::Number::from_f64(v).map_or(Node::Null, Node::Number))
+    }
+    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+        Ok(Node::Str(Cow::Borrowed(v)))
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(Node::Str(Cow::Owned(v.to_string())))
+    }
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
+        Ok(Node::Str(Cow::Owned(v)))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(64));
+        while let Some(item) = seq.next_element_seed(self.0.items())? {
+            items.push(item);
+        }
+        Ok(Node::Array(items))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        // A container list's elements are containers; an object there is read as one.
+        let level = if self.0 == Level::Containers { Level::Container } else { self.0 };
+        let mut entries = Vec::new();
+        while let Some(key) = map.next_key::<Key<'de>>()? {
+            match level.keep(&key.0) {
+                Some(inner) => entries.push((key.0, map.next_value_seed(inner)?)),
+                None => {
+                    map.next_value::<de::IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(Node::Object(entries))
+    }
+}
+
+/// An object key, borrowed where it has no escapes.
+struct Key<'a>(Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Key<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match Node::deserialize(d)? {
+            Node::Str(s) => Ok(Key(s)),
+            _ => Err(de::Error::custom("an object key that is not a string")),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -266,16 +560,41 @@ mod tests {
     use crate::inject::{AuditItem, EnvValue, MountSpec, Source, VolumeSpec};
     use serde_json::json;
 
+    /// A change to a pod, named.
+    type Change = (&'static str, fn(&mut Value));
+
+    fn raw(v: &Value) -> Box<RawValue> {
+        serde_json::value::to_raw_value(v).unwrap()
+    }
+
+    /// `v`'s canonical JSON.
     fn text(v: &Value) -> String {
+        let json = v.to_string();
+        let node: Node<'_> = serde_json::from_str(&json).unwrap();
         let mut out = Vec::new();
-        canonical(v, &mut out);
+        canonical(&node, &mut out);
         String::from_utf8(out).unwrap()
+    }
+
+    fn view_text(spec: &Value, masks: &Masks<'_>) -> String {
+        String::from_utf8(canonical_view(Some(&raw(spec)), masks).unwrap()).unwrap()
+    }
+
+    fn bind(spec: &Value, masks: &Masks<'_>) -> Digest32 {
+        of_raw(Some(&raw(spec)), masks).unwrap()
     }
 
     #[test]
     fn canonical_json_sorts_keys_and_drops_nulls_and_empty_lists_only() {
-        let v = json!({"b": [2, {"z": null, "y": "é\"\n"}, []], "a": {}, "c": false, "d": "", "e": [], "f": 0});
-        assert_eq!(text(&v), r#"{"a":{},"b":[2,{"y":"é\"\n"},[]],"c":false,"d":"","f":0}"#);
+        let v =
+            json!({"b": [2, {"z": null, "y": "é\"\n<"}, []], "a": {}, "c": false, "d": "", "e": [], "f": 0, "g": -1.5});
+        assert_eq!(text(&v), r#"{"a":{},"b":[2,{"y":"é\"\n<"},[]],"c":false,"d":"","f":0,"g":-1.5}"#);
+        // Escapes another encoder uses (Go escapes '<' as \u003c) make no difference, and of a
+        // key given twice the last counts, as a decoder reads it.
+        let go: Node<'_> = serde_json::from_str(r#"{"k":"\u003cb\u003e","k2":1,"k2":2}"#).unwrap();
+        let mut out = Vec::new();
+        canonical(&go, &mut out);
+        assert_eq!(String::from_utf8(out).unwrap(), r#"{"k":"<b>","k2":2}"#);
     }
 
     fn injection() -> Vec<(&'static str, Injection)> {
@@ -289,9 +608,6 @@ mod tests {
         i.api_token = ApiToken::Remove;
         vec![("clientCertificate", i)]
     }
-
-    /// A change to a pod, named.
-    type Change = (&'static str, fn(&mut Value));
 
     fn pod() -> Value {
         json!({
@@ -310,7 +626,11 @@ mod tests {
                 "env": [{"name": "MODE", "value": "eval"}],
                 "livenessProbe": {"httpGet": {"path": "/", "port": 8080}, "periodSeconds": 10},
                 "readinessProbe": {"exec": {"command": ["true"]}},
-            }]
+                "lifecycle": {"preStop": {"exec": {"command": ["/bin/drain"]}}, "postStart": {"httpGet": {"port": 1}}},
+            }],
+            "initContainers": [{"name": "setup", "image": "busybox", "args": ["-c", "x"], "restartPolicy": "Always",
+                "securityContext": {"runAsNonRoot": true}, "startupProbe": {"exec": {"command": ["ok"]}}}],
+            "hostNetwork": true, "securityContext": {"runAsUser": 1000}, "shareProcessNamespace": true,
         })
     }
 
@@ -318,20 +638,24 @@ mod tests {
     fn the_view_keeps_what_runs_and_mounts_and_masks_keywards_own() {
         let injections = injection();
         let masks = Masks::of(&injections);
-        let view = view(&pod(), &masks);
-        assert_eq!(
-            view,
-            json!({
-                "serviceAccountName": "job-runner", "automountServiceAccountToken": false,
-                "volumes": [{"name": "data", "emptyDir": {}}],
-                "containers": [{
-                    "name": "main", "image": "quay.io/op/driver:1", "command": ["/bin/driver"],
-                    "volumeMounts": [{"name": "data", "mountPath": "/data"}],
-                    "env": [{"name": "MODE", "value": "eval"}],
-                    "readinessProbe.exec": {"command": ["true"]},
-                }]
-            })
-        );
+        let expected = json!({
+            "serviceAccountName": "job-runner", "automountServiceAccountToken": false,
+            "volumes": [{"name": "data", "emptyDir": {}}],
+            "containers": [{
+                "name": "main", "image": "quay.io/op/driver:1", "command": ["/bin/driver"],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                "env": [{"name": "MODE", "value": "eval"}],
+                "readinessProbe.exec": {"command": ["true"]},
+                "lifecycle.preStop.exec": {"command": ["/bin/drain"]},
+            }],
+            "initContainers": [{"name": "setup", "image": "busybox", "args": ["-c", "x"], "restartPolicy": "Always",
+                "securityContext": {"runAsNonRoot": true}, "startupProbe.exec": {"command": ["ok"]}}],
+            "hostNetwork": true, "securityContext": {"runAsUser": 1000}, "shareProcessNamespace": true,
+        });
+        let view = view_text(&pod(), &masks);
+        assert_eq!(view, text(&expected));
+        // The view is itself canonical: its keys were written in sorted order.
+        assert_eq!(text(&serde_json::from_str(&view).unwrap()), view);
     }
 
     #[test]
@@ -352,15 +676,20 @@ mod tests {
         c["env"] = json!([{"name": "MODE", "value": "eval"}, {"name": "CERT", "value": "/var/run/keyward/tls.crt"}]);
         c["resources"] = json!({"limits": {"cpu": "2"}});
         c["livenessProbe"] = json!({"httpGet": {"path": "/app-health/main/livez", "port": 15020}});
-        assert_eq!(digest(&view(&before, &masks)), digest(&view(&after, &masks)));
+        assert_eq!(bind(&before, &masks), bind(&after, &masks));
+        // A pod with no lists at all binds as one with empty ones.
+        let bare = json!({"containers": [{"name": "c", "image": "x"}]});
+        let empty = json!({"containers": [{"name": "c", "image": "x", "env": [], "volumeMounts": []}], "volumes": [], "initContainers": null});
+        let none: Vec<(&'static str, Injection)> = Vec::new();
+        assert_eq!(bind(&bare, &Masks::of(&none)), bind(&empty, &Masks::of(&none)));
     }
 
     #[test]
     fn anything_else_a_pod_runs_or_mounts_changes_the_binding() {
         let injections = injection();
         let masks = Masks::of(&injections);
-        let bound = digest(&view(&pod(), &masks));
-        let changes: [Change; 12] = [
+        let bound = bind(&pod(), &masks);
+        let changes: [Change; 14] = [
             ("image", |p| p["containers"][0]["image"] = json!("evil:1")),
             ("command", |p| p["containers"][0]["command"] = json!(["/bin/sh"])),
             ("args", |p| p["containers"][0]["args"] = json!(["-c", "cat /var/run/keyward/tls.key"])),
@@ -373,26 +702,47 @@ mod tests {
             ("a mount", |p| p["containers"][0]["volumeMounts"][1]["mountPath"] = json!("/usr/bin")),
             ("an exec probe", |p| p["containers"][0]["readinessProbe"]["exec"]["command"] = json!(["sh", "-c", "x"])),
             ("a lifecycle hook", |p| {
-                p["containers"][0]["lifecycle"] = json!({"postStart": {"exec": {"command": ["x"]}}})
+                p["containers"][0]["lifecycle"]["postStart"] = json!({"exec": {"command": ["x"]}})
             }),
             ("a sidecar", |p| p["initContainers"] = json!([{"name": "s", "image": "evil", "restartPolicy": "Always"}])),
             ("host PID", |p| p["hostPID"] = json!(true)),
             ("privileged", |p| p["containers"][0]["securityContext"] = json!({"privileged": true})),
+            ("the pod's security context", |p| p["securityContext"] = json!({"runAsUser": 0})),
+            ("the containers' order", |p| {
+                let c = p["containers"][0].clone();
+                p["containers"] = json!([{"name": "first", "image": "x"}, c]);
+            }),
         ];
         for (what, change) in changes {
             let mut p = pod();
             change(&mut p);
-            assert_ne!(digest(&view(&p, &masks)), bound, "{what}");
+            assert_ne!(bind(&p, &masks), bound, "{what}");
         }
         // Without a swap, the account the pod runs as is bound too.
         let none: Vec<(&'static str, Injection)> = Vec::new();
         let plain = Masks::of(&none);
         let mut p = pod();
         p["serviceAccountName"] = json!("builder");
-        assert_ne!(digest(&view(&p, &plain)), digest(&view(&pod(), &plain)));
+        assert_ne!(bind(&p, &plain), bind(&pod(), &plain));
         // A volume named like the API token's is the API token's only when the profile removes it.
         let mut p = pod();
         p["volumes"][0] = json!({"name": "kube-api-access-x2x", "hostPath": {"path": "/"}});
-        assert_ne!(digest(&view(&p, &plain)), digest(&view(&pod(), &plain)));
+        assert_ne!(bind(&p, &plain), bind(&pod(), &plain));
+    }
+
+    #[test]
+    fn a_spec_of_any_shape_binds_without_a_panic() {
+        let none: Vec<(&'static str, Injection)> = Vec::new();
+        let masks = Masks::of(&none);
+        for spec in [
+            json!(null),
+            json!([]),
+            json!("x"),
+            json!({"containers": "x", "volumes": {"a": 1}}),
+            json!({"containers": [1, null, {"env": 3, "volumeMounts": [null]}]}),
+        ] {
+            assert!(of_raw(Some(&raw(&spec)), &masks).is_ok(), "{spec}");
+        }
+        assert!(of_raw(None, &masks).is_ok());
     }
 }

@@ -168,6 +168,8 @@ pub struct Mutation {
     /// The admission attestation keyward wrote on the pod, or found there and checked: the
     /// only one the pod may leave the webhook with.
     pub attestation: Option<String>,
+    /// The audit record (`keyward.io/injected`) the pod leaves with, when a profile injected.
+    pub record: Option<String>,
 }
 
 impl Mutation {
@@ -239,6 +241,7 @@ impl Decision {
                 audit: None,
                 new_dependencies: Vec::new(),
                 attestation: None,
+                record: None,
             }),
         )
     }
@@ -358,7 +361,7 @@ fn decide_read(
 fn only_keywards_own(mut d: Decision, meta: &Metadata<'_>) -> Decision {
     let Ok(mutation) = &mut d.outcome else { return d };
     let existing = |key: &str| meta.annotations.kept.get(key).map(|v| v.as_ref());
-    let record = mutation.audit().map(|r| r.to_annotation());
+    let record = mutation.record.clone();
     let mut removed = Vec::new();
     for (key, vouched) in
         [(ANNOTATION_ATTESTATION, mutation.attestation.as_deref()), (ANNOTATION_INJECTED, record.as_deref())]
@@ -631,7 +634,7 @@ fn inject(
         }
     };
     if existing(ANNOTATION_INJECTED) != Some(annotation.as_str()) {
-        added.push((ANNOTATION_INJECTED, annotation));
+        added.push((ANNOTATION_INJECTED, annotation.clone()));
     }
     if let Some(value) = attestation {
         added.push((ANNOTATION_ATTESTATION, value));
@@ -707,6 +710,7 @@ fn inject(
         audit: Some((profile.name.clone(), containers)),
         new_dependencies: used,
         attestation: vouched,
+        record: Some(annotation),
     };
     let mut d = Decision::new(reason, Ok(mutation));
     d.warnings = warnings;
@@ -801,6 +805,7 @@ mod tests {
                 audit: None,
                 new_dependencies: Vec::new(),
                 attestation: attestation.map(str::to_string),
+                record: None,
             }),
         )
     }
