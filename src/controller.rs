@@ -98,9 +98,10 @@ pub struct ControllerArgs {
     #[arg(long, env = "KEYWARD_WEBHOOK_MATCH_CONDITIONS", value_enum, default_value_t = Keeper::Managed)]
     webhook_match_conditions: Keeper,
     /// Which certificates.k8s.io version serves PodCertificateRequests, for profiles that
-    /// deliver pod certificates: `auto` (asked of the API server's discovery at start), `v1`
-    /// (Kubernetes 1.37 on), `v1beta1` (1.35 and 1.36, with the PodCertificateRequest feature
-    /// gate and runtime config), or `off` (keyward signs nothing). Written, as the cluster
+    /// deliver pod certificates: `auto` (asked of the API server's discovery at start; where it
+    /// serves both, keyward signs at both, for kubelets still on v1beta1), `v1` (Kubernetes 1.37
+    /// on; v1 only), `v1beta1` (1.35 and 1.36, with the PodCertificateRequest feature gate and
+    /// runtime config), or `off` (keyward signs nothing). Written, as the cluster
     /// facts, to the ConfigMap keyward-cluster-facts in --namespace for the webhook: it decides
     /// `delivery: auto`.
     #[arg(long, env = "KEYWARD_POD_CERTIFICATES", value_enum, default_value_t = PodCertificates::Auto)]
