@@ -479,23 +479,25 @@ async fn namespace_events(
     while let Some(event) = stream.next().await {
         match event {
             Ok(Event::Init) => listing = Some(HashSet::new()),
+            // The store takes a list's namespaces only when the list is done: work queued now
+            // would find them not opted in, and be dropped. They are queued at InitDone.
             Ok(Event::InitApply(ns)) => {
-                let name = ns.name_any();
                 if let Some(seen) = listing.as_mut() {
-                    seen.insert(name.clone());
+                    seen.insert(ns.name_any());
                 }
-                // After the first list, a namespace new to this list opted in meanwhile.
-                if synced && !known.contains(&name) {
-                    let _ = tx.send(Key::ListPods(name.clone()));
-                }
-                known.insert(name.clone());
-                let _ = tx.send(Key::Namespace(name));
             }
             Ok(Event::InitDone) => {
                 if let Some(seen) = listing.take() {
                     // Gone from a re-list (410 Gone, a restart): opted out meanwhile.
                     for gone in known.difference(&seen).cloned().collect::<Vec<_>>() {
                         opted_out(&gone, &tx, &index, &reconciler);
+                    }
+                    for name in &seen {
+                        // After the first list, a namespace new to this list opted in meanwhile.
+                        if synced && !known.contains(name) {
+                            let _ = tx.send(Key::ListPods(name.clone()));
+                        }
+                        let _ = tx.send(Key::Namespace(name.clone()));
                     }
                     known = seen;
                 }
