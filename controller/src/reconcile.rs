@@ -822,14 +822,8 @@ impl Reconciler {
                 None => Api::<ConfigMap>::namespaced(self.client.clone(), ns).get_opt(name).await?,
             };
             let there = existing.filter(|cm| is_managed(&cm.metadata)).map(|cm| {
-                let until = cm
-                    .metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get(signer::PREVIOUS_UNTIL))
-                    .and_then(|t| keyward_certs::parse_rfc3339(t));
                 let pem = cm.data.as_ref().and_then(|d| d.get(identity::CA_CRT)).cloned().unwrap_or_default();
-                (pem, until)
+                (pem, previous_until(&cm.metadata))
             });
             let (bundle, until) = signer::trust_bundle(
                 ca.cert_pem(),
@@ -903,13 +897,10 @@ impl Reconciler {
                     }
                 }
                 let there = existing.as_ref().map(|e| {
-                    let until = e
-                        .metadata
-                        .annotations
-                        .as_ref()
-                        .and_then(|a| a.get(signer::PREVIOUS_UNTIL))
-                        .and_then(|t| keyward_certs::parse_rfc3339(t));
-                    (e.data["spec"]["trustBundle"].as_str().unwrap_or_default().to_string(), until)
+                    (
+                        e.data["spec"]["trustBundle"].as_str().unwrap_or_default().to_string(),
+                        previous_until(&e.metadata),
+                    )
                 });
                 let (bundle, until) = signer::trust_bundle(
                     ca.cert_pem(),
@@ -1574,6 +1565,11 @@ fn source_name(source: &SourceKey) -> String {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Until when a published client CA bundle keeps the CA it replaced (its annotation).
+fn previous_until(meta: &kube::api::ObjectMeta) -> Option<SystemTime> {
+    meta.annotations.as_ref()?.get(signer::PREVIOUS_UNTIL).and_then(|t| keyward_certs::parse_rfc3339(t))
 }
 
 fn label<'a>(meta: &'a kube::api::ObjectMeta, key: &str) -> Option<&'a str> {

@@ -221,32 +221,21 @@ async fn every_other_request_is_denied_saying_why_and_another_signers_is_never_t
     let elsewhere = pod(Some(&s.keys), "elsewhere", "evaljob-sample", "evaljob-sample", OWNER_UID);
     s.fake.seed(elsewhere.clone());
     // A tenant's copies of the driver pod (its annotations, owner and volumes; read with `get
-    // pods`): running her image; exactly alike but labelled out of the webhook's reach; exactly
-    // alike a minute later (a second pod with one attestation); exactly alike an hour later.
-    let copies: [TenantCopy; 7] = [
-        ("copied", 30, |p| p["spec"]["containers"][0]["image"] = json!("quay.io/tenant/steal:1")),
-        ("copied-command", 30, |p| p["spec"]["containers"][0]["command"] = json!(["sh", "-c", "cat $GRPC_CLIENT_KEY"])),
-        ("copied-volume", 30, |p| {
-            p["spec"]["volumes"]
-                .as_array_mut()
-                .unwrap()
-                .push(json!({"name": "tools", "configMap": {"name": "tenant-tools", "defaultMode": 420}}));
-            p["spec"]["containers"][0]["volumeMounts"]
-                .as_array_mut()
-                .unwrap()
-                .push(json!({"name": "tools", "mountPath": "/opt/app-root/src"}));
-        }),
-        ("copied-account", 30, |p| {
-            p["spec"]["serviceAccountName"] = json!("tenant-builder");
-            p["spec"]["serviceAccount"] = json!("tenant-builder");
-        }),
+    // pods`): with her image, command, volume or account (`copied-…`); exactly alike but
+    // labelled out of the webhook's reach; exactly alike a minute later (a second pod with one
+    // attestation); exactly alike an hour later.
+    let others: [TenantCopy; 3] = [
         ("opted-out", 30, |p| p["metadata"]["labels"]["keyward.io/inject"] = json!("disabled")),
         ("twin", 60, |_| {}),
         ("late", 3600, |_| {}),
     ];
+    let copies = TENANT_CHANGES
+        .iter()
+        .map(|(what, change)| (format!("copied-{what}"), 30, *change))
+        .chain(others.map(|(name, later, change)| (name.to_string(), later, change)));
     let mut created = BTreeMap::new();
     for (name, later, change) in copies {
-        let mut copy = copy_of(&good, name, later);
+        let mut copy = copy_of(&good, &name, later);
         change(&mut copy);
         created.insert(name, copy["metadata"]["creationTimestamp"].as_str().unwrap().to_string());
         s.fake.seed(copy);
@@ -272,7 +261,7 @@ async fn every_other_request_is_denied_saying_why_and_another_signers_is_never_t
     on("no-key", &good, SIGNER, &|r| {
         r["spec"].as_object_mut().unwrap().retain(|k, _| k != "pkixPublicKey" && k != "proofOfPossession")
     });
-    for name in ["copied", "copied-command", "copied-volume", "copied-account", "opted-out", "twin", "late"] {
+    for name in ["copied-image", "copied-command", "copied-volume", "copied-account", "opted-out", "twin", "late"] {
         on(name, &copy(name), SIGNER, &|_| {});
     }
     for r in requests.values() {
@@ -284,7 +273,7 @@ async fn every_other_request_is_denied_saying_why_and_another_signers_is_never_t
     let late = format!("pod team-a/late: its admission attestation (keyward.io/attestation) was made at {admitted_at} but the pod was created at {late_at}, more than 300 s apart: it was copied from a pod admitted earlier (or the webhook's and the apiserver's clocks disagree that much); have the operator create it again");
     let expected = [
         ("annotated", "InvalidUnverifiedUserAnnotations", "keyward's signers recognise no userAnnotations, and the request carries example.com/tier; remove userAnnotations from the pod's podCertificate volume"),
-        ("copied", "ReboundAttestation", "pod team-a/copied: its admission attestation (keyward.io/attestation) was made for a pod that runs or mounts something else (copied from another pod, or this pod was changed by another webhook after keyward's last look); have the operator create it again"),
+        ("copied-image", "ReboundAttestation", "pod team-a/copied-image: its admission attestation (keyward.io/attestation) was made for a pod that runs or mounts something else (copied from another pod, or this pod was changed by another webhook after keyward's last look); have the operator create it again"),
         ("copied-account", "ReboundAttestation", "pod team-a/copied-account: its admission attestation (keyward.io/attestation) was made for a pod that runs or mounts something else (copied from another pod, or this pod was changed by another webhook after keyward's last look); have the operator create it again"),
         ("copied-command", "ReboundAttestation", "pod team-a/copied-command: its admission attestation (keyward.io/attestation) was made for a pod that runs or mounts something else (copied from another pod, or this pod was changed by another webhook after keyward's last look); have the operator create it again"),
         ("copied-volume", "ReboundAttestation", "pod team-a/copied-volume: its admission attestation (keyward.io/attestation) was made for a pod that runs or mounts something else (copied from another pod, or this pod was changed by another webhook after keyward's last look); have the operator create it again"),

