@@ -8,34 +8,37 @@
 //! pod's `creationTimestamp` (set by the apiserver after admission; a client's is wiped).
 
 use keyward_certs::attestation::{nonce, Keys};
-use keyward_engine::attest::{self, Signature, Stamp, Verdict};
+use std::borrow::Borrow;
+use std::fmt;
+
+use keyward_engine::attest::{self, Signature, Verdict};
 use keyward_engine::binding::Digest32;
 
 use crate::desired::Owner;
 
 /// The engine's attestor over keyward-certs' keys: signs with the current key, accepts the
-/// current and the previous one, stamps with the system clock and a random nonce.
+/// current and the previous one, stamps with the system clock and a random nonce. `K` is the
+/// keys or a handle on them (the webhook's `Arc<Keys>` of the moment, from its hot-reloaded
+/// store).
 #[derive(Debug, Clone)]
-pub struct KeysAttestor(pub Keys);
+pub struct KeysAttestor<K = Keys>(pub K);
 
-impl keyward_engine::Attestor for KeysAttestor {
-    fn stamp(&self) -> Stamp {
-        stamp_now()
+impl<K: Borrow<Keys> + Send + Sync + fmt::Debug> keyward_engine::Attestor for KeysAttestor<K> {
+    fn now(&self) -> u64 {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs()
+    }
+
+    fn nonce(&self) -> String {
+        nonce()
     }
 
     fn sign(&self, payload: &[u8]) -> Option<Signature> {
-        self.0.sign(payload).map(|(key_id, tag)| Signature { key_id, tag })
+        self.0.borrow().sign(payload).map(|(key_id, tag)| Signature { key_id, tag })
     }
 
     fn verifies(&self, payload: &[u8], key_id: &str, tag: &str) -> bool {
-        self.0.verify(payload, key_id, tag)
+        self.0.borrow().verify(payload, key_id, tag)
     }
-}
-
-/// The stamp of an attestation made now.
-pub fn stamp_now() -> Stamp {
-    let at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs();
-    Stamp { at, nonce: nonce() }
 }
 
 /// What a stored pod's attestation is checked against: everything but the keys, worked out

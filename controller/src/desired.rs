@@ -314,7 +314,13 @@ pub fn for_pod(profiles: &ProfileSet, pod: &RawValue, namespace: &str, trust_dom
     });
     let annotation = |key: &str| read.metadata.annotations.kept.get(key).map(|v| v.to_string());
     let (attestation, injected) = (annotation(ANNOTATION_ATTESTATION), annotation(ANNOTATION_INJECTED));
-    let created = read.metadata.creation_timestamp.as_deref().and_then(attest::unix_seconds);
+    let created = read
+        .metadata
+        .creation_timestamp
+        .as_deref()
+        .and_then(keyward_certs::parse_rfc3339)
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| d.as_secs());
     let opted_out = read.metadata.labels.get(OPT_OUT.0).is_some_and(|v| v.as_ref() == OPT_OUT.1);
     let spec = read.spec;
     let facts = RequestFacts::pod_create(namespace, Requester::Assumed);

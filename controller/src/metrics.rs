@@ -91,6 +91,22 @@ impl Refusal {
         }
     }
 
+    /// The reason of a PodCertificateRequest denied for it.
+    pub fn denial_reason(self) -> &'static str {
+        match self {
+            Self::NoAttestation => "NoAttestation",
+            Self::ForgedAttestation => "ForgedAttestation",
+            Self::ReboundAttestation => "ReboundAttestation",
+            Self::UntimelyAttestation => "UntimelyAttestation",
+            Self::DuplicateAttestation => "DuplicateAttestation",
+            Self::OptedOut => "OptedOut",
+            Self::NamespaceNotOptedIn => "NamespaceNotOptedIn",
+            Self::OwnerMissing => "OwnerMissing",
+            Self::UnverifiableOwner => "UnverifiableOwner",
+            Self::UnverifiedSecret => "UnverifiedSecret",
+        }
+    }
+
     /// The Event's reason.
     pub fn event_reason(self) -> &'static str {
         match self {

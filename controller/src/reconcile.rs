@@ -124,9 +124,10 @@ struct Memo {
     not_after: Option<SystemTime>,
 }
 
-/// The pods of an owner as the pod watches hold them (name, UID, claim); `None` until every
-/// pod watch has listed once (a pod missing then may only not have arrived yet).
-pub type OwnerPods<'a> = dyn Fn(&OwnerKey) -> Option<Vec<(String, String, PodClaim)>> + Sync + 'a;
+/// The pods of an owner as the pod watches hold them, each with whether its attestation holds
+/// under the keys given; `None` until every pod watch has listed once (a pod missing then may
+/// only not have arrived yet).
+pub type OwnerPods<'a> = dyn Fn(&OwnerKey, &Keys) -> Option<Vec<Sibling>> + Sync + 'a;
 
 /// How one owner's reconcile ended, for the queue.
 type OwnerResult = Result<Outcome, Error>;
@@ -821,22 +822,13 @@ impl Reconciler {
                 Some(s) => s.config_maps.get(&ObjectRef::new(name).within(ns)).map(|o| (*o).clone()),
                 None => Api::<ConfigMap>::namespaced(self.client.clone(), ns).get_opt(name).await?,
             };
-            let there = existing.filter(|cm| is_managed(&cm.metadata)).map(|cm| {
-                let pem = cm.data.as_ref().and_then(|d| d.get(identity::CA_CRT)).cloned().unwrap_or_default();
-                (pem, previous_until(&cm.metadata))
+            let there = existing.as_ref().filter(|cm| is_managed(&cm.metadata)).map(|cm| {
+                (cm.data.as_ref().and_then(|d| d.get(identity::CA_CRT)).map_or("", String::as_str), &cm.metadata)
             });
-            let (bundle, until) = signer::trust_bundle(
-                ca.cert_pem(),
-                there.as_ref().map(|(b, u)| (b.as_str(), *u)),
-                SystemTime::now(),
-                signer::trust_overlap(self.settings.client_cert_validity),
-            );
+            let (bundle, until) = self.client_ca_bundle(&ca, there);
             let object = objects::client_ca_config_map(ns, name, &bundle, until);
             let same = |a: &ConfigMap, b: &ConfigMap| {
-                let until = |c: &ConfigMap| {
-                    c.metadata.annotations.as_ref().and_then(|a| a.get(signer::PREVIOUS_UNTIL)).cloned()
-                };
-                a.data == b.data && until(a) == until(b)
+                a.data == b.data && previous_until(&a.metadata) == previous_until(&b.metadata)
             };
             match self.ensure(ns, stores.as_ref().map(|s| &s.config_maps), object, same).await {
                 Ok(Action::Foreign) => {
@@ -873,6 +865,18 @@ impl Reconciler {
         }
     }
 
+    /// What a published client CA holds now, given what it held (its PEM and metadata): the
+    /// current CA, and the one it replaced while a certificate that one signed can still be
+    /// presented. With until when.
+    fn client_ca_bundle(&self, ca: &Ca, there: Option<(&str, &kube::api::ObjectMeta)>) -> (String, Option<SystemTime>) {
+        signer::trust_bundle(
+            ca.cert_pem(),
+            there.map(|(pem, meta)| (pem, previous_until(meta))),
+            SystemTime::now(),
+            signer::trust_overlap(self.settings.client_cert_validity),
+        )
+    }
+
     /// One ClusterTrustBundle per signer the profiles use, linked to it, holding the client CA
     /// (and, after a rotation, the CA it replaced, until everything that one signed expired);
     /// bundles of signers no profile uses any more are deleted. Only keyward's own are touched.
@@ -896,19 +900,11 @@ impl Reconciler {
                         continue;
                     }
                 }
-                let there = existing.as_ref().map(|e| {
-                    (
-                        e.data["spec"]["trustBundle"].as_str().unwrap_or_default().to_string(),
-                        previous_until(&e.metadata),
-                    )
-                });
-                let (bundle, until) = signer::trust_bundle(
-                    ca.cert_pem(),
-                    there.as_ref().map(|(b, u)| (b.as_str(), *u)),
-                    SystemTime::now(),
-                    signer::trust_overlap(self.settings.client_cert_validity),
-                );
-                if there.as_ref().is_some_and(|(b, u)| *b == bundle && *u == until) {
+                let there = existing
+                    .as_ref()
+                    .map(|e| (e.data["spec"]["trustBundle"].as_str().unwrap_or_default(), &e.metadata));
+                let (bundle, until) = self.client_ca_bundle(&ca, there);
+                if there.is_some_and(|(b, meta)| b == bundle && previous_until(meta) == until) {
                     self.metrics.object("trust-bundle", Action::Unchanged, true);
                     continue;
                 }
@@ -1438,17 +1434,14 @@ impl Reconciler {
         let verdict = match signer::decide(&request, &self.profiles, facts) {
             signer::Verdict::Issue { owner, identity, profile, validity, pod } => {
                 let mut check = OwnerCheck::default();
-                let Some(others) = siblings(&OwnerKey { namespace: namespace.to_string(), uid: owner.uid.clone() })
-                else {
+                let owner_key = OwnerKey { namespace: namespace.to_string(), uid: owner.uid.clone() };
+                let Some(others) = siblings(&owner_key, &keys) else {
                     tracing::debug!(%namespace, %name, "the pod watches have not listed yet; the request waits a second");
                     return Ok(Outcome::At(tokio::time::Instant::now() + Duration::from_secs(1)));
                 };
-                let others: Vec<Sibling> = others
-                    .iter()
-                    .map(|(name, uid, c)| Sibling::of(name, uid, c, c.attested(&keys) == Verdict::Valid))
-                    .collect();
                 if let Err(why) = first_of_its_attestation(&pod, &others) {
-                    Err(("DuplicateAttestation", format!("pod {namespace}/{}: {why}", request.pod_name)))
+                    let reason = Refusal::DuplicateAttestation.denial_reason();
+                    Err((reason, format!("pod {namespace}/{}: {why}", request.pod_name)))
                 } else if self.owner_verified(namespace, &owner, &mut check).await? {
                     Ok((owner, identity, profile, validity))
                 } else {

@@ -25,6 +25,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use crate::attestation::Sibling;
 use crate::desired::{self, PodVerdict, SourceKey, OPT_IN};
 use crate::index::{OwnerKey, PodIndex, PodKey};
 use crate::leader::Leadership;
@@ -746,14 +747,11 @@ async fn work(
             // Another pod with the request's attestation is looked for among the pods watched:
             // only once every pod watch has listed.
             let streams = pod_selectors(reconciler).len();
-            let siblings = |owner: &OwnerKey| {
+            let siblings = |owner: &OwnerKey, keys: &keyward_certs::attestation::Keys| {
                 let index = lock(index);
                 index.has_listed(streams).then(|| {
-                    index
-                        .claims(owner)
-                        .into_iter()
-                        .map(|(k, uid, c)| (k.name.clone(), uid.to_string(), c.clone()))
-                        .collect()
+                    let holds = |c: &desired::PodClaim| c.attested(keys) == keyward_engine::attest::Verdict::Valid;
+                    index.claims(owner).into_iter().map(|(k, uid, c)| Sibling::of(&k.name, uid, c, holds(c))).collect()
                 })
             };
             reconciler.sign(*version, namespace, name, &siblings).await

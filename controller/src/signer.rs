@@ -310,7 +310,7 @@ pub fn decide(request: &Request, profiles: &ProfileSet, facts: Facts<'_>) -> Ver
     let claim = match desired::for_pod(profiles, raw, &request.namespace, facts.trust_domain) {
         PodVerdict::Claim(claim) => claim,
         PodVerdict::Refused(refusal, why) => {
-            return deny(refusal.event_reason(), format!("{pod_ref} is not one keyward serves: {why}"));
+            return deny(refusal.denial_reason(), format!("{pod_ref} is not one keyward serves: {why}"));
         }
         PodVerdict::Nothing(why) => {
             return deny("NotInjected", format!("{pod_ref} is not one keyward injected for signer {:?}: {why}; recreate it in an opted-in namespace", request.signer_name));
@@ -333,13 +333,10 @@ pub fn decide(request: &Request, profiles: &ProfileSet, facts: Facts<'_>) -> Ver
     };
     let verdict = claim.attested(facts.keys);
     if let Some(refusal) = Refusal::of(&verdict) {
-        let reason = match refusal {
-            Refusal::NoAttestation => "NoAttestation",
-            Refusal::ForgedAttestation => "ForgedAttestation",
-            Refusal::ReboundAttestation => "ReboundAttestation",
-            _ => "UntimelyAttestation",
-        };
-        return deny(reason, format!("{pod_ref}: {}; have the operator create it again", refusal_note(&verdict)));
+        return deny(
+            refusal.denial_reason(),
+            format!("{pod_ref}: {}; have the operator create it again", refusal_note(&verdict)),
+        );
     }
     if let Err(reason) = &request.public_key {
         return deny("UnsupportedKeyType", format!("the request's key cannot be read: {reason}"));

@@ -28,7 +28,7 @@ pub use config::{ServeArgs, ServeConfig, TlsSource};
 use crate::metrics::Metrics;
 use crate::profiles::ProfileStore;
 use connections::{ConnectionLimits, Connections, Transport};
-use routes::{AppState, KeyAttestor};
+use routes::AppState;
 
 pub fn run(config: ServeConfig) -> anyhow::Result<()> {
     crate::logging::init(config.log_format);
@@ -97,9 +97,9 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         "profiles loaded"
     );
 
-    let attestor = attestation(&config)?;
-    let _attestation_watch = match &attestor {
-        Some(a) => Some(keyward_certs::watch(a.0.clone(), config.cert_poll_interval)?),
+    let attestation_keys = attestation(&config)?;
+    let _attestation_watch = match &attestation_keys {
+        Some(keys) => Some(keyward_certs::watch(keys.clone(), config.cert_poll_interval)?),
         None => None,
     };
 
@@ -137,7 +137,7 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         max_body_bytes: config.max_body_bytes,
         body_budget: Arc::new(tokio::sync::Semaphore::new(config.request_bytes_in_flight)),
         decisions: Arc::new(tokio::sync::Semaphore::new(config.max_concurrent_decisions)),
-        attestor,
+        attestation_keys,
     };
     let listener =
         TcpListener::bind(config.listen).await.with_context(|| format!("--listen {}: cannot bind", config.listen))?;
@@ -180,7 +180,7 @@ fn attestable(set: &ProfileSet, attests: bool) -> Result<(), String> {
 /// development, a key kept beside the development certificate (made whatever the profiles, so
 /// that a reload may add one that issues per-owner credentials). Without either, a set that
 /// needs them is refused (`attestable`).
-fn attestation(config: &ServeConfig) -> anyhow::Result<Option<Arc<KeyAttestor>>> {
+fn attestation(config: &ServeConfig) -> anyhow::Result<Option<Arc<KeyStore>>> {
     let dir = match (&config.attestation_key_dir, &config.tls) {
         (Some(dir), _) => {
             if !dir.is_dir() {
@@ -200,7 +200,7 @@ fn attestation(config: &ServeConfig) -> anyhow::Result<Option<Arc<KeyAttestor>>>
     };
     let store = Arc::new(KeyStore::new(&dir));
     keyward_certs::ReloadSource::reload(&*store, Trigger::Startup);
-    Ok(Some(Arc::new(KeyAttestor(store))))
+    Ok(Some(store))
 }
 
 /// The limits of both listeners. The connection caps are lowered, if need be, so that every

@@ -18,7 +18,7 @@ use axum::Router;
 use http_body_util::BodyExt;
 use keyward_certs::attestation::KeyStore;
 use keyward_certs::CertStore;
-use keyward_engine::attest::{Signature, Stamp};
+use keyward_controller::attestation::KeysAttestor;
 use keyward_engine::engine::decide_object;
 use keyward_engine::review::{self, AdmissionRequest};
 use keyward_engine::text::clip;
@@ -44,26 +44,9 @@ pub struct AppState {
     pub body_budget: Arc<Semaphore>,
     /// Decisions running at once.
     pub decisions: Arc<Semaphore>,
-    /// Signs the admission attestation, when a profile issues per-owner credentials.
-    pub attestor: Option<Arc<KeyAttestor>>,
-}
-
-/// The engine's [`Attestor`], keyed from the attestation key directory (hot-reloaded).
-#[derive(Debug)]
-pub struct KeyAttestor(pub Arc<KeyStore>);
-
-impl Attestor for KeyAttestor {
-    fn stamp(&self) -> Stamp {
-        keyward_controller::attestation::stamp_now()
-    }
-
-    fn sign(&self, payload: &[u8]) -> Option<Signature> {
-        self.0.keys().sign(payload).map(|(key_id, tag)| Signature { key_id, tag })
-    }
-
-    fn verifies(&self, payload: &[u8], key_id: &str, tag: &str) -> bool {
-        self.0.keys().verify(payload, key_id, tag)
-    }
+    /// The keys that sign the admission attestation (hot-reloaded), when a profile issues
+    /// per-owner credentials.
+    pub attestation_keys: Option<Arc<KeyStore>>,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -81,7 +64,7 @@ async fn readyz(State(state): State<AppState>) -> Response {
     if state.draining.load(Ordering::Relaxed) {
         return (StatusCode::SERVICE_UNAVAILABLE, "not ready: shutting down\n").into_response();
     }
-    let attestation = state.attestor.as_ref().map_or(Ok(()), |a| a.0.ready());
+    let attestation = state.attestation_keys.as_ref().map_or(Ok(()), |keys| keys.ready());
     match state.certs.ready(SystemTime::now()).and(attestation) {
         Ok(()) => (StatusCode::OK, "ok\n").into_response(),
         Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {reason}\n")).into_response(),
@@ -234,8 +217,8 @@ fn answer(state: &AppState, body: &[u8]) -> Response {
         Err(e) => return refuse(state, StatusCode::BAD_REQUEST, e.to_string()),
     };
     // The webhook's own admission: keyward's annotations on the pod are only those it vouches for.
-    let attestor = state.attestor.as_deref().map(|a| a as &dyn Attestor);
-    let facts = request.facts().admitting(attestor);
+    let attestor = state.attestation_keys.as_ref().map(|store| KeysAttestor(store.keys()));
+    let facts = request.facts().admitting(attestor.as_ref().map(|a| a as &dyn Attestor));
     let decision = decide_object(&facts, &request.object, &profiles);
     let took = started.elapsed();
     state.metrics.observe_decision(decision.profile.as_deref(), decision.allowed(), decision.reason.as_str(), took);
@@ -288,7 +271,7 @@ mod tests {
             max_body_bytes: 1024 * 1024,
             body_budget: Arc::new(Semaphore::new(8 * 1024 * 1024)),
             decisions: Arc::new(Semaphore::new(2)),
-            attestor: None,
+            attestation_keys: None,
         }
     }
 

@@ -26,9 +26,12 @@ fn raw(v: &Value) -> Box<RawValue> {
 struct HmacAttestor(keyward_certs::attestation::Keys);
 
 impl keyward_engine::Attestor for HmacAttestor {
-    fn stamp(&self) -> keyward_engine::attest::Stamp {
-        let at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
-        keyward_engine::attest::Stamp { at, nonce: keyward_certs::attestation::nonce() }
+    fn now(&self) -> u64 {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()
+    }
+
+    fn nonce(&self) -> String {
+        keyward_certs::attestation::nonce()
     }
 
     fn sign(&self, payload: &[u8]) -> Option<keyward_engine::attest::Signature> {

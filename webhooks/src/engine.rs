@@ -361,30 +361,26 @@ fn decide_read(
 fn only_keywards_own(mut d: Decision, meta: &Metadata<'_>) -> Decision {
     let Ok(mutation) = &mut d.outcome else { return d };
     let existing = |key: &str| meta.annotations.kept.get(key).map(|v| v.as_ref());
-    let record = mutation.record.clone();
+    let vouched =
+        [(ANNOTATION_ATTESTATION, mutation.attestation.as_deref()), (ANNOTATION_INJECTED, mutation.record.as_deref())];
     let mut removed = Vec::new();
-    for (key, vouched) in
-        [(ANNOTATION_ATTESTATION, mutation.attestation.as_deref()), (ANNOTATION_INJECTED, record.as_deref())]
-    {
+    for (key, vouched) in vouched {
         if vouched.is_none() && existing(key).is_some() {
             mutation.ops.push(PatchOp::remove(Path::Annotations(Some(key))));
             removed.push(key);
         }
     }
+    let wrong: Vec<&str> = vouched
+        .into_iter()
+        .filter(|(key, vouched)| annotation_after(existing(key), &mutation.ops, key) != *vouched)
+        .map(|(key, _)| key)
+        .collect();
     if !removed.is_empty() {
         d.warnings.push(format!(
             "keyward: removed {} from this pod: only keyward's webhook writes them, for pods it injects",
             removed.join(" and ")
         ));
     }
-    let Ok(mutation) = &d.outcome else { return d };
-    let after = |key: &str| annotation_after(existing(key), &mutation.ops, key);
-    let wrong: Vec<&str> =
-        [(ANNOTATION_ATTESTATION, mutation.attestation.as_deref()), (ANNOTATION_INJECTED, record.as_deref())]
-            .into_iter()
-            .filter(|(key, vouched)| after(key) != *vouched)
-            .map(|(key, _)| key)
-            .collect();
     if wrong.is_empty() {
         return d;
     }
@@ -763,16 +759,17 @@ fn attestation(
         profile: &profile.name,
         injected,
     };
-    let stamp = attestor.stamp();
+    let now = attestor.now();
     if let Some(value) = meta.annotations.kept.get(ANNOTATION_ATTESTATION) {
         // Made for this pod, and lately: its time is checked against now as the controller
         // checks it against the pod's creation.
         let verdict =
-            attest::check(Some(value), &subject, &bound, Some(stamp.at), |p, id, tag| attestor.verifies(p, id, tag));
+            attest::check(Some(value), &subject, &bound, Some(now), |p, id, tag| attestor.verifies(p, id, tag));
         if verdict == attest::Verdict::Valid {
             return Attestation::Keep(value.to_string());
         }
     }
+    let stamp = attest::Stamp { at: now, nonce: attestor.nonce() };
     match attestor.sign(&attest::payload(&subject, stamp.at, &stamp.nonce, &bound)) {
         Some(signature) => Attestation::Write(attest::format(&signature, &stamp, &bound)),
         None => Attestation::NoKey,

@@ -171,10 +171,13 @@ impl TestAttestor {
 }
 
 impl keyward_engine::Attestor for TestAttestor {
-    fn stamp(&self) -> keyward_engine::attest::Stamp {
+    fn now(&self) -> u64 {
+        ADMITTED_AT
+    }
+
+    fn nonce(&self) -> String {
         static NONCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = NONCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        keyward_engine::attest::Stamp { at: ADMITTED_AT, nonce: format!("n{n}") }
+        format!("n{}", NONCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
     }
 
     fn sign(&self, payload: &[u8]) -> Option<keyward_engine::attest::Signature> {
