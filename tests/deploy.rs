@@ -2,6 +2,8 @@
 //! on these machines), then checked against the rules a reviewer would check.
 #![allow(clippy::unwrap_used)] // a panic is the test failure report
 
+mod support;
+
 use std::process::Command;
 
 use serde_json::{json, Value};
@@ -493,42 +495,6 @@ fn every_metric_an_alert_uses_is_one_keyward_exports() {
 
 // === the admission policy that keeps keyward's attestation keyward's ===
 
-/// What the apiserver decides on a pod request under a ValidatingAdmissionPolicy: its match
-/// conditions, then each validation, evaluated as CEL with the variables the apiserver binds
-/// (`object`, `oldObject` null on CREATE, `request`, `namespaceObject`). `Ok` when admitted,
-/// else the refusing validation's message.
-fn policy_admits(
-    policy: &Value,
-    operation: &str,
-    object: &Value,
-    old: &Value,
-    namespace: &Value,
-) -> Result<(), String> {
-    let mut context = cel::Context::default();
-    context.add_variable("object", cel::to_value(object).unwrap()).unwrap();
-    context.add_variable("oldObject", cel::to_value(old).unwrap()).unwrap();
-    context.add_variable("request", cel::to_value(json!({"operation": operation})).unwrap()).unwrap();
-    context.add_variable("namespaceObject", cel::to_value(namespace).unwrap()).unwrap();
-    let holds = |expression: &str| {
-        let program = cel::Program::compile(expression).unwrap_or_else(|e| panic!("{expression}: {e}"));
-        match program.execute(&context) {
-            Ok(cel::Value::Bool(b)) => b,
-            // An error would be failurePolicy: Fail, a refusal: never what a pod should meet.
-            other => panic!("{expression} on {object}: {other:?}"),
-        }
-    };
-    let spec = &policy["spec"];
-    if !spec["matchConditions"].as_array().unwrap().iter().all(|c| holds(c["expression"].as_str().unwrap())) {
-        return Ok(());
-    }
-    for v in spec["validations"].as_array().unwrap() {
-        if !holds(v["expression"].as_str().unwrap()) {
-            return Err(v["message"].as_str().unwrap().to_string());
-        }
-    }
-    Ok(())
-}
-
 #[test]
 fn no_pod_gets_keywards_attestation_except_through_its_webhook() {
     let docs = render("cert-manager");
@@ -551,8 +517,9 @@ fn no_pod_gets_keywards_attestation_except_through_its_webhook() {
     let attested = json!({"keyward.io/attestation": "v2.abc", "other": "x"});
     let app = json!({"app": "x"});
     let team_a = ns("team-a", true);
-    let admits =
-        |op: &str, object: &Value, old: &Value, namespace: &Value| policy_admits(policy, op, object, old, namespace);
+    let admits = |op: &str, object: &Value, old: &Value, namespace: &Value| {
+        support::policy_admits(policy, op, object, old, namespace)
+    };
 
     // CREATE: where the webhook sees the pod (and removes any attestation it did not write).
     assert_eq!(admits("CREATE", &pod(attested.clone(), app.clone()), &Value::Null, &team_a), Ok(()));

@@ -411,3 +411,49 @@ impl TlsDir {
         Server::start_quiet(&args, self.ca.cert_pem().as_bytes().to_vec())
     }
 }
+
+// === the admission policy, as the apiserver evaluates it ===
+
+/// What the apiserver decides on a pod request under a ValidatingAdmissionPolicy: its match
+/// conditions, then each validation, evaluated as CEL with the variables the apiserver binds
+/// (`object`, `oldObject` null on CREATE, `request`, `namespaceObject`). `Ok` when admitted,
+/// else the refusing validation's message.
+pub fn policy_admits(
+    policy: &Value,
+    operation: &str,
+    object: &Value,
+    old: &Value,
+    namespace: &Value,
+) -> Result<(), String> {
+    let mut context = cel::Context::default();
+    context.add_variable("object", cel::to_value(object).unwrap()).unwrap();
+    context.add_variable("oldObject", cel::to_value(old).unwrap()).unwrap();
+    context.add_variable("request", cel::to_value(serde_json::json!({"operation": operation})).unwrap()).unwrap();
+    context.add_variable("namespaceObject", cel::to_value(namespace).unwrap()).unwrap();
+    let holds = |expression: &str| {
+        let program = cel::Program::compile(expression).unwrap_or_else(|e| panic!("{expression}: {e}"));
+        match program.execute(&context) {
+            Ok(cel::Value::Bool(b)) => b,
+            // An error would be failurePolicy: Fail, a refusal: never what a pod should meet.
+            other => panic!("{expression} on {object}: {other:?}"),
+        }
+    };
+    let spec = &policy["spec"];
+    if !spec["matchConditions"].as_array().unwrap().iter().all(|c| holds(c["expression"].as_str().unwrap())) {
+        return Ok(());
+    }
+    for v in spec["validations"].as_array().unwrap() {
+        if !holds(v["expression"].as_str().unwrap()) {
+            return Err(v["message"].as_str().unwrap().to_string());
+        }
+    }
+    Ok(())
+}
+
+/// The ValidatingAdmissionPolicy keyward ships (`deploy/base/attestation-policy.yaml`).
+pub fn attestation_policy() -> Value {
+    let text =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/base/attestation-policy.yaml")).unwrap();
+    let docs = keyward_engine::yaml::documents(&text).unwrap();
+    docs.into_iter().map(|d| d.value).find(|d| d["kind"] == "ValidatingAdmissionPolicy").unwrap()
+}
