@@ -124,6 +124,12 @@ pub struct ControllerArgs {
     /// The Secret in --namespace holding the self-managed client CA.
     #[arg(long, env = "KEYWARD_CLIENT_CA_SECRET", default_value = "keyward-client-ca")]
     client_ca_secret: String,
+    /// Create the ServiceAccounts (and RoleBindings) that profiles provide
+    /// (`serviceAccount: {provider: keyward}`) in opted-in namespaces. Needs the rights of
+    /// deploy/components/account-provisioning; no built-in profile provides one, so the default
+    /// install has neither the flag nor the rights.
+    #[arg(long, env = "KEYWARD_PROVISION_ACCOUNTS")]
+    provision_accounts: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -244,16 +250,24 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     // What every set must allow here, at start and on each reload: a profile that issues
     // client certificates needs the client CA this process was started with.
     let has_client_ca = args.client_ca_dir.is_some();
+    let provision_accounts = args.provision_accounts;
     let observer = metrics.clone();
     let store = ProfileStore::load(args.profiles.source(), move |set| {
         let issuing = issuing_profiles(set);
-        if issuing.is_empty() || has_client_ca {
-            return Ok(());
+        if !issuing.is_empty() && !has_client_ca {
+            return Err(format!(
+                "profiles {} issue client certificates: give --client-ca-dir, the directory where the keyward-client-ca Secret is mounted (tls.crt, tls.key)",
+                issuing.join(", ")
+            ));
         }
-        Err(format!(
-            "profiles {} issue client certificates: give --client-ca-dir, the directory where the keyward-client-ca Secret is mounted (tls.crt, tls.key)",
-            issuing.join(", ")
-        ))
+        let accounts = keyward_controller::desired::provisioning_accounts(set);
+        if !accounts.is_empty() && !provision_accounts {
+            return Err(format!(
+                "profiles {} provide service accounts (provider: keyward): give --provision-accounts, with the rights it needs (kustomize component deploy/components/account-provisioning)",
+                accounts.join(", ")
+            ));
+        }
+        Ok(())
     })?
     .with_observer(move |outcome| observer.profile_reload(outcome.as_str()));
     let identity = match args.identity.clone() {
@@ -333,6 +347,7 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         match_conditions_of: (args.webhook_match_conditions == Keeper::Managed).then(|| args.webhook_config.clone()),
         pod_certificates,
         trust_bundles,
+        provision_accounts,
     };
     let reconciler_for = {
         let (client, client_ca, leadership, metrics, identity) =

@@ -57,6 +57,7 @@ fn the_controller_takes_a_profile_change_without_a_restart_and_keeps_the_last_go
         .arg(&ca_dir)
         .arg("--profiles")
         .arg(&profiles)
+        .arg("--provision-accounts")
         .env("KUBECONFIG", &kubeconfig)
         .env("RUST_LOG", "info")
         .stdout(Stdio::piped())
@@ -108,4 +109,27 @@ fn the_controller_takes_a_profile_change_without_a_restart_and_keeps_the_last_go
 
     child.kill().unwrap();
     child.wait().unwrap();
+}
+
+/// The default install grants no rights on ServiceAccounts or RoleBindings: a profile that
+/// provides one is refused at start, naming the flag and the component that grant them.
+#[test]
+fn a_profile_that_provides_an_account_needs_provision_accounts() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("router.yaml"), ROUTER).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_keyward"))
+        .args(["controller", "--identity", "t", "--metrics-listen", "off"])
+        .arg("--client-ca-dir")
+        .arg(dir.path())
+        .arg("--profiles")
+        .arg(dir.path())
+        .env("KUBECONFIG", dir.path().join("no-kubeconfig"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("profiles router provide service accounts (provider: keyward): give --provision-accounts, with the rights it needs (kustomize component deploy/components/account-provisioning)"),
+        "{stderr}"
+    );
 }

@@ -191,6 +191,17 @@ pub fn for_namespace(
     (out, problems)
 }
 
+/// The profiles that provide service accounts (and role bindings): keyward creates them only
+/// with `--provision-accounts`, which needs rights the default install does not grant. Their
+/// names are fixed, so any namespace shows them.
+pub fn provisioning_accounts(profiles: &ProfileSet) -> Vec<String> {
+    let (desired, _) = for_namespace(profiles, "stand-in", &BTreeMap::new());
+    let mut names: Vec<String> =
+        desired.into_iter().filter(|d| matches!(d.want, Want::ServiceAccount)).map(|d| d.profile).collect();
+    names.dedup();
+    names
+}
+
 /// A server CA keyward publishes once for the cluster, as a ClusterTrustBundle (unlinked: no
 /// signer) that pods mount with a `clusterTrustBundle` projection.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -79,6 +79,10 @@ pub struct Settings {
     pub pod_certificates: Vec<crate::signer::ApiVersion>,
     /// The version that serves ClusterTrustBundles (`None`: none is published).
     pub trust_bundles: Option<crate::signer::ApiVersion>,
+    /// `--provision-accounts`: keyward creates the ServiceAccounts (and their RoleBindings)
+    /// that profiles provide. Off, it neither watches nor sweeps them, and needs no rights on
+    /// them (a set that provides one is refused at load).
+    pub provision_accounts: bool,
 }
 
 impl Default for Settings {
@@ -97,6 +101,7 @@ impl Default for Settings {
             match_conditions_of: None,
             pod_certificates: Vec::new(),
             trust_bundles: None,
+            provision_accounts: false,
         }
     }
 }
@@ -410,8 +415,11 @@ impl Reconciler {
         let stores = lock(&self.stores).clone();
         let selector = objects::managed_selector(Scope::Namespace);
         self.sweep("ConfigMap", stores.as_ref().map(|s| &s.config_maps), &selector, only, &keep).await?;
-        self.sweep("ServiceAccount", stores.as_ref().map(|s| &s.service_accounts), &selector, only, &keep).await?;
-        self.sweep("RoleBinding", stores.as_ref().map(|s| &s.role_bindings), &selector, only, &keep).await?;
+        // Without --provision-accounts keyward may not list them (and made none).
+        if self.settings.provision_accounts {
+            self.sweep("ServiceAccount", stores.as_ref().map(|s| &s.service_accounts), &selector, only, &keep).await?;
+            self.sweep("RoleBinding", stores.as_ref().map(|s| &s.role_bindings), &selector, only, &keep).await?;
+        }
         // Secrets are not watched (keyward may not list them): a namespace's server CA Secrets
         // are found by the names the profiles give them.
         if let Some(ns) = only {

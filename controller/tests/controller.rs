@@ -384,6 +384,35 @@ fn builtins_and_account() -> ProfileSet {
         .unwrap()
 }
 
+/// Without `--provision-accounts` (the default install, whose ClusterRole has no rights on
+/// ServiceAccounts or RoleBindings) the loop never lists, watches or writes either, and a
+/// namespace that opts in and out still gets and loses its server CA.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_default_install_never_touches_service_accounts_or_role_bindings() {
+    let fake = FakeApi::default();
+    let server_ca = Ca::mint("lm-eval gRPC", SystemTime::now(), Duration::from_secs(86400)).unwrap();
+    server_ca_source(&fake, server_ca.cert_pem());
+    // One keyward made earlier (with the flag): left alone, as keyward may not delete it now.
+    fake.seed(json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "keyward-router", "namespace": "team-a",
+        "labels": {"app.kubernetes.io/managed-by": "keyward", "keyward.io/provisioned-for": "namespace"}}}));
+    fake.seed(opted_in("team-a"));
+    let ca = client_ca();
+    let settings = Settings { provision_accounts: false, ..settings() };
+    let r =
+        reconciler_with(fake.client("keyward"), ProfileSet::builtin().unwrap(), &ca, Leadership::always(), settings);
+    let _task = start(&fake, r.clone(), Leadership::always(), &ca, "keyward");
+    fake.until(LIMIT, |f| f.get("v1", "ConfigMap", "team-a", "keyward-lmeval-server-ca")).await;
+    fake.seed(namespace("team-a"));
+    fake.until(LIMIT, |f| f.get("v1", "ConfigMap", "team-a", "keyward-lmeval-server-ca").is_none().then_some(())).await;
+    let touched: Vec<Call> = fake
+        .calls()
+        .into_iter()
+        .filter(|c| c.resource.ends_with("/serviceaccounts") || c.resource.ends_with("/rolebindings"))
+        .collect();
+    assert!(touched.is_empty(), "{touched:#?}");
+    assert!(fake.get("v1", "ServiceAccount", "team-a", "keyward-router").is_some());
+}
+
 #[tokio::test]
 async fn a_namespace_that_opts_in_gets_the_ca_accounts_and_bindings_and_loses_them_on_opt_out() {
     let fake = FakeApi::default();

@@ -925,8 +925,10 @@ pub fn client_ca() -> ClientCa {
     ClientCa { _dir: dir, store, ca }
 }
 
+/// `--publish-client-ca-to lm-eval`, and `--provision-accounts` (the tests' profiles provide
+/// accounts; `a_default_install_never_touches_service_accounts_or_role_bindings` runs without).
 pub fn settings() -> Settings {
-    Settings { publish_client_ca_to: vec!["lm-eval".into()], ..Settings::default() }
+    Settings { publish_client_ca_to: vec!["lm-eval".into()], provision_accounts: true, ..Settings::default() }
 }
 
 pub fn reconciler(
