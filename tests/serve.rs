@@ -333,12 +333,19 @@ async fn every_bad_certificate_keeps_the_old_one_serving() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn not_serving_until_a_certificate_arrives() {
+async fn started_on_an_empty_tls_dir_it_is_live_not_ready_until_the_certificate_arrives() {
     let tmp = tempfile::tempdir().unwrap();
     let ca = mint_ca();
     let mut server = Server::start(&["--tls-dir", tmp.path().to_str().unwrap()], ca.cert_pem().as_bytes().to_vec());
     // Started without a certificate (cert-manager has not issued it yet): no handshake succeeds.
     assert!(server.connect().await.is_err());
+    // But it is live, where the Deployment's liveness probe asks (the metrics port), so the
+    // kubelet waits for the Secret instead of restarting it; and says why it is not ready.
+    let (status, live) = server.metrics_get("/healthz").await;
+    assert_eq!((status, live.ends_with("\r\n\r\nok\n")), (200, true), "{live}");
+    let (status, ready) = server.metrics_get("/readyz").await;
+    assert_eq!(status, 503, "{ready}");
+    assert!(ready.contains("\r\n\r\nnot ready: "), "{ready}");
     let leaf = mint_leaf(&ca);
     let _volume = KubeletVolume::new(tmp.path(), &secret_files(&leaf, &ca));
     let sha = leaf_sha(&leaf);
@@ -346,6 +353,8 @@ async fn not_serving_until_a_certificate_arrives() {
     let (mut client, peer) = server.connect().await.unwrap();
     assert_eq!(peer, sha);
     assert_eq!(client.request("GET", "/readyz", Vec::new()).await.unwrap().0, 200);
+    assert_eq!(server.metrics_get("/readyz").await.0, 200);
+    assert_eq!(server.metrics_get("/healthz").await.0, 200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -143,7 +143,7 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         TcpListener::bind(config.listen).await.with_context(|| format!("--listen {}: cannot bind", config.listen))?;
     let (webhook_limits, metrics_limits) = connection_limits(&config);
     let metrics_task = match config.metrics_listen {
-        Some(addr) => Some(tokio::spawn(serve_metrics(addr, metrics.clone(), metrics_limits, stop_rx.clone()).await?)),
+        Some(addr) => Some(tokio::spawn(serve_metrics(addr, state.clone(), metrics_limits, stop_rx.clone()).await?)),
         None => None,
     };
     let acceptor = TlsAcceptor::from(Arc::new(tls_config(certs, config.http2)?));
@@ -234,23 +234,15 @@ fn connection_limits(config: &ServeConfig) -> (ConnectionLimits, ConnectionLimit
 /// Binds the metrics port now (so a bad address fails start-up) and returns the server.
 async fn serve_metrics(
     addr: SocketAddr,
-    metrics: Arc<Metrics>,
+    state: AppState,
     limits: ConnectionLimits,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<impl std::future::Future<Output = ()>> {
     let listener = TcpListener::bind(addr).await.with_context(|| format!("--metrics-listen {addr}: cannot bind"))?;
     let local = listener.local_addr()?;
-    tracing::info!(role = "metrics", addr = %local, "listening (plain HTTP, GET /metrics)");
-    let scrape = metrics.clone();
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let metrics = scrape.clone();
-            async move { ([("content-type", "text/plain; version=0.0.4; charset=utf-8")], metrics.encode()) }
-        }),
-    );
-    let connections = Connections::new("metrics", limits, metrics);
-    Ok(connections::serve(listener, Transport::Plain, app, connections, stop))
+    tracing::info!(role = "metrics", addr = %local, "listening (plain HTTP: GET /metrics, /healthz, /readyz)");
+    let connections = Connections::new("metrics", limits, state.metrics.clone());
+    Ok(connections::serve(listener, Transport::Plain, routes::metrics_router(state), connections, stop))
 }
 
 /// Serves `app` over plain HTTP on `listener` with the same connection rules as the metrics

@@ -60,6 +60,26 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// The metrics port (plain HTTP): `GET /metrics`, and `/healthz` and `/readyz` as on the
+/// webhook port. Its `/healthz` answers before a serving certificate exists, so a liveness
+/// probe on it lets a pod wait for its certificate (a self-managed or service-ca install's
+/// optional Secret) instead of being restarted for the handshake it cannot yet complete.
+pub fn metrics_router(state: AppState) -> Router {
+    Router::new()
+        .route(
+            "/metrics",
+            get(|State(state): State<AppState>| async move {
+                ([("content-type", "text/plain; version=0.0.4; charset=utf-8")], state.metrics.encode())
+            }),
+        )
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .fallback(|| async {
+            (StatusCode::NOT_FOUND, "not found: the metrics port serves GET /metrics, /healthz and /readyz\n")
+        })
+        .with_state(state)
+}
+
 async fn readyz(State(state): State<AppState>) -> Response {
     if state.draining.load(Ordering::Relaxed) {
         return (StatusCode::SERVICE_UNAVAILABLE, "not ready: shutting down\n").into_response();

@@ -268,13 +268,21 @@ impl Endpoint {
 impl Endpoint {
     /// GET /metrics over plain HTTP/1.1.
     pub async fn metrics_text(&self) -> String {
+        let (status, out) = self.metrics_get("/metrics").await;
+        assert_eq!(status, 200, "{out}");
+        out
+    }
+
+    /// GET `path` on the metrics port (plain HTTP/1.1): the status and the whole response.
+    pub async fn metrics_get(&self, path: &str) -> (u16, String) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut tcp = TcpStream::connect(self.metrics).await.unwrap();
-        tcp.write_all(b"GET /metrics HTTP/1.1\r\nhost: metrics\r\nconnection: close\r\n\r\n").await.unwrap();
+        let request = format!("GET {path} HTTP/1.1\r\nhost: metrics\r\nconnection: close\r\n\r\n");
+        tcp.write_all(request.as_bytes()).await.unwrap();
         let mut out = String::new();
         tcp.read_to_string(&mut out).await.unwrap();
-        assert!(out.starts_with("HTTP/1.1 200"), "{out}");
-        out
+        let status = out.get(9..12).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("not HTTP: {out}"));
+        (status, out)
     }
 
     /// Waits until a sample in /metrics reads `value` (the server may record an event just
@@ -456,4 +464,26 @@ pub fn attestation_policy() -> Value {
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/base/attestation-policy.yaml")).unwrap();
     let docs = keyward_engine::yaml::documents(&text).unwrap();
     docs.into_iter().map(|d| d.value).find(|d| d["kind"] == "ValidatingAdmissionPolicy").unwrap()
+}
+
+/// A command some tests run besides cargo's own: `kubectl` (1.27 or later, with kustomize built
+/// in), `openssl` or `bash`. One missing from the PATH fails the test with one line that names
+/// it, not a `No such file or directory` from deep inside the test (README, "Prerequisites").
+pub fn tool(name: &str) -> Command {
+    require(name);
+    Command::new(name)
+}
+
+/// Fails the test with one line when `name` is not on the PATH (see [`tool`]).
+pub fn require(name: &str) {
+    let on_path =
+        std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(name).is_file()));
+    if !on_path {
+        let what = match name {
+            "kubectl" => "kubectl 1.27 or later (it has kustomize built in), which renders deploy/",
+            "openssl" => "the openssl command line tool, which the e2e's mTLS check runs",
+            _ => name,
+        };
+        panic!("this test needs {what}: `{name}` is not on the PATH (README, \"Prerequisites\")");
+    }
 }
