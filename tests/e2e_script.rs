@@ -8,6 +8,8 @@
 //! create (run with stub `kind`, `docker` and `kubectl` on the PATH).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a panic is the test failure report
 
+mod support;
+
 use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -22,11 +24,10 @@ fn root() -> PathBuf {
 }
 
 fn render(overlay: &str) -> Vec<Value> {
-    let out = Command::new("kubectl")
+    let out = support::tool("kubectl")
         .args(["kustomize", &format!("{}/deploy/overlays/{overlay}", root().display())])
         .output();
-    let out =
-        out.unwrap_or_else(|e| panic!("kubectl kustomize: {e} (kubectl v1.27+ with built-in kustomize is needed)"));
+    let out = out.unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();
     keyward_engine::yaml::documents(&text).unwrap().into_iter().map(|d| d.value).collect()
@@ -132,6 +133,7 @@ fn admitted_pod(fixture: &str) -> tempfile::NamedTempFile {
 
 /// `kubectl`'s jsonpath over a local file, as kind.sh applies it to the pod it reads.
 fn jsonpath_of_volume(pod: &Path, volume: &str, field: &str) -> String {
+    support::require("kubectl");
     let script = format!(
         "KUBECONFIG=/dev/null kubectl patch --local -f {} --type=merge -p '{{}}' -o jsonpath=\"$(volume_jsonpath {volume} '{field}')\"",
         pod.display()
@@ -177,9 +179,16 @@ fn the_rotation_check_selects_the_webhooks_pods_and_not_the_controllers() {
     assert!(selects(&webhook, &labels("keyward")) && !selects(&webhook, &labels("keyward-controller")));
     assert!(selects(&controller, &labels("keyward-controller")) && !selects(&controller, &labels("keyward")));
     let script = std::fs::read_to_string(root().join("deploy/e2e/kind.sh")).unwrap();
+    // The webhook's restarts and reloads; the controller's replicas only where it says so.
     for line in script.lines().filter(|l| l.contains("restartCount") || l.contains("for pod in")) {
-        assert!(line.contains("\"$WEBHOOK_PODS\""), "selects pods by something else: {line}");
+        let by_webhook = line.contains("\"$WEBHOOK_PODS\"");
+        let by_controller = line.contains("\"$CONTROLLER_PODS\"");
+        assert!(by_webhook != by_controller, "selects pods by something else: {line}");
     }
+    assert_eq!(
+        script.matches("for pod in $(\"${K[@]}\" -n keyward-system get pods -l \"$CONTROLLER_PODS\"").count(),
+        1
+    );
 }
 
 // === the mTLS check ===
@@ -200,7 +209,7 @@ impl Drop for Server {
 /// tls-echo does. Returns once it accepts connections.
 fn s_server(dir: &Path, client_ca: &Path) -> Server {
     let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let child = Command::new("openssl")
+    let child = support::tool("openssl")
         .args(["s_server", "-accept", &format!("127.0.0.1:{port}"), "-cert"])
         .arg(dir.join("server.crt"))
         .arg("-key")
@@ -260,7 +269,17 @@ fn the_mtls_check_passes_only_when_the_server_answers_a_trusted_client() {
     assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
     assert_eq!(
         String::from_utf8_lossy(&ok.stdout),
-        format!("MTLS-OK: localhost:{} answered over mutual TLS\n", server.port)
+        format!("FILES-PRESENT\nMTLS-OK: localhost:{} answered over mutual TLS\n", server.port)
+    );
+    // A file keyward's injection names that is not there (or empty): refused before any call.
+    std::fs::write(dir.path().join("empty.key"), "").unwrap();
+    std::fs::copy(dir.path().join("client.crt"), dir.path().join("empty.crt")).unwrap();
+    let missing = mtls_check(&server, dir.path(), "empty", "server-ca.crt");
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(missing.stdout.is_empty(), "{}", String::from_utf8_lossy(&missing.stdout));
+    assert_eq!(
+        String::from_utf8_lossy(&missing.stderr),
+        format!("FILES-MISSING: {} is missing or empty\n", dir.path().join("empty.key").display())
     );
 
     // With TLS 1.3 the rogue client completes its handshake; the server's refusal comes after.
@@ -389,4 +408,114 @@ fn the_operator_kind_sh_impersonates_is_the_one_the_manifests_pin() {
     let script = std::fs::read_to_string(root().join("deploy/e2e/kind.sh")).unwrap();
     assert!(script.contains(&format!("LMEVAL_USER=\"system:serviceaccount:{pinned}:lm-eval-controller-manager\"")));
     assert!(script.contains(&format!("-n {pinned} create serviceaccount lm-eval-controller-manager")));
+}
+
+// === every check fails when its subject is broken ===
+
+/// Runs `script` with lib.sh, returning (exit code, stdout, stderr).
+fn lib_run(script: &str) -> (i32, String, String) {
+    let out = with_lib(script);
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn expect_and_expect_contains_fail_on_what_differs() {
+    assert_eq!(lib_run("expect label same same"), (0, "ok: label = same\n".into(), String::new()));
+    let (code, _, err) = lib_run("expect 'lmeval volumes' '' 'keyward-client-cert'; echo not reached");
+    assert_eq!((code, err.as_str()), (1, "\nFAIL: lmeval volumes: got '', expected 'keyward-client-cert'\n"));
+    assert_eq!(lib_run("expect_contains l 'a MTLS-OK b' MTLS-OK").0, 0);
+    assert_eq!(lib_run("expect_contains l 'MTLS-FAILED' MTLS-OK").0, 1);
+    // An empty needle would match anything: a check built from an empty value fails.
+    let (code, _, err) = lib_run("expect_contains 'controller signs' 'anything' ''");
+    assert_eq!((code, err.as_str()), (1, "\nFAIL: controller signs: nothing to look for\n"));
+}
+
+#[test]
+fn output_has_reads_the_whole_output_where_a_grep_q_pipe_fails_on_sigpipe() {
+    // A log that goes on after the line looked for: `| grep -q` quits at the line, the writer
+    // gets SIGPIPE, and under pipefail the check fails though the line is there.
+    let log = "big_log() { echo needle; head -c 4000000 /dev/zero | tr '\\0' x; echo; }";
+    assert_ne!(lib_run(&format!("{log}; big_log | grep -q needle")).0, 0, "the hazard this helper avoids");
+    assert_eq!(lib_run(&format!("{log}; output_has needle big_log")).0, 0);
+    assert_eq!(lib_run(&format!("{log}; output_has absent big_log")).0, 1);
+    // A command that fails (no such pod yet) is not a match, whatever it printed.
+    assert_eq!(lib_run("output_has needle sh -c 'echo needle; exit 1'").0, 1);
+}
+
+#[test]
+fn prints_counts_an_uninjected_admission_as_a_failure() {
+    // The rotation check: admitted *and* injected. A pod keyward never saw is admitted with no
+    // volume: the jsonpath prints nothing.
+    let count = |stub: &str| {
+        lib_run(&format!(
+            "dry_create() {{ {stub}; }}; failures=0; prints evaljob-sample-lmeval-client dry_create || failures=$((failures + 1)); echo $failures"
+        ))
+        .1
+    };
+    assert_eq!(count("echo evaljob-sample-lmeval-client"), "0\n");
+    assert_eq!(count("echo ''"), "1\n", "admitted without keyward");
+    assert_eq!(count("echo evaljob-sample-lmeval-client; return 1"), "1\n", "refused");
+}
+
+#[test]
+fn line_with_finds_the_line_or_nothing_so_the_check_after_it_fails() {
+    let logs = "logs() { printf '%s\\n' '{\"message\":\"profiles loaded\"}' '{\"message\":\"signing PodCertificateRequests of keyward signers\",\"signers\":\"[\\\"keyward.io/lmeval\\\"]\"}'; }";
+    let (code, out, _) = lib_run(&format!("{logs}; line_with 'signing PodCertificateRequests' logs"));
+    assert_eq!(code, 0);
+    assert!(out.contains("keyward.io/lmeval") && out.starts_with("{\"message\":\"signing"), "{out}");
+    // A replica without the profile prints the line with no signer: the e2e check fails.
+    let none =
+        "logs() { echo '{\"message\":\"signing PodCertificateRequests of keyward signers\",\"signers\":\"[]\"}'; }";
+    let check = "expect_contains signs \"$(line_with 'signing PodCertificateRequests' logs)\" keyward.io/lmeval";
+    assert_eq!(lib_run(&format!("{none}; {check}")).0, 1);
+    assert_eq!(lib_run(&format!("{logs}; {check}")).0, 0);
+    assert_eq!(lib_run("logs() { echo other; }; [[ -z \"$(line_with needle logs)\" ]]").0, 0);
+}
+
+#[test]
+fn wait_settled_waits_out_terminating_pods_and_fails_when_they_stay() {
+    let kubectl = |deleting: &str| {
+        format!("kubectl() {{ [[ \"$*\" == *'get pods -l app=x -o jsonpath={{.items[*].metadata.deletionTimestamp}}'* ]] || return 9; {deleting}; }}")
+    };
+    let fast = "WAIT_TRIES=3 WAIT_INTERVAL=0";
+    assert_eq!(lib_run(&format!("{}; {fast} wait_settled app=x kubectl", kubectl("echo"))).0, 0);
+    let (code, _, err) =
+        lib_run(&format!("{}; {fast} wait_settled app=x kubectl", kubectl("echo 2026-12-02T11:00:00Z")));
+    assert_eq!((code, err.as_str()), (1, "pods app=x still terminating after 3 tries\n"));
+    // Terminating on the first look, gone on the second.
+    let script = format!(
+        "{}; {fast} wait_settled app=x kubectl",
+        kubectl("if [[ -e $T/seen ]]; then echo; else touch $T/seen; echo 2026-12-02T11:00:00Z; fi")
+    );
+    let dir = tempfile::tempdir().unwrap();
+    assert_eq!(lib_run(&format!("T={}; {script}", dir.path().display())).0, 0);
+    // The API unreachable is not "settled".
+    assert_eq!(lib_run(&format!("{}; {fast} wait_settled app=x kubectl", kubectl("return 1"))).0, 1);
+}
+
+#[test]
+fn kind_sh_checks_what_it_means_to() {
+    let script = std::fs::read_to_string(root().join("deploy/e2e/kind.sh")).unwrap();
+    // No check that passes on a missing file or fails on SIGPIPE.
+    assert!(!script.contains("| grep -q"), "read whole output (output_has), never `| grep -q` under pipefail");
+    assert!(!script.contains("test -s"), "file checks live in mtls-check.sh, one per file");
+    // The self-managed half opts the namespace in again before it sends pods to keyward.
+    let opted_out = script.find("label namespace \"$NS\" keyward.io/inject-").unwrap();
+    let opted_in_again =
+        script[opted_out..].find("label namespace \"$NS\" keyward.io/inject=enabled").unwrap() + opted_out;
+    let first_self_managed_check = script.find("\"lmeval with self-managed certificates\"").unwrap();
+    assert!(opted_out < opted_in_again && opted_in_again < first_self_managed_check);
+    // Every rollout is waited out to the end (old pods gone) before pods are read.
+    for (at, _) in script.match_indices("rollout status deploy/keyward") {
+        let inside_rolled_out =
+            script[..at].rfind("rolled_out() {").is_some_and(|start| !script[start..at].contains("\n}\n"));
+        let followed = script[at..].split("\n").take(4).any(|l| l == "rolled_out");
+        assert!(inside_rolled_out || followed, "a rollout not followed by rolled_out at byte {at}");
+    }
+    // The rotation counts an uninjected admission as a failure.
+    assert!(script.contains("prints evaljob-sample-lmeval-client dry_create \"$LMEVAL_USER\" \"$WORK/lmeval.yaml\" \"$injected_secret\" || failures=$((failures + 1))"));
 }

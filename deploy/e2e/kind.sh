@@ -16,7 +16,8 @@ set -euo pipefail
 CLUSTER="${CLUSTER:-keyward-e2e}"
 # kind v0.31.0's image; pod certificates need Kubernetes >= 1.35 (matchConditions, >= 1.30).
 KIND_NODE_IMAGE="${KIND_NODE_IMAGE:-kindest/node:v1.35.0@sha256:452d707d4862f52530247495d180205e029056831160e22870e37e3f6c1ac31f}"
-CERT_MANAGER_VERSION="${CERT_MANAGER_VERSION:-v1.16.2}"
+# A supported cert-manager whose support matrix holds the node's Kubernetes (README, "Deploy").
+CERT_MANAGER_VERSION="${CERT_MANAGER_VERSION:-v1.21.1}"
 IMAGE="keyward:dev"                                           # what deploy/overlays/local installs
 NS="keyward-e2e-jobs"
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -26,9 +27,6 @@ WORK="$(mktemp -d)"
 CREATED=0
 # shellcheck source=deploy/e2e/lib.sh
 source "$ROOT/deploy/e2e/lib.sh"
-
-say() { printf '\n==> %s\n' "$*"; }
-fail() { printf '\nFAIL: %s\n' "$*" >&2; exit 1; }
 
 cleanup() {
   status=$?
@@ -52,16 +50,12 @@ for tool in docker kind kubectl openssl; do
   command -v "$tool" >/dev/null || fail "$tool is not installed"
 done
 
-# expect LABEL ACTUAL EXPECTED
-expect() {
-  if [[ "$2" != "$3" ]]; then fail "$1: got '$2', expected '$3'"; fi
-  echo "ok: $1 = $3"
-}
-
-# expect_contains LABEL HAYSTACK NEEDLE
-expect_contains() {
-  if [[ "$2" != *"$3"* ]]; then fail "$1: '$3' not in '$2'"; fi
-  echo "ok: $1 has $3"
+# rolled_out: both Deployments rolled out, and their old pods gone (not merely terminating).
+rolled_out() {
+  "${K[@]}" -n keyward-system rollout status deploy/keyward --timeout=180s
+  "${K[@]}" -n keyward-system rollout status deploy/keyward-controller --timeout=180s
+  wait_settled "$WEBHOOK_PODS" "${K[@]}" -n keyward-system || fail "old webhook pods did not go"
+  wait_settled "$CONTROLLER_PODS" "${K[@]}" -n keyward-system || fail "old controller pods did not go"
 }
 
 say "kind cluster $CLUSTER ($KIND_NODE_IMAGE)"
@@ -104,8 +98,7 @@ YAML
 say "apply deploy/overlays/local (the cert-manager install, with $IMAGE)"
 "${K[@]}" apply -k "$ROOT/deploy/overlays/local"
 "${K[@]}" -n keyward-system wait certificate/keyward-serving --for=condition=Ready --timeout=120s
-"${K[@]}" -n keyward-system rollout status deploy/keyward --timeout=180s
-"${K[@]}" -n keyward-system rollout status deploy/keyward-controller --timeout=180s
+rolled_out
 ca_bundle="$("${K[@]}" get mutatingwebhookconfiguration keyward -o jsonpath='{.webhooks[0].clientConfig.caBundle}')"
 [[ -n "$ca_bundle" ]] || fail "cainjector did not fill caBundle"
 echo "ok: caBundle injected"
@@ -299,8 +292,6 @@ spec:
       command: [sh, -ec]
       args:
         - |
-          test -s "\$GRPC_CLIENT_CERT" && test -s "\$GRPC_CLIENT_KEY" && test -s "\$GRPC_SERVER_CA"
-          echo FILES-PRESENT
           sh /e2e/mtls-check.sh tls-echo.lm-eval.svc 8443 "\$GRPC_CLIENT_CERT" "\$GRPC_CLIENT_KEY" "\$GRPC_SERVER_CA"
           sleep 3600
       volumeMounts:
@@ -310,8 +301,12 @@ spec:
 YAML
 "${K[@]}" --as="$LMEVAL_USER" --as-group=system:serviceaccounts -n "$NS" create -f "$WORK/driver.yaml"
 # Created before its Secret exists: keyward's controller issues it, the kubelet retries the mount.
-# The check's verdict is in the log (MTLS-OK, or MTLS-FAILED and the container exits).
-for _ in $(seq 90); do "${K[@]}" -n "$NS" logs e2e-eval 2>/dev/null | grep -q 'MTLS-' && break; sleep 2; done
+# The check's verdict is in the log (MTLS-OK; or MTLS-FAILED or FILES-MISSING, and the
+# container exits).
+for _ in $(seq 90); do
+  output_has 'MTLS-' "${K[@]}" -n "$NS" logs e2e-eval || output_has 'FILES-MISSING' "${K[@]}" -n "$NS" logs e2e-eval || { sleep 2; continue; }
+  break
+done
 expect_contains "driver files" "$("${K[@]}" -n "$NS" logs e2e-eval)" FILES-PRESENT
 expect_contains "driver mTLS request answered" "$("${K[@]}" -n "$NS" logs e2e-eval)" MTLS-OK
 expect "client certificate owner" "$("${K[@]}" -n "$NS" get secret e2e-eval-lmeval-client -o jsonpath='{.metadata.ownerReferences[0].uid}')" "$job_uid"
@@ -325,9 +320,13 @@ say "pod certificates: the driver's key made by the kubelet, signed by keyward's
 # The same driver under deploy/profiles/lmeval-pod-certificate.yaml (delivery: podCertificate),
 # mounted in both Deployments by deploy/overlays/local-pod-certificates.
 "${K[@]}" apply -k "$ROOT/deploy/overlays/local-pod-certificates"
-"${K[@]}" -n keyward-system rollout status deploy/keyward --timeout=180s
-"${K[@]}" -n keyward-system rollout status deploy/keyward-controller --timeout=180s
-expect_contains "controller signs" "$("${K[@]}" -n keyward-system logs deploy/keyward-controller)" "signing PodCertificateRequests"
+rolled_out
+# Each new replica found the API and signs for the mounted profile's signer (a replica without
+# the profile prints the line with no signer).
+for pod in $("${K[@]}" -n keyward-system get pods -l "$CONTROLLER_PODS" -o name); do
+  expect_contains "$pod signs for keyward.io/lmeval" \
+    "$(line_with 'signing PodCertificateRequests' "${K[@]}" -n keyward-system logs "$pod")" 'keyward.io/lmeval'
+done
 # What it told the webhook for profiles with delivery: auto (webhooks/src/cluster.rs).
 expect "cluster facts" "$("${K[@]}" -n keyward-system get configmap keyward-cluster-facts -o jsonpath='{.data.facts\.json}')" \
   '{"podCertificates":"v1beta1"}'
@@ -335,7 +334,10 @@ pc_uid="$(new_job e2e-pc)"
 sed -e "s/e2e-eval/e2e-pc/g" -e "s/$job_uid/$pc_uid/" "$WORK/driver.yaml" > "$WORK/driver-pc.yaml"
 "${K[@]}" --as="$LMEVAL_USER" --as-group=system:serviceaccounts -n "$NS" create -f "$WORK/driver-pc.yaml"
 # The kubelet asks keyward.io/lmeval through a PodCertificateRequest; the pod starts once issued.
-for _ in $(seq 90); do "${K[@]}" -n "$NS" logs e2e-pc 2>/dev/null | grep -q 'MTLS-' && break; sleep 2; done
+for _ in $(seq 90); do
+  output_has 'MTLS-' "${K[@]}" -n "$NS" logs e2e-pc || output_has 'FILES-MISSING' "${K[@]}" -n "$NS" logs e2e-pc || { sleep 2; continue; }
+  break
+done
 expect_contains "pod certificate driver files" "$("${K[@]}" -n "$NS" logs e2e-pc)" FILES-PRESENT
 expect_contains "pod certificate mTLS request answered" "$("${K[@]}" -n "$NS" logs e2e-pc)" MTLS-OK
 expect "pod certificate volume" \
@@ -359,8 +361,7 @@ echo "ok: no Secret holds the pod certificate's key"
 # Back to the Secret delivery for the rest.
 "${K[@]}" apply -k "$ROOT/deploy/overlays/local"
 "${K[@]}" -n keyward-system delete configmap keyward-profiles
-"${K[@]}" -n keyward-system rollout status deploy/keyward --timeout=180s
-"${K[@]}" -n keyward-system rollout status deploy/keyward-controller --timeout=180s
+rolled_out
 
 say "renew the serving certificate; keyward reloads it without a restart"
 restarts_before="$("${K[@]}" -n keyward-system get pods -l "$WEBHOOK_PODS" -o jsonpath='{.items[*].status.containerStatuses[0].restartCount}')"
@@ -378,10 +379,10 @@ echo "new certificate sha256: $new_sha"
 # The kubelet syncs Secret volumes within about a minute; each replica logs the reload.
 for pod in $("${K[@]}" -n keyward-system get pods -l "$WEBHOOK_PODS" -o name); do
   for _ in $(seq 90); do
-    "${K[@]}" -n keyward-system logs "$pod" | grep -q "\"sha256\":\"$new_sha\"" && break
+    output_has "\"sha256\":\"$new_sha\"" "${K[@]}" -n keyward-system logs "$pod" && break
     sleep 2
   done
-  "${K[@]}" -n keyward-system logs "$pod" | grep -q "\"sha256\":\"$new_sha\"" || fail "$pod did not load the new certificate"
+  output_has "\"sha256\":\"$new_sha\"" "${K[@]}" -n keyward-system logs "$pod" || fail "$pod did not load the new certificate"
   echo "ok: $pod serves the new certificate"
 done
 expect "restarts after rotation" "$("${K[@]}" -n keyward-system get pods -l "$WEBHOOK_PODS" -o jsonpath='{.items[*].status.containerStatuses[0].restartCount}')" "$restarts_before"
@@ -403,7 +404,12 @@ say "self-managed certificates: the same cluster, keyward installed without cert
 "${K[@]}" apply -k "$ROOT/deploy/overlays/local-self-managed"
 "${K[@]}" -n keyward-system rollout status deploy/keyward-controller --timeout=180s
 for _ in $(seq 60); do "${K[@]}" -n keyward-system get secret keyward-serving >/dev/null 2>&1 && break; sleep 2; done
-"${K[@]}" -n keyward-system rollout status deploy/keyward --timeout=180s
+rolled_out
+# The step above opted the namespace out: opt it in again, or no pod of it reaches keyward.
+"${K[@]}" label namespace "$NS" keyward.io/inject=enabled
+# No restart while the webhook waited for its Secret (liveness on the metrics port).
+expect "webhook restarts while waiting for its certificate" \
+  "$("${K[@]}" -n keyward-system get pods -l "$WEBHOOK_PODS" -o jsonpath='{.items[*].status.containerStatuses[0].restartCount}')" "0 0"
 serving_ca() { "${K[@]}" -n keyward-system get secret keyward-serving -o jsonpath='{.data.ca\.crt}'; }
 bundle() { "${K[@]}" get mutatingwebhookconfiguration keyward -o jsonpath='{.webhooks[0].clientConfig.caBundle}'; }
 expect "caBundle is the self-managed CA" "$(bundle)" "$(serving_ca)"
@@ -423,8 +429,10 @@ failures=0
 "${K[@]}" -n keyward-system annotate secret keyward-serving keyward.io/rotate-ca=now
 # Introduce, switch (a minute after caBundle holds both), then retire once both replicas
 # serve the new leaf (the kubelet's sync, up to a minute or two more).
+injected_secret="$(volume_jsonpath keyward-client-cert secret.secretName)"
 for _ in $(seq 120); do
-  dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.metadata.name}' >/dev/null 2>&1 || failures=$((failures + 1))
+  # Admitted, and injected: a pod keyward never saw would be admitted too, uninjected.
+  prints evaljob-sample-lmeval-client dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" "$injected_secret" || failures=$((failures + 1))
   current="$(serving_ca)"
   previous="$("${K[@]}" -n keyward-system get secret keyward-serving -o jsonpath='{.data.ca-previous\.crt}')"
   [[ "$current" != "$old_ca" && -z "$previous" && "$(bundle)" == "$current" ]] && break

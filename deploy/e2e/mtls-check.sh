@@ -7,10 +7,18 @@
 #
 #   mtls-check.sh HOST PORT CERT KEY CA
 #
+# First each of CERT, KEY and CA must be a file that is not empty (FILES-PRESENT, or
+# FILES-MISSING and exit 1).
+#
 # POSIX sh: it runs in the e2e driver pod (alpine) and in the offline test (tests/e2e_script.rs).
 set -eu
 [ "$#" -eq 5 ] || { echo "usage: mtls-check.sh HOST PORT CERT KEY CA" >&2; exit 2; }
 host=$1 port=$2 cert=$3 key=$4 ca=$5
+# The files keyward's injection points at, each present and not empty.
+for file in "$cert" "$key" "$ca"; do
+  [ -s "$file" ] || { echo "FILES-MISSING: $file is missing or empty" >&2; exit 1; }
+done
+echo "FILES-PRESENT"
 response=$(printf 'GET / HTTP/1.0\r\n\r\n' | openssl s_client -quiet -connect "$host:$port" -servername "$host" \
   -verify_hostname "$host" -verify_return_error -cert "$cert" -key "$key" -CAfile "$ca" 2>/dev/null) || true
 case "$response" in
