@@ -353,6 +353,25 @@ checks:
     }
 
     #[test]
+    fn inspect_on_mints_top_folder_names_the_folders_to_inspect() {
+        let dir = tempfile::tempdir().unwrap();
+        for sub in ["serving", "client"] {
+            std::fs::create_dir(dir.path().join(sub)).unwrap();
+            std::fs::copy(Path::new(FIXTURES).join(sub).join("tls.crt"), dir.path().join(sub).join("tls.crt")).unwrap();
+        }
+        std::fs::create_dir(dir.path().join("ca")).unwrap();
+        let err = inspect(dir.path(), None, june_2027()).unwrap_err().to_string();
+        let d = dir.path().display();
+        assert_eq!(
+            err,
+            format!("{d}: no tls.crt here, but in {d}/client, {d}/serving: inspect one of those (as `keyward certs mint --out` writes them)")
+        );
+        // A folder with nothing below: the plain reading error, as before.
+        let empty = tempfile::tempdir().unwrap();
+        assert!(inspect(empty.path(), None, june_2027()).unwrap_err().to_string().contains("tls.crt: cannot read"));
+    }
+
+    #[test]
     fn inspect_json_names_the_identity_of_a_client_certificate() {
         let found = inspect(&Path::new(FIXTURES).join("client"), None, june_2027()).unwrap();
         let mut json = to_json(&found);

@@ -20,13 +20,26 @@ pub struct Cli {
 /// The name kubectl runs keyward under as a plugin (`kubectl keyward …`).
 const KUBECTL_PLUGIN: &str = "kubectl-keyward";
 
+/// What the user typed to run keyward: `kubectl keyward` when kubectl runs it as a plugin, so
+/// that usage and errors name the command as typed.
+pub fn invoked_as() -> &'static str {
+    static INVOKED: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+    INVOKED.get_or_init(|| {
+        let invoked = std::env::args_os().next().unwrap_or_default();
+        let as_plugin = std::path::Path::new(&invoked).file_stem().is_some_and(|stem| stem == KUBECTL_PLUGIN);
+        if as_plugin {
+            "kubectl keyward"
+        } else {
+            "keyward"
+        }
+    })
+}
+
 impl Cli {
     /// Parses the command line. Run as `kubectl-keyward` (kubectl's plugin), usage and errors
     /// say `kubectl keyward`, as the user typed it.
     pub fn parse_as_invoked() -> Self {
-        let invoked = std::env::args_os().next().unwrap_or_default();
-        let as_plugin = std::path::Path::new(&invoked).file_stem().is_some_and(|stem| stem == KUBECTL_PLUGIN);
-        if !as_plugin {
+        if invoked_as() == "keyward" {
             return Self::parse();
         }
         let matches = Self::command().bin_name("kubectl keyward").get_matches();

@@ -30,8 +30,8 @@ pub fn cluster_facts_yaml(
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             runtime
                 .block_on(async {
-                    let (client, _) = access.client().await?;
-                    crate::controller::pod_certificate_api(&client, choice).await
+                    let cluster = access.client().await?;
+                    crate::controller::pod_certificate_api(&cluster.client, choice).await
                 })?
                 .first()
                 .copied()

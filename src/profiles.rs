@@ -152,14 +152,18 @@ impl ProfileSource {
 
 /// `profiles` with `delivery: auto` resolved as keyward's controller resolves it in the cluster
 /// `client` reaches (by discovery); `None` when no profile leaves its delivery to the cluster.
-pub async fn resolved_by_discovery(client: &kube::Client, profiles: &ProfileSet) -> anyhow::Result<Option<ProfileSet>> {
+pub async fn resolved_by_discovery(
+    cluster: &crate::kubeconfig::Cluster,
+    profiles: &ProfileSet,
+) -> Result<Option<ProfileSet>, crate::kubeconfig::ClusterUnreadable> {
     use keyward_controller::signer::{cluster_facts, served_version, ApiVersion};
     if !profiles.has_auto() {
         return Ok(None);
     }
-    let served = served_version(client, ApiVersion::PLURAL)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot read the discovery of {} (for delivery: auto): {e}", ApiVersion::GROUP))?;
+    let served = served_version(&cluster.client, ApiVersion::PLURAL).await.map_err(|e| {
+        let what = format!("read the discovery of {} (for delivery: auto)", ApiVersion::GROUP);
+        crate::kubeconfig::request_failed(&cluster.server, &what, &e)
+    })?;
     Ok(Some(profiles.clone().resolved(cluster_facts(served))))
 }
 

@@ -271,7 +271,7 @@ fn an_unreachable_or_forbidding_cluster_exits_2_naming_the_permission() {
     let out = audit(&fake, &["-A"]);
     assert_eq!(out.status.code(), Some(2));
     let err = text(&out.stderr);
-    assert!(err.starts_with("keyward: error: forbidden: list pods in any namespace; keyward audit needs the read-only ClusterRole in deploy/audit/rbac.yaml"), "{err}");
+    assert!(err.starts_with("keyward: error: forbidden: list pods in any namespace; keyward audit needs the read-only ClusterRole in deploy/components/audit/rbac.yaml"), "{err}");
     assert!(out.stdout.is_empty());
 
     let out =
@@ -706,7 +706,7 @@ fn where_keyward_signs_anyone_but_the_nodes_who_may_create_requests_is_reported(
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(report["findings"].as_array().unwrap().iter().all(|f| f["finding"] != "certificate-requesters"));
     let notes = report["notes"].to_string();
-    assert!(notes.contains("who may create PodCertificateRequests was not checked: forbidden to list clusterroles (deploy/audit/rbac.yaml grants it)"), "{report:#}");
+    assert!(notes.contains("who may create PodCertificateRequests was not checked: forbidden to list clusterroles (deploy/components/audit/rbac.yaml grants it)"), "{report:#}");
 }
 
 #[test]
@@ -799,4 +799,77 @@ fn hostile_owner_references_are_findings_escaped_never_the_end_of_the_audit() {
         "{}",
         details[0]
     );
+}
+
+/// A kubeconfig naming `server`, with a token.
+fn kubeconfig_for(dir: &std::path::Path, server: &str) -> std::path::PathBuf {
+    let path = dir.join("kubeconfig");
+    std::fs::write(
+        &path,
+        format!("apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: \"{server}\"}}}}]\ncontexts: [{{name: c, context: {{cluster: c, user: u, namespace: team-a}}}}]\ncurrent-context: c\nusers: [{{name: u, user: {{token: t}}}}]\n"),
+    )
+    .unwrap();
+    path
+}
+
+/// With no cluster, or one that answers what is not the Kubernetes API, every command that
+/// reads one says in one line what it contacted, what failed and what to check, and exits 2.
+#[test]
+fn a_cluster_that_cannot_be_read_is_one_line_and_exit_2_for_every_command() {
+    let dir = tempfile::tempdir().unwrap();
+    // Nothing listens on a port just released.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let down = kubeconfig_for(dir.path(), &format!("https://127.0.0.1:{port}"));
+    let fixture = format!("{}/tests/fixtures/lmeval-fms-driver-pod.json", env!("CARGO_MANIFEST_DIR"));
+    let commands: [&[&str]; 2] = [&["audit", "-A"], &["explain", "--cluster", fixture.as_str()]];
+    for args in commands {
+        let out = Command::new(env!("CARGO_BIN_EXE_keyward")).args(args).env("KUBECONFIG", &down).output().unwrap();
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains(&format!(" at https://127.0.0.1:{port}/: Connection refused")), "{err}");
+        assert!(
+            err.ends_with(
+                "is the cluster up and reachable from here, and is this the right context? (kubectl cluster-info)\n"
+            ),
+            "{err}"
+        );
+        assert!(!err.contains("ServiceError"), "{err}");
+    }
+    // KUBECONFIG set, to a file that is not there: said so, not "set KUBECONFIG".
+    let missing = dir.path().join("nope");
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_keyward")).args(["audit", "-A"]).env("KUBECONFIG", &missing).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        text(&out.stderr),
+        format!("keyward: error: cannot configure a Kubernetes client from KUBECONFIG={}: No such file or directory (os error 2); check the file KUBECONFIG names, or give --kubeconfig FILE (and --context)\n", missing.display())
+    );
+
+    // A server that answers 404 in plain text (a proxy, or not an API server at all).
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut buf = [0u8; 4096];
+            let _ = stream.read(&mut buf);
+            let _ = stream.write_all(b"HTTP/1.1 404 Not Found\r\ncontent-type: text/plain\r\ncontent-length: 10\r\nconnection: close\r\n\r\nnot found\n");
+        }
+    });
+    let proxy = kubeconfig_for(dir.path(), &format!("http://{addr}"));
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_keyward")).args(["audit", "-A"]).env("KUBECONFIG", &proxy).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        text(&out.stderr),
+        format!("keyward: error: get mutatingwebhookconfigurations/keyward at http://{addr}/: HTTP 404; not served there: is this the right cluster, and does its Kubernetes serve this API?\n")
+    );
+
+    // As kubectl's plugin, errors name the command as typed.
+    let plugin = dir.path().join("kubectl-keyward");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_keyward"), &plugin).unwrap();
+    let out = Command::new(&plugin).args(["audit", "-A"]).env("KUBECONFIG", &missing).output().unwrap();
+    assert!(text(&out.stderr).starts_with("kubectl keyward: error: cannot configure"), "{}", text(&out.stderr));
 }

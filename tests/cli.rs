@@ -66,6 +66,15 @@ fn explain_json_on_a_pod() {
     );
     assert_eq!(v["trace"][0]["profile"], "lmeval");
     assert_eq!(v["trace"][0]["selected"], true);
+    // What the webhook adds and explain cannot sign, shown beside the patch, not in it.
+    assert_eq!(
+        v["attestation"],
+        json!({"op": "add", "path": "/metadata/annotations/keyward.io~1attestation", "value": "v2.<key id>.<admitted at>.<nonce>.<binding>.<tag>"})
+    );
+    assert!(v["patch"].as_array().unwrap().iter().all(|op| op["path"] != v["attestation"]["path"]));
+    // A profile that issues nothing per owner: no attestation.
+    let o = keyward(&["explain", "-o", "json", "tests/fixtures/kfp-persistenceagent-pod-no-token.json"], None);
+    assert_eq!(serde_json::from_str::<Value>(&stdout(&o)).unwrap()["attestation"], Value::Null);
 
     // Applying the printed patch to the input gives the printed pod.
     let mut pod: Value = serde_json::from_str(&std::fs::read_to_string(FMS_POD).unwrap()).unwrap();
@@ -323,6 +332,17 @@ fn serve_refuses_to_start_on_bad_settings() {
     assert_one_line_error(&o, "--profiles no-such-dir: cannot read the directory");
     let o = keyward(&["serve", "--metrics-listen", "nine"], None);
     assert_one_line_error(&o, "--metrics-listen \"nine\": not an address like 0.0.0.0:9090 (or `off`)");
+    // Profiles that are refused stop start-up before a development certificate is minted.
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(&bad, "apiVersion: keyward.io/v1alpha1\nkind: InjectionProfile\nmetadata: {name: bad}\nspec: {}\n")
+        .unwrap();
+    let dev = dir.path().join("dev");
+    let (bad, dev) = (bad.to_str().unwrap(), dev.to_str().unwrap());
+    let o = keyward(&["serve", "--listen", "127.0.0.1:0", "--profiles", bad, "--dev-cert-dir", dev], None);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("bad.yaml"), "{}", stderr(&o));
+    assert!(!std::path::Path::new(dev).exists(), "minted into {dev} before refusing the profiles");
 }
 
 /// `keyward controller` checks its flags before it touches a cluster (no KUBECONFIG here).

@@ -372,6 +372,26 @@ async fn the_embedded_default_mints_a_dev_ca_and_serves() {
     assert_eq!(response["response"]["allowed"], true);
     let info = keyward_certs::pem::read_pair(&dev).unwrap().info;
     assert!(info.covers("keyward.example.test") && info.covers("127.0.0.1") && info.covers(SERVER_NAME));
+    assert!(info.covers("::1"));
+}
+
+/// The default address, `[::]`, answers on IPv6 and IPv4 loopback alike (`localhost` may
+/// resolve to either), as the development certificate names both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_address_answers_ipv6_and_ipv4_loopback() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dev = tmp.path().join("dev");
+    let server = Server::start(&["--listen", "[::]:0", "--dev-cert-dir", dev.to_str().unwrap()], Vec::new());
+    let port = server.endpoint.addr.port();
+    assert_eq!(server.endpoint.addr, std::net::SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port)));
+    for ip in [std::net::IpAddr::from(std::net::Ipv6Addr::LOCALHOST), std::net::IpAddr::from([127, 0, 0, 1])] {
+        let mut endpoint = server.endpoint.clone();
+        endpoint.addr = std::net::SocketAddr::new(ip, port);
+        endpoint.ca_pem = std::fs::read(dev.join("ca.crt")).unwrap();
+        let (mut client, _) = endpoint.connect().await.unwrap_or_else(|e| panic!("{ip}: {e}"));
+        let response = client.mutate(&fixture("admissionreview-lmeval.json")).await.unwrap();
+        assert_eq!(response["response"]["allowed"], true, "{ip}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -701,4 +721,33 @@ async fn delivery_auto_delivers_pod_certificates_once_the_controllers_facts_say_
             "signerName": "keyward.io/lmeval", "keyType": "ECDSAP256", "maxExpirationSeconds": 86400,
             "keyPath": "tls.key", "certificateChainPath": "tls.crt"}}]}})
     );
+}
+
+/// `explain` makes the webhook's decision: on the same review, the webhook's patch is explain's
+/// plus the one operation explain shows apart (the attestation, which needs the webhook's key).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_is_the_webhooks_patch_but_the_attestation_it_shows_apart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dev = tmp.path().join("dev");
+    let server = Server::start(&["--dev-cert-dir", dev.to_str().unwrap()], Vec::new());
+    let mut endpoint = server.endpoint.clone();
+    endpoint.ca_pem = std::fs::read(dev.join("ca.crt")).unwrap();
+    let (mut client, _) = endpoint.connect().await.unwrap();
+    let review = fixture("admissionreview-lmeval.json");
+    let answer = client.mutate(&review).await.unwrap();
+    let patch =
+        base64::engine::general_purpose::STANDARD.decode(answer["response"]["patch"].as_str().unwrap()).unwrap();
+    let mut webhook: Vec<Value> = serde_json::from_slice(&patch).unwrap();
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_keyward"))
+        .args(["explain", "-o", "json", "tests/fixtures/admissionreview-lmeval.json"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    let explained: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let at = webhook.iter().position(|op| op["path"] == explained["attestation"]["path"]).unwrap();
+    let signed = webhook.remove(at);
+    assert_eq!(signed["op"], "add");
+    assert!(signed["value"].as_str().unwrap().starts_with("v2."), "{signed}");
+    assert_eq!(Value::Array(webhook), explained["patch"]);
 }

@@ -33,6 +33,8 @@ pub enum Error {
     Mint(String),
     #[error("cannot watch {}: {reason}", path.display())]
     Watch { path: PathBuf, reason: String },
+    #[error("{}: no tls.crt here, but in {}: inspect one of those (as `keyward certs mint --out` writes them)", dir.display(), inside.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "))]
+    CertificatesBelow { dir: PathBuf, inside: Vec<PathBuf> },
 }
 
 /// Parses an RFC 3339 time (what [`rfc3339`] writes); `None` when it is not one.

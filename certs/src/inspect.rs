@@ -70,6 +70,12 @@ pub struct Check {
 /// `ca` when given (else `ca.crt` in the directory, when there), at `now`.
 pub fn inspect(path: &Path, ca: Option<&Path>, now: SystemTime) -> Result<Inspection, Error> {
     let (cert_file, key_file, ca_file) = if path.is_dir() {
+        if !path.join(CERT_FILE).exists() {
+            let inside = directories_holding_a_certificate(path);
+            if !inside.is_empty() {
+                return Err(Error::CertificatesBelow { dir: path.to_path_buf(), inside });
+            }
+        }
         let key = path.join(KEY_FILE);
         let bundled = path.join(CA_FILE);
         (path.join(CERT_FILE), key.exists().then_some(key), bundled.exists().then_some(bundled))
@@ -95,6 +101,16 @@ pub fn inspect(path: &Path, ca: Option<&Path>, now: SystemTime) -> Result<Inspec
         None => None,
     };
     Ok(Inspection { cert_file, certificates, key, chain, time })
+}
+
+/// The directories right below `dir` that hold a tls.crt (`mint --out`'s serving/ and
+/// client/), sorted; what cannot be listed is left out.
+fn directories_holding_a_certificate(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut found: Vec<PathBuf> =
+        entries.flatten().map(|e| e.path()).filter(|p| p.is_dir() && p.join(CERT_FILE).is_file()).collect();
+    found.sort();
+    found
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, Error> {

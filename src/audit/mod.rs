@@ -16,7 +16,7 @@ use keyward_engine::text::terminal_safe;
 use keyward_engine::ProfileSet;
 use serde_json::json;
 
-pub use collect::{gather, Gathered, Scope};
+pub use collect::{gather, AuditError, Gathered, Scope};
 
 use crate::kubeconfig::KubeconfigArgs;
 use crate::profiles::ProfileArgs;
@@ -88,7 +88,7 @@ pub fn run(args: AuditArgs) -> anyhow::Result<ExitCode> {
             Ok(report_exit(&report))
         }
         Err(e) => {
-            eprintln!("keyward: error: {e:#}");
+            eprintln!("{}: error: {e:#}", crate::cli::invoked_as());
             Ok(ExitCode::from(2))
         }
     }
@@ -115,9 +115,10 @@ fn report_exit(p: &Printed) -> ExitCode {
 }
 
 async fn audit(args: &AuditArgs, profiles: &ProfileSet) -> anyhow::Result<Printed> {
-    let (client, default_namespace) = args.cluster.client().await?;
+    let cluster = args.cluster.client().await?;
     // `delivery: auto` as keyward's controller resolves it: by what the cluster serves.
-    let resolved = crate::profiles::resolved_by_discovery(&client, profiles).await?;
+    let resolved = crate::profiles::resolved_by_discovery(&cluster, profiles).await?;
+    let (client, default_namespace) = (&cluster.client, cluster.namespace.clone());
     let profiles = resolved.as_ref().unwrap_or(profiles);
     let scope = Scope {
         namespace: if args.all_namespaces { None } else { Some(args.namespace.clone().unwrap_or(default_namespace)) },
@@ -135,7 +136,14 @@ async fn audit(args: &AuditArgs, profiles: &ProfileSet) -> anyhow::Result<Printe
             eprintln!("keyward audit: {pods} pods read ({pages} pages)…");
         }
     };
-    let gathered = gather(&client, &scope, profiles, SystemTime::now(), args.expiry_warning, &mut progress).await?;
+    let gathered = gather(client, &scope, profiles, SystemTime::now(), args.expiry_warning, &mut progress)
+        .await
+        .map_err(|e| match e {
+            AuditError::Api { what, source } => {
+                anyhow::Error::new(crate::kubeconfig::request_failed(&cluster.server, &what, &source))
+            }
+            forbidden => anyhow::Error::new(forbidden),
+        })?;
     let found = !gathered.findings.is_empty();
     let text = match args.output {
         AuditFormat::Table => table(&gathered),

@@ -5,7 +5,9 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
 use keyward_controller::desired::OPT_IN;
 use keyward_engine::inject::ObjectKind;
 use keyward_engine::Explanation;
-use kube::{Api, Client};
+use kube::Api;
+
+use crate::kubeconfig::{request_failed, Cluster, ClusterUnreadable};
 use serde::Serialize;
 
 #[derive(Debug, Serialize)]
@@ -28,8 +30,10 @@ pub struct Required {
     pub exists: bool,
 }
 
-pub async fn look(client: &Client, namespace: &str, explanation: &Explanation) -> anyhow::Result<Seen> {
-    let refused = |what: String| move |e: kube::Error| anyhow::anyhow!("--cluster: {what}: {e}");
+pub async fn look(cluster: &Cluster, namespace: &str, explanation: &Explanation) -> Result<Seen, ClusterUnreadable> {
+    let client = &cluster.client;
+    let refused =
+        |what: String| move |e: kube::Error| request_failed(&cluster.server, &format!("--cluster: {what}"), &e);
     let ns = Api::<Namespace>::all(client.clone())
         .get_opt(namespace)
         .await

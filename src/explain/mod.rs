@@ -49,14 +49,14 @@ pub fn run(file: &Path, profiles: &ProfileSet, options: &ExplainOptions) -> anyh
     let cluster = match &options.cluster {
         Some(access) => {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-            let (client, _) = runtime.block_on(access.client())?;
-            Some((runtime, client))
+            let cluster = runtime.block_on(access.client())?;
+            Some((runtime, cluster))
         }
         None => None,
     };
     // With the cluster at hand, `delivery: auto` as keyward's controller resolves it there.
     let resolved = match &cluster {
-        Some((runtime, client)) => runtime.block_on(crate::profiles::resolved_by_discovery(client, profiles))?,
+        Some((runtime, cluster)) => runtime.block_on(crate::profiles::resolved_by_discovery(cluster, profiles))?,
         None => None,
     };
     let profiles = resolved.as_ref().unwrap_or(profiles);
@@ -75,12 +75,14 @@ pub fn run(file: &Path, profiles: &ProfileSet, options: &ExplainOptions) -> anyh
         let after = pod_after(&explanation, &pod.value)?;
         all_allowed &= explanation.decision.allowed();
         let seen = match &cluster {
-            Some((runtime, client)) => Some(runtime.block_on(cluster::look(client, facts.namespace, &explanation))?),
+            Some((runtime, seen_in)) => {
+                Some(runtime.block_on(cluster::look(seen_in, facts.namespace, &explanation))?)
+            }
             None => None,
         };
         match options.output {
             OutputFormat::Json | OutputFormat::Yaml => {
-                let mut report = report(&facts, &explanation, &after);
+                let mut report = report(&facts, &explanation, &after, profiles);
                 report["subject"] = json!(subject.what);
                 if let Some(seen) = &seen {
                     report["cluster"] = serde_json::to_value(seen)?;
@@ -184,7 +186,7 @@ fn pod_after(explanation: &Explanation, pod: &Value) -> anyhow::Result<Value> {
     Ok(after)
 }
 
-fn report(facts: &RequestFacts<'_>, explanation: &Explanation, after: &Value) -> Value {
+fn report(facts: &RequestFacts<'_>, explanation: &Explanation, after: &Value, profiles: &ProfileSet) -> Value {
     let decision = &explanation.decision;
     let requester = match facts.requester {
         Requester::User(u) => Some(u),
@@ -199,11 +201,30 @@ fn report(facts: &RequestFacts<'_>, explanation: &Explanation, after: &Value) ->
         "message": decision.message(),
         "warnings": decision.warnings,
         "patch": decision.patch(),
+        // Not in `patch`: signed by the webhook at admission (explain has no key).
+        "attestation": attestation_op(explanation, profiles),
         "pod": after,
         "auditAnnotations": decision.audit_annotations,
         "injected": decision.outcome.as_ref().ok().and_then(|m| m.audit()),
         "requires": requires(facts.namespace, explanation),
         "trace": explanation.trace,
+    })
+}
+
+/// What the webhook adds that explain cannot: the admission attestation, for a pod injected
+/// by a profile that issues per-owner credentials. The webhook signs it with its key at
+/// admission (binding the pod, the owner and the moment); explain has no key, so its patch
+/// leaves the operation out and says so here.
+fn attestation_op(explanation: &Explanation, profiles: &ProfileSet) -> Option<Value> {
+    let decision = &explanation.decision;
+    let injected = decision.outcome.as_ref().ok().and_then(|m| m.audit()).is_some();
+    let issuing = decision.profile.as_deref().and_then(|p| profiles.get(p)).is_some_and(|p| p.issues_per_owner);
+    (injected && issuing).then(|| {
+        json!({
+            "op": "add",
+            "path": "/metadata/annotations/keyward.io~1attestation",
+            "value": "v2.<key id>.<admitted at>.<nonce>.<binding>.<tag>",
+        })
     })
 }
 
@@ -259,6 +280,13 @@ fn text_report(what: &str, facts: &RequestFacts<'_>, explanation: &Explanation, 
                 line(format!("  - {item}"));
             }
             line(format!("containers: {}", audit.containers.describe()));
+        }
+        if let Some(op) = attestation_op(explanation, profiles) {
+            line(format!(
+                "attestation: the webhook also adds {} ({}), signed with its key at admission; explain has no key, so its patch leaves it out",
+                op["path"].as_str().unwrap_or_default(),
+                op["value"].as_str().unwrap_or_default()
+            ));
         }
         if let Some(original) = d.audit_annotations.get("original-service-account") {
             line(format!("service account swapped from: {original}"));

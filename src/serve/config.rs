@@ -17,8 +17,9 @@ pub const MAX_BODY_BYTES: usize = 7 * 1024 * 1024;
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// HTTPS address for /mutate, /healthz and /readyz.
-    #[arg(long, env = "KEYWARD_LISTEN", default_value = "0.0.0.0:8443")]
+    /// HTTPS address for /mutate, /healthz and /readyz. The default, `[::]`, takes IPv6 and
+    /// IPv4 (`localhost` resolves to either); where IPv6 is off, keyward listens on 0.0.0.0.
+    #[arg(long, env = "KEYWARD_LISTEN", default_value = "[::]:8443")]
     listen: SocketAddr,
     /// A directory holding tls.crt (leaf first, chain allowed) and tls.key (PKCS#8, PKCS#1 or
     /// SEC1): a cert-manager Secret mounted as a volume. Without it, keyward mints a
@@ -40,7 +41,7 @@ pub struct ServeArgs {
     #[command(flatten)]
     profiles: ProfileArgs,
     /// Plain-HTTP address for GET /metrics (Prometheus text format); `off` disables it.
-    #[arg(long, env = "KEYWARD_METRICS_LISTEN", default_value = "0.0.0.0:9090")]
+    #[arg(long, env = "KEYWARD_METRICS_LISTEN", default_value = "[::]:9090")]
     metrics_listen: String,
     /// Log format.
     #[arg(long, env = "KEYWARD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
@@ -245,8 +246,8 @@ mod tests {
     #[test]
     fn defaults_are_the_embedded_dev_setup() {
         let c = config(&[]).unwrap();
-        assert_eq!(c.listen, "0.0.0.0:8443".parse().unwrap());
-        assert_eq!(c.metrics_listen, Some("0.0.0.0:9090".parse().unwrap()));
+        assert_eq!(c.listen, "[::]:8443".parse().unwrap());
+        assert_eq!(c.metrics_listen, Some("[::]:9090".parse().unwrap()));
         assert_eq!(c.tls, TlsSource::Dev { dir: ".keyward-dev".into(), extra_names: vec![] });
         assert_eq!(c.cert_poll_interval, Duration::from_secs(10));
         assert_eq!((c.shutdown_delay, c.shutdown_grace), (Duration::from_secs(5), Duration::from_secs(20)));

@@ -40,16 +40,37 @@ pub fn run(config: ServeConfig) -> anyhow::Result<()> {
 }
 
 async fn serve(config: ServeConfig) -> anyhow::Result<()> {
-    let tls_dir = match &config.tls {
-        TlsSource::Dir(dir) => {
-            if !dir.is_dir() {
-                anyhow::bail!(
-                    "--tls-dir {}: no such directory; mount the serving certificate Secret there (tls.crt, tls.key)",
-                    dir.display()
-                );
-            }
-            dir.clone()
+    if let TlsSource::Dir(dir) = &config.tls {
+        if !dir.is_dir() {
+            anyhow::bail!(
+                "--tls-dir {}: no such directory; mount the serving certificate Secret there (tls.crt, tls.key)",
+                dir.display()
+            );
         }
+    }
+    // The profiles next: a set that is refused stops start-up before anything is written
+    // (no development certificate minted for a server that will not run).
+    let metrics = Arc::new(Metrics::default());
+    // What every set must allow here, at start and on each reload: a profile that issues
+    // per-owner credentials needs the attestation key this process was started with.
+    let attests = config.attestation_key_dir.is_some() || matches!(config.tls, TlsSource::Dev { .. });
+    let observer = metrics.clone();
+    let store = ProfileStore::load(config.profiles.clone(), move |set| attestable(set, attests))?
+        .with_observer(move |outcome| observer.observe_profile_reload(outcome));
+    let store = Arc::new(store);
+    let profiles = store.profiles().current();
+    tracing::info!(
+        count = profiles.len(),
+        source = %config.profiles.describe(),
+        profiles = ?profiles.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
+        cluster = %profiles.facts().describe(),
+        cluster_facts = %config.profiles.describe_facts(),
+        reloads = store.reloads(),
+        "profiles loaded"
+    );
+
+    let tls_dir = match &config.tls {
+        TlsSource::Dir(dir) => dir.clone(),
         TlsSource::Dev { dir, extra_names } => {
             // Said first, and again in any error: in a container, a missing --tls-dir is the
             // usual reason to land here.
@@ -77,25 +98,6 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
             dir.clone()
         }
     };
-
-    let metrics = Arc::new(Metrics::default());
-    // What every set must allow here, at start and on each reload: a profile that issues
-    // per-owner credentials needs the attestation key this process was started with.
-    let attests = config.attestation_key_dir.is_some() || matches!(config.tls, TlsSource::Dev { .. });
-    let observer = metrics.clone();
-    let store = ProfileStore::load(config.profiles.clone(), move |set| attestable(set, attests))?
-        .with_observer(move |outcome| observer.observe_profile_reload(outcome));
-    let store = Arc::new(store);
-    let profiles = store.profiles().current();
-    tracing::info!(
-        count = profiles.len(),
-        source = %config.profiles.describe(),
-        profiles = ?profiles.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
-        cluster = %profiles.facts().describe(),
-        cluster_facts = %config.profiles.describe_facts(),
-        reloads = store.reloads(),
-        "profiles loaded"
-    );
 
     let attestation_keys = attestation(&config)?;
     let _attestation_watch = match &attestation_keys {
@@ -139,8 +141,7 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         decisions: Arc::new(tokio::sync::Semaphore::new(config.max_concurrent_decisions)),
         attestation_keys,
     };
-    let listener =
-        TcpListener::bind(config.listen).await.with_context(|| format!("--listen {}: cannot bind", config.listen))?;
+    let listener = bind(config.listen, "--listen").await?;
     let (webhook_limits, metrics_limits) = connection_limits(&config);
     let metrics_task = match config.metrics_listen {
         Some(addr) => Some(tokio::spawn(serve_metrics(addr, state.clone(), metrics_limits, stop_rx.clone()).await?)),
@@ -238,11 +239,27 @@ async fn serve_metrics(
     limits: ConnectionLimits,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<impl std::future::Future<Output = ()>> {
-    let listener = TcpListener::bind(addr).await.with_context(|| format!("--metrics-listen {addr}: cannot bind"))?;
+    let listener = bind(addr, "--metrics-listen").await?;
     let local = listener.local_addr()?;
     tracing::info!(role = "metrics", addr = %local, "listening (plain HTTP: GET /metrics, /healthz, /readyz)");
     let connections = Connections::new("metrics", limits, state.metrics.clone());
     Ok(connections::serve(listener, Transport::Plain, routes::metrics_router(state), connections, stop))
+}
+
+/// Binds `addr`. `[::]` (the default) takes IPv6 and IPv4 alike; on a host or pod with IPv6
+/// turned off it cannot be bound, and 0.0.0.0 (IPv4) is, with a warning.
+async fn bind(addr: SocketAddr, flag: &str) -> anyhow::Result<TcpListener> {
+    match TcpListener::bind(addr).await {
+        Ok(listener) => Ok(listener),
+        Err(e) if addr.ip() == std::net::Ipv6Addr::UNSPECIFIED => {
+            let v4 = SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, addr.port()));
+            let listener =
+                TcpListener::bind(v4).await.with_context(|| format!("{flag} {addr}: cannot bind ({e}), nor {v4}"))?;
+            tracing::warn!(error = %e, addr = %v4, "{flag} {addr}: IPv6 is not available here; listening on IPv4 only");
+            Ok(listener)
+        }
+        Err(e) => Err(anyhow::anyhow!("{flag} {addr}: cannot bind ({e})")),
+    }
 }
 
 /// Serves `app` over plain HTTP on `listener` with the same connection rules as the metrics

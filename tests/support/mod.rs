@@ -122,8 +122,11 @@ impl Server {
         } else {
             command.arg("serve");
         }
+        if !given("--listen") {
+            command.args(["--listen", "127.0.0.1:0"]);
+        }
         let mut child = command
-            .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--log-format", "json"])
+            .args(["--metrics-listen", "127.0.0.1:0", "--log-format", "json"])
             .args(args)
             .current_dir(env!("CARGO_MANIFEST_DIR"))
             .env("RUST_LOG", std::env::var("KEYWARD_TEST_RUST_LOG").unwrap_or_else(|_| "info".into()))

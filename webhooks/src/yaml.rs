@@ -142,6 +142,16 @@ pub const MAX_PROBLEMS: usize = 50;
 /// `document` as a `T`, or every problem in it (at most [`MAX_PROBLEMS`]), each with its field
 /// and position.
 pub fn check<T: DeserializeOwned>(document: &Document) -> Result<T, Vec<Problem>> {
+    match check_all(document) {
+        (problems, Some(t)) if problems.is_empty() => Ok(t),
+        (problems, _) => Err(problems),
+    }
+}
+
+/// Like [`check`], and with the problems, the document as a `T` once every field with a
+/// problem is pruned (when what is left still is one): its other fields can then be checked
+/// too, so that one typo does not hide the rest of a document's problems.
+pub fn check_all<T: DeserializeOwned>(document: &Document) -> (Vec<Problem>, Option<T>) {
     let mut value = document.value.clone();
     let mut problems = Vec::new();
     let mut removed = Removed::default();
@@ -150,8 +160,7 @@ pub fn check<T: DeserializeOwned>(document: &Document) -> Result<T, Vec<Problem>
     let mut touched: Vec<String> = Vec::new();
     loop {
         match serde_path_to_error::deserialize::<_, T>(&value) {
-            Ok(t) if problems.is_empty() => return Ok(t),
-            Ok(_) => return Err(problems),
+            Ok(t) => return (problems, Some(t)),
             Err(e) => {
                 let segments: Vec<Segment> = e.path().iter().filter_map(segment).collect();
                 let path = removed.original(&segments);
@@ -166,11 +175,11 @@ pub fn check<T: DeserializeOwned>(document: &Document) -> Result<T, Vec<Problem>
                 // Prune the node (a map missing a field goes whole) and look again; the
                 // document itself cannot go.
                 if segments.is_empty() || problems.len() >= MAX_PROBLEMS {
-                    return Err(problems);
+                    return (problems, None);
                 }
                 touched.push(removed.original(&segments[..segments.len() - 1]));
                 if !removed.prune(&mut value, &segments) {
-                    return Err(problems);
+                    return (problems, None);
                 }
             }
         }

@@ -69,9 +69,10 @@ fn parse_documents(source: &str, text: &str, errors: &mut Vec<ProfileError>) -> 
     let mut docs = Vec::new();
     for document in documents {
         let name = document.value.pointer("/metadata/name").and_then(serde_json::Value::as_str).map(str::to_string);
-        match yaml::check::<ProfileDocument>(&document) {
-            Ok(doc) => docs.push(doc),
-            Err(mut problems) => {
+        match yaml::check_all::<ProfileDocument>(&document) {
+            (problems, Some(doc)) if problems.is_empty() => docs.push(doc),
+            (mut problems, rest) => {
+                let pruned: Vec<String> = problems.iter().map(|p| p.path.clone()).collect();
                 // In the order they are in the file; those without a place last.
                 problems.sort_by_key(|p| p.position.map_or((usize::MAX, 0), |p| (p.line, p.column)));
                 for problem in problems {
@@ -82,6 +83,25 @@ fn parse_documents(source: &str, text: &str, errors: &mut Vec<ProfileError>) -> 
                         field: problem.path,
                         reason: format!("document {}{at}: {}", document.index, problem.message),
                     });
+                }
+                // The rest of the document, without the fields that have problems, is checked
+                // too; the profile it makes is never used (the set is refused).
+                if let Some(rest) = rest {
+                    let mut more = Vec::new();
+                    validate(source, rest, &mut more);
+                    // Not what the pruning itself may have caused: about a field pruned, one
+                    // inside it, a parent of one, or a sibling (`selektor` pruned leaves
+                    // `selector` empty). Problems deeper in a sibling are reported.
+                    let parent = |path: &str| path.rsplit_once('.').map_or(String::new(), |(p, _)| p.to_string());
+                    let caused = |field: &str| {
+                        pruned.iter().any(|p| {
+                            p == field
+                                || p.starts_with(&format!("{field}."))
+                                || field.starts_with(&format!("{p}."))
+                                || parent(p) == parent(field)
+                        })
+                    };
+                    errors.extend(more.into_iter().filter(|e| !caused(&e.field)));
                 }
             }
         }

@@ -547,6 +547,27 @@ spec:
         );
     }
 
+    /// A misspelt field does not hide the rest of its profile's problems: the document without
+    /// it is checked too (and problems the pruning itself may cause are not reported).
+    #[test]
+    fn a_typo_does_not_hide_the_profiles_other_problems() {
+        let faulty = VALID
+            .replace("audience:", "audiense:")
+            .replace("  inject:\n", "  inject:\n    env:\n      - {name: \"bad name\", value: x}\n");
+        let errs = load(&faulty).unwrap_err();
+        assert_eq!(errs.len(), 2, "{errs:#?}");
+        assert!(
+            errs[0].contains(
+                "spec.inject.serviceAccountToken.audiense: document 1, line 16 column 7: unknown field `audiense`"
+            ),
+            "{errs:#?}"
+        );
+        assert!(errs[1].ends_with("spec.inject.env.[0].name: \"bad name\" is not a valid environment variable name (letters, digits, '_', '-' and '.', not starting with a digit or '..')"), "{errs:#?}");
+        // Fixed, the typo alone: the one problem.
+        let errs = load(&VALID.replace("audience:", "audiense:")).unwrap_err();
+        assert_eq!(errs.len(), 1, "{errs:#?}");
+    }
+
     #[test]
     fn every_fault_in_a_document_is_reported_with_its_line_and_column() {
         // Seven faults: four misspelt fields, two wrong types, one unknown variant.
