@@ -326,3 +326,29 @@ fn jitter(base: Duration) -> Duration {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
     base + base.mul_f64(1.2 * f64::from(nanos % 1000) / 1000.0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Guards the mutation "`is_leader` no longer compares the clock with the deadline" (issue
+    /// 27: it survived because the elector's own timeout gives up at the same instant, so the
+    /// clock check was never what stopped a write). Here no elector runs at all: with the
+    /// clock paused, leadership set to lapse at the renew deadline answers `NotLeader` the
+    /// moment the clock reaches it, though nothing gave it up.
+    #[tokio::test(start_paused = true)]
+    async fn a_leader_past_its_renew_deadline_stops_writing_before_its_elector_notices() {
+        let leadership = Leadership::new(false);
+        assert!(matches!(leadership.check(), Err(Error::NotLeader)), "not leading before it is extended");
+        let renew_deadline = Duration::from_secs(10);
+        let until = Instant::now() + renew_deadline;
+        leadership.extend(until);
+        assert!(leadership.check().is_ok());
+        tokio::time::advance(renew_deadline - Duration::from_millis(1)).await;
+        assert!(leadership.check().is_ok(), "still inside the renew deadline");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(matches!(leadership.check(), Err(Error::NotLeader)), "at the deadline, writes stop");
+        // Nothing gave it up: the deadline alone stopped the writes.
+        assert_eq!(leadership.until(), Some(until));
+    }
+}
