@@ -288,4 +288,79 @@ mod tests {
         let err = Key::from_bytes(b"short", "current").unwrap_err();
         assert_eq!(err.to_string(), "current: 5 bytes; an attestation key is 32 random bytes");
     }
+
+    /// The key store as the webhook uses it, tested here rather than only through the webhook
+    /// and the controller (issue 27: with this crate's tests alone, cargo-mutants found its
+    /// loading, readiness and reload unguarded).
+    #[test]
+    fn the_store_loads_current_and_previous_keeps_the_last_good_and_says_why_not_ready() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = KeyStore::new(dir.path());
+        assert!(store.keys().is_empty());
+        let not_yet = store.ready().unwrap_err();
+        assert!(not_yet.starts_with("no attestation key loaded yet from "), "{not_yet}");
+        assert!(not_yet.ends_with("(keyward's controller creates the Secret keyward-attestation)"), "{not_yet}");
+
+        // No current key: refused, and the reason is what ready() says after a reload.
+        store.reload(Trigger::Startup);
+        let missing = store.ready().unwrap_err();
+        assert!(
+            missing.ends_with(
+                "current: missing (keyward's controller creates the Secret keyward-attestation; mount it here)"
+            ),
+            "{missing}"
+        );
+
+        let (a, b) = (generate().unwrap(), generate().unwrap());
+        std::fs::write(dir.path().join(CURRENT_FILE), a).unwrap();
+        assert!(store.load().unwrap(), "a first key is a change");
+        assert!(!store.load().unwrap(), "the same key again is not");
+        assert_eq!(store.keys().current.as_ref().unwrap().id(), key_id(&a));
+        assert!(store.keys().previous.is_none());
+        store.reload(Trigger::Startup);
+        assert_eq!(store.ready(), Ok(()));
+
+        // A rotation: b signs, a still verifies.
+        std::fs::write(dir.path().join(PREVIOUS_FILE), a).unwrap();
+        std::fs::write(dir.path().join(CURRENT_FILE), b).unwrap();
+        store.reload(Trigger::Startup);
+        let keys = store.keys();
+        assert_eq!(keys.current.as_ref().unwrap().id(), key_id(&b));
+        assert_eq!(keys.previous.as_ref().unwrap().id(), key_id(&a));
+        let (id, tag) = Keys { current: Some(Key::from_bytes(&a, "a").unwrap()), previous: None }.sign(b"p").unwrap();
+        assert!(keys.verify(b"p", &id, &tag));
+
+        // A bad file: refused, the last good keys kept, still ready.
+        std::fs::write(dir.path().join(CURRENT_FILE), b"short").unwrap();
+        assert!(store.load().is_err());
+        store.reload(Trigger::Startup);
+        assert_eq!(store.keys().current.as_ref().unwrap().id(), key_id(&b));
+        assert_eq!(store.ready(), Ok(()));
+
+        // A file that cannot be read is an error, not a missing key.
+        std::fs::remove_file(dir.path().join(CURRENT_FILE)).unwrap();
+        std::fs::create_dir(dir.path().join(CURRENT_FILE)).unwrap();
+        let unreadable = store.load().unwrap_err().to_string();
+        assert!(unreadable.contains("current: cannot read"), "{unreadable}");
+    }
+
+    #[test]
+    fn a_development_key_is_made_once_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = dir.path().join("attestation");
+        ensure_dev_key(&keys).unwrap();
+        let first = std::fs::read(keys.join(CURRENT_FILE)).unwrap();
+        assert_eq!(first.len(), KEY_BYTES);
+        ensure_dev_key(&keys).unwrap();
+        assert_eq!(std::fs::read(keys.join(CURRENT_FILE)).unwrap(), first, "kept, not replaced");
+        std::fs::write(keys.join(CURRENT_FILE), b"short").unwrap();
+        assert!(ensure_dev_key(&keys)
+            .unwrap_err()
+            .to_string()
+            .ends_with("5 bytes; an attestation key is 32 random bytes"));
+        // Its id names it, and its Debug form never shows the key.
+        let key = Key::from_bytes(&first, "k").unwrap();
+        assert_eq!(key.id(), key_id(&first));
+        assert_eq!(format!("{key:?}"), format!("Key {{ id: {:?}, .. }}", key_id(&first)));
+    }
 }
