@@ -182,20 +182,6 @@ pub enum Verdict {
     },
 }
 
-impl Verdict {
-    /// A short, stable name for metrics and Event reasons.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Self::Valid => "valid",
-            Self::Missing => "missing",
-            Self::Malformed(_) => "malformed",
-            Self::Forged => "forged",
-            Self::Rebound => "rebound",
-            Self::Untimely { .. } => "untimely",
-        }
-    }
-}
-
 /// Checks `value` (the pod's attestation) for `subject`: the tag with `verifies`, then the
 /// binding against `binding` (the pod's, computed now), then the time against `created` (the
 /// pod's `creationTimestamp`, Unix seconds).
@@ -268,18 +254,35 @@ mod tests {
             parse(v1),
             Err("it is a v1 attestation, made before attestations were bound to the pod they are on".into())
         );
-        for junk in [
-            "",
-            "v2",
-            "v2.....",
-            "v2.zz.1.n.BwcH.t",
-            "v2.00.x.n.BwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwc.t",
-            "v2.00.1.n.BwcH.t",
-            "v2.00.1.n!.BwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwc.t",
-            "v3.00.1.n.b.t",
-        ] {
-            assert!(parse(junk).is_err(), "{junk:?}");
+        for junk in ["", "v2", "v3.00.1.n.b.t", "v2.00.1.n.b.t.extra"] {
+            assert_eq!(parse(junk), Err("it is not v2.<key id>.<time>.<nonce>.<binding>.<tag>".into()), "{junk:?}");
         }
+        // Each malformed in one field only, the rest well formed, so that each check is the
+        // one that refuses it (issue 27: a mutant that loosened the key id's or the tag's
+        // check survived when every junk value was also malformed elsewhere).
+        let b = "BwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwc";
+        let malformed = Err("its key id, nonce or tag is malformed".to_string());
+        let long_hex = "a".repeat(65);
+        let long_nonce = "n".repeat(65);
+        let long_tag = "t".repeat(129);
+        for (junk, why) in [
+            (format!("v2.zz.1.n.{b}.t"), malformed.clone()),
+            (format!("v2.{long_hex}.1.n.{b}.t"), malformed.clone()),
+            (format!("v2..1.n.{b}.t"), malformed.clone()),
+            (format!("v2.00.1.n!.{b}.t"), malformed.clone()),
+            (format!("v2.00.1..{b}.t"), malformed.clone()),
+            (format!("v2.00.1.{long_nonce}.{b}.t"), malformed.clone()),
+            (format!("v2.00.1.n.{b}.t!"), malformed.clone()),
+            (format!("v2.00.1.n.{b}."), malformed.clone()),
+            (format!("v2.00.1.n.{b}.{long_tag}"), malformed.clone()),
+            (format!("v2.00.x.n.{b}.t"), Err("its time is not a number of seconds".into())),
+            ("v2.00.1.n.BwcH.t".to_string(), Err("its binding is not a SHA-256 digest".into())),
+        ] {
+            assert_eq!(parse(&junk), why, "{junk:?}");
+        }
+        // At the bounds: a 64-character key id and nonce, a 128-character tag, are read.
+        let longest = format!("v2.{}.1.{}.{b}.{}", "a".repeat(64), "n".repeat(64), "t".repeat(128));
+        assert!(parse(&longest).is_ok());
     }
 
     #[test]
