@@ -297,6 +297,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = KeyStore::new(dir.path());
         assert!(store.keys().is_empty());
+        assert_eq!(
+            format!("{store:?}"),
+            format!("KeyStore {{ dir: {:?}, keys: Keys {{ current: None, previous: None }} }}", dir.path())
+        );
         let not_yet = store.ready().unwrap_err();
         assert!(not_yet.starts_with("no attestation key loaded yet from "), "{not_yet}");
         assert!(not_yet.ends_with("(keyward's controller creates the Secret keyward-attestation)"), "{not_yet}");

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Mutation testing of the security-critical code (.cargo/mutants.toml), with cargo-mutants at
+# the version pinned here, installed into target/ci-tools on first use. Used by `make mutants`.
+#
+#   scripts/mutants.sh                 # every file in .cargo/mutants.toml, and the owner and
+#                                      # requester checks in reconcile.rs and select.rs
+#   scripts/mutants.sh -f FILE ...     # or pass cargo-mutants' own filters
+#   scripts/mutants.sh --ci            # .ci/run: only the lines the last commit changed in
+#                                      # those files (nothing to do: no install, no build)
+#
+# Runs in a scratch copy of the tree (never mutating the working tree), results in
+# target/mutants/; compare its missed.txt and timeout.txt with docs/mutants.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=target/mutants
+if [[ "${1:-}" == "--ci" ]]; then
+  mapfile -t files < <(sed -n 's/^ *"\([^"]*\.rs\)",$/\1/p' .cargo/mutants.toml)
+  mkdir -p "$out"
+  if ! git rev-parse -q --verify HEAD~1 >/dev/null || ! git diff --quiet HEAD~1 HEAD -- "${files[@]}"; then
+    git diff HEAD~1 HEAD -- "${files[@]}" > "$out/last-commit.diff" 2>/dev/null || true
+  else
+    echo "mutants: the last commit changes none of the security-critical files; nothing to test"
+    exit 0
+  fi
+  if [[ ! -s "$out/last-commit.diff" ]]; then
+    echo "mutants: no previous commit to compare with; nothing to test"
+    exit 0
+  fi
+fi
+version=27.0.0
+bin=target/ci-tools/bin
+if [[ ! -x "$bin/cargo-mutants" ]] || [[ "$(PATH="$bin:$PATH" cargo mutants --version)" != "cargo-mutants $version" ]]; then
+  cargo install --quiet --locked --version "$version" --root target/ci-tools cargo-mutants
+fi
+export PATH="$PWD/$bin:$PATH"
+mkdir -p "$out"
+if [[ "${1:-}" == "--ci" ]]; then
+  # In place, reusing the build CI just made: only in a tree with nothing uncommitted, so that
+  # a run cut short leaves its mutation visible to `git status` (and `git checkout .` undoes it).
+  if [[ -n "$(git status --porcelain --untracked-files=no)" ]]; then
+    echo "mutants --ci: the tree has uncommitted changes; run it on a clean checkout" >&2
+    exit 1
+  fi
+  # At most 20 mutants (about half an hour on 2 cores, with the install): a larger change is
+  # sampled, one shard of as many as it takes.
+  count=$(cargo mutants --workspace --list --in-diff "$out/last-commit.diff" | wc -l)
+  shards=$(( (count + 19) / 20 ))
+  echo "mutants: $count in the last commit's changes; testing $(( count < 20 ? count : 20 )) of them"
+  exec cargo mutants --workspace --in-place --in-diff "$out/last-commit.diff" --shard "0/$(( shards > 0 ? shards : 1 ))" --output "$out/ci"
+fi
+if [[ $# -gt 0 ]]; then
+  exec cargo mutants --workspace --output "$out" "$@"
+fi
+status=0
+cargo mutants --workspace --output "$out/files" || status=$?
+# Only these functions of two larger files: the owner check before issuing, and who may
+# create a profile's pods. (cargo-mutants 27's --re and --exclude-re do not filter its
+# "delete field" mutants: reconcile.rs's struct literals elsewhere come along, 17 of them.)
+cargo mutants --workspace --no-config --output "$out/owner" -f controller/src/reconcile.rs -F owner_verified || status=$?
+cargo mutants --workspace --no-config --output "$out/requester" -f webhooks/src/select.rs -F requester_allowed || status=$?
+exit "$status"
