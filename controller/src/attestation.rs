@@ -196,4 +196,20 @@ mod tests {
         // No attestation: nothing to compare.
         assert_eq!(first_of_its_attestation(&pod("bare", None, Some(1)), &all), Ok(()));
     }
+
+    /// The webhook's clock at admission is the system's (Unix seconds): the controller's time
+    /// window is measured from it. Guards the mutants that replace `now` by a constant, which
+    /// the controller's own tests, stamping pods from the attestation, could not notice.
+    #[test]
+    fn the_attestor_stamps_with_the_system_clock_and_fresh_nonces() {
+        use keyward_engine::Attestor as _;
+        let attestor = KeysAttestor(Keys::default());
+        let system = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+        let (before, now, after) = (system(), attestor.now(), system());
+        assert!(before <= now && now <= after, "{before} <= {now} <= {after}");
+        assert_ne!(attestor.nonce(), attestor.nonce());
+        // No key, nothing signed, nothing verifies.
+        assert_eq!(attestor.sign(b"payload"), None);
+        assert!(!attestor.verifies(b"payload", "00", "dGFn"));
+    }
 }
