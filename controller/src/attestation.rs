@@ -198,8 +198,9 @@ mod tests {
     }
 
     /// The webhook's clock at admission is the system's (Unix seconds): the controller's time
-    /// window is measured from it. Guards the mutants that replace `now` by a constant, which
-    /// the controller's own tests, stamping pods from the attestation, could not notice.
+    /// window is measured from it. Guards the mutants that replace `now`, `nonce` or
+    /// `verifies` by a constant, which the controller's own tests (stamping pods from the
+    /// attestation they make, verifying with `Keys` directly) could not notice.
     #[test]
     fn the_attestor_stamps_with_the_system_clock_and_fresh_nonces() {
         use keyward_engine::Attestor as _;
@@ -211,5 +212,12 @@ mod tests {
         // No key, nothing signed, nothing verifies.
         assert_eq!(attestor.sign(b"payload"), None);
         assert!(!attestor.verifies(b"payload", "00", "dGFn"));
+        // With one, what it signs verifies, and only for that payload (the webhook checks a
+        // pod's attestation with it on reinvocation).
+        let key = keyward_certs::attestation::Key::from_bytes(&[9; 32], "k").unwrap();
+        let keyed = KeysAttestor(Keys { current: Some(key), previous: None });
+        let signature = keyed.sign(b"payload").unwrap();
+        assert!(keyed.verifies(b"payload", &signature.key_id, &signature.tag));
+        assert!(!keyed.verifies(b"another", &signature.key_id, &signature.tag));
     }
 }
