@@ -182,8 +182,12 @@ mod tests {
         // The same second: neither.
         let twin = pod("twin", Some("v2.a"), Some(100));
         let both = [original.clone(), twin.clone()];
-        assert!(first_of_its_attestation(&original, &both).unwrap_err().contains("pod twin"));
-        assert!(first_of_its_attestation(&twin, &both).unwrap_err().contains("pod driver"));
+        // (The message says so: it is not "created first". Guards the mutant that drops the tie.)
+        let same_second = "carries the same admission attestation and was created in the same second";
+        assert!(first_of_its_attestation(&original, &both)
+            .unwrap_err()
+            .starts_with(&format!("pod twin {same_second}")));
+        assert!(first_of_its_attestation(&twin, &both).unwrap_err().starts_with(&format!("pod driver {same_second}")));
         // A pod with no creation time is first to no one.
         let timeless = pod("timeless", Some("v2.a"), None);
         assert!(first_of_its_attestation(&timeless, std::slice::from_ref(&original)).is_err());
