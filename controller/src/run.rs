@@ -265,22 +265,14 @@ pub async fn run(
     let provision_accounts = reconciler.settings().provision_accounts;
     let stores = Stores {
         config_maps: watch_managed::<ConfigMap>(&client, &managed, &tx, &namespaces, &mut tasks),
-        service_accounts: watch_accounts::<ServiceAccount>(
-            provision_accounts,
-            &client,
-            &managed,
-            &tx,
-            &namespaces,
-            &mut tasks,
-        ),
-        role_bindings: watch_accounts::<RoleBinding>(
-            provision_accounts,
-            &client,
-            &managed,
-            &tx,
-            &namespaces,
-            &mut tasks,
-        ),
+        service_accounts: match provision_accounts {
+            true => watch_managed::<ServiceAccount>(&client, &managed, &tx, &namespaces, &mut tasks),
+            false => unwatched(),
+        },
+        role_bindings: match provision_accounts {
+            true => watch_managed::<RoleBinding>(&client, &managed, &tx, &namespaces, &mut tasks),
+            false => unwatched(),
+        },
     };
     let ready_stores = stores.clone();
     let store_reconciler = reconciler.clone();
@@ -621,30 +613,20 @@ async fn observe_pod(
     }
 }
 
-/// Watches the objects keyward manages of one kind into a store; a change in an opted-in
-/// namespace queues it (to repair it), anywhere else a sweep.
 /// Service accounts and role bindings are watched only with `--provision-accounts`; without
-/// it, keyward has no rights on them and provides none: an empty store, ready at once.
-fn watch_accounts<K>(
-    provision: bool,
-    client: &Client,
-    selector: &str,
-    tx: &mpsc::UnboundedSender<Key>,
-    namespaces: &Store<Namespace>,
-    tasks: &mut JoinSet<()>,
-) -> Store<K>
+/// it keyward has no rights on them and provides none: an empty store, ready at once.
+fn unwatched<K>() -> Store<K>
 where
-    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K: Resource<DynamicType = ()> + Clone,
 {
-    if provision {
-        return watch_managed(client, selector, tx, namespaces, tasks);
-    }
     let (store, mut writer) = reflector::store::<K>();
     writer.apply_watcher_event(&Event::Init);
     writer.apply_watcher_event(&Event::InitDone);
     store
 }
 
+/// Watches the objects keyward manages of one kind into a store; a change in an opted-in
+/// namespace queues it (to repair it), anywhere else a sweep.
 fn watch_managed<K>(
     client: &Client,
     selector: &str,
