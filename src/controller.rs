@@ -16,7 +16,7 @@ use anyhow::{bail, Context};
 use axum::http::StatusCode;
 use clap::Args;
 use keyward_certs::{CertStore, Trigger};
-use keyward_controller::{run, LeaderElector, LeaseConfig, Metrics, Reconciler, Settings};
+use keyward_controller::{run, LeaderElector, LeaseConfig, Metrics, Settings};
 use keyward_engine::inject::Provision;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -353,7 +353,7 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         let (client, client_ca, leadership, metrics, identity) =
             (client.clone(), client_ca.clone(), leadership.clone(), metrics.clone(), identity.clone());
         move |profiles| {
-            Arc::new(Reconciler::new(
+            Arc::new(keyward_controller::Context::new(
                 client.clone(),
                 profiles,
                 settings.clone(),

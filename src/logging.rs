@@ -228,6 +228,24 @@ impl fmt::Write for Escaped<'_, '_> {
     }
 }
 
+/// The name kubectl runs keyward under as a plugin (`kubectl keyward …`).
+const KUBECTL_PLUGIN: &str = "kubectl-keyward";
+
+/// What the user typed to run keyward: `kubectl keyward` when kubectl runs it as a plugin, so
+/// that usage and errors name the command as typed.
+pub fn invoked_as() -> &'static str {
+    static INVOKED: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+    INVOKED.get_or_init(|| {
+        let invoked = std::env::args_os().next().unwrap_or_default();
+        let as_plugin = std::path::Path::new(&invoked).file_stem().is_some_and(|stem| stem == KUBECTL_PLUGIN);
+        if as_plugin {
+            "kubectl keyward"
+        } else {
+            "keyward"
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -22,7 +22,7 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             // One clear line (or one per problem), never a backtrace.
-            eprintln!("{}: error: {e:#}", cli::invoked_as());
+            eprintln!("{}: error: {e:#}", logging::invoked_as());
             // A cluster that cannot be read is not bad input: 2, whichever command read it.
             if e.downcast_ref::<kubeconfig::ClusterUnreadable>().is_some() {
                 return ExitCode::from(2);

@@ -121,7 +121,7 @@ async fn a_tenants_copies_of_an_attested_pod_get_no_secret() {
         created(p, "copy-late", SystemTime::now() + Duration::from_secs(3600));
     });
     refused.extend(fake::claims(&r, &an_hour_later));
-    r.owner(&fake::owner_key(), &refused).await.unwrap();
+    keyward_controller::owners::reconcile(&r, &fake::owner_key(), &refused).await.unwrap();
     assert!(api.get("v1", "Secret", "team-a", "evaljob-sample-lmeval-client").is_none());
     assert_eq!(r.metrics().refused_count(Refusal::ReboundAttestation), 4);
     assert_eq!(r.metrics().refused_count(Refusal::UntimelyAttestation), 1);
@@ -162,7 +162,7 @@ async fn a_tenants_copies_of_an_attested_pod_get_no_secret() {
     });
     let mut both = fake::claims(&r, &original);
     both.extend(fake::claims(&r, &twin));
-    r.owner(&fake::owner_key(), &both).await.unwrap();
+    keyward_controller::owners::reconcile(&r, &fake::owner_key(), &both).await.unwrap();
     assert_eq!(r.metrics().refused_count(Refusal::DuplicateAttestation), 1);
     let secret =
         api.get("v1", "Secret", "team-a", "evaljob-sample-lmeval-client").expect("the operator's pod is served");

@@ -37,7 +37,7 @@ fn between<'a>(text: &'a str, start: &str, end: &str) -> &'a str {
 #[test]
 fn the_readme_lists_every_reason_a_decision_can_have() {
     // Reason::as_str is an exhaustive match: its strings are every reason there is.
-    let source = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/webhooks/src/engine.rs")).unwrap();
+    let source = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/webhooks/src/decision.rs")).unwrap();
     let as_str = between(&source, "pub fn as_str(self) -> &'static str {", "\n    }\n");
     let reasons: BTreeSet<String> = as_str
         .lines()

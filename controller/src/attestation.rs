@@ -14,8 +14,6 @@ use std::fmt;
 use keyward_engine::attest::{self, Signature, Verdict};
 use keyward_engine::binding::Digest32;
 
-use crate::desired::Owner;
-
 /// The engine's attestor over keyward-certs' keys: signs with the current key, accepts the
 /// current and the previous one, stamps with the system clock and a random nonce. `K` is the
 /// keys or a handle on them (the webhook's `Arc<Keys>` of the moment, from its hot-reloaded
@@ -58,13 +56,8 @@ pub struct Evidence {
 
 impl Evidence {
     /// Whether the attestation holds for this pod of `owner` under `profile`, with `keys`.
-    pub fn check(&self, owner: &Owner, profile: &str, keys: &Keys) -> Verdict {
-        let subject = attest::Subject {
-            namespace: &self.namespace,
-            owner: attest::OwnerRef { group: owner.group(), kind: &owner.kind, name: &owner.name, uid: &owner.uid },
-            profile,
-            injected: &self.injected,
-        };
+    pub fn check(&self, owner: attest::OwnerRef<'_>, profile: &str, keys: &Keys) -> Verdict {
+        let subject = attest::Subject { namespace: &self.namespace, owner, profile, injected: &self.injected };
         attest::check(self.value.as_deref(), &subject, &self.binding, self.created, |p, id, tag| {
             keys.verify(p, id, tag)
         })
@@ -106,13 +99,13 @@ pub struct Sibling {
 }
 
 impl Sibling {
-    /// The pod `name` (`uid`) with `claim`, whose attestation `holds` or not.
-    pub fn of(name: &str, uid: &str, claim: &crate::desired::PodClaim, holds: bool) -> Self {
+    /// The pod `name` (`uid`) with `evidence`, whose attestation `holds` or not.
+    pub fn of(name: &str, uid: &str, evidence: &Evidence, holds: bool) -> Self {
         Self {
             name: name.to_string(),
             uid: uid.to_string(),
-            attestation: claim.evidence.value.clone(),
-            created: claim.evidence.created,
+            attestation: evidence.value.clone(),
+            created: evidence.created,
             holds,
         }
     }

@@ -300,7 +300,9 @@ pub struct PodClaim {
 impl PodClaim {
     /// Whether the pod's attestation holds, under the keys given.
     pub fn attested(&self, keys: &keyward_certs::attestation::Keys) -> attest::Verdict {
-        self.evidence.check(&self.owner, &self.profile, keys)
+        let o = &self.owner;
+        let owner = attest::OwnerRef { group: o.group(), kind: &o.kind, name: &o.name, uid: &o.uid };
+        self.evidence.check(owner, &self.profile, keys)
     }
 }
 

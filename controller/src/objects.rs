@@ -213,3 +213,9 @@ pub fn attestation_secret(
 
 /// When the attestation key was last rotated (RFC 3339).
 pub const ROTATED_AT: &str = "keyward.io/rotated-at";
+
+/// Pods, read as the apiserver sends them: untyped, so that a field newer than this build's
+/// Kubernetes types (a `podCertificate` volume, say) is kept when a pod is re-evaluated.
+pub fn pod_resource() -> kube::api::ApiResource {
+    kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::Pod>(&())
+}

@@ -7,93 +7,35 @@
 //! and pods in namespaces that did not opt in are dropped as they arrive. Only the leader works
 //! the queue; a replica that becomes leader reconciles everything once.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{Stream, StreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::RoleBinding;
-use kube::api::{ApiResource, DynamicObject, ListParams};
+use kube::api::DynamicObject;
 use kube::runtime::reflector::{self, Store};
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::watcher;
 use kube::runtime::WatchStreamExt;
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Api, Client, ResourceExt};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::attestation::Sibling;
-use crate::desired::{self, PodVerdict, SourceKey, OPT_IN};
-use crate::index::{OwnerKey, PodIndex, PodKey};
+use crate::context::{lock, Context, Stores};
+use crate::desired::{self, SourceKey, OPT_IN};
+use crate::index::OwnerKey;
+use crate::keys::{key_label, Key};
 use crate::leader::Leadership;
-use crate::queue::{Outcome, Queue, QueueKey};
-use crate::reconcile::{Reconciler, Stores};
+use crate::queue::{Outcome, Queue};
+pub use crate::watches::pod_selectors;
+use crate::watches::{list_pods, namespace_events, pod_events, touch, unwatched, watch_managed, Index};
+use crate::{namespaces, owners, signing, singletons, trust};
 use keyward_engine::ProfileSet;
-
-/// One unit of work; equal keys queued twice are done once.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Key {
-    /// The per-namespace objects of an opted-in namespace.
-    Namespace(String),
-    /// A namespace opted out: remove what keyward provisioned there.
-    OptOut(String),
-    /// A namespace opted in: find the pods already there.
-    ListPods(String),
-    /// An owner's per-owner objects.
-    Owner(OwnerKey),
-    AllNamespaces,
-    /// Removing what no profile wants any more, and what a missed opt-out left.
-    Sweep,
-    /// Publishing the client CA to `--publish-client-ca-to`.
-    PublishClientCa,
-    /// Writing the cluster facts for the webhook.
-    ClusterFacts,
-    /// Publishing server CAs as ClusterTrustBundles.
-    ServerCaBundles,
-    /// Reading the server CA sources again.
-    Sources,
-    /// The attestation key Secret: created, rotated, read.
-    AttestationKey,
-    /// The self-managed serving certificate Secret and the webhook's `caBundle`.
-    ServingCert,
-    /// The webhook configuration's `matchConditions`.
-    MatchConditions,
-    /// A PodCertificateRequest for one of keyward's signers, at the version it was seen at.
-    CertificateRequest {
-        version: crate::signer::ApiVersion,
-        namespace: String,
-        name: String,
-    },
-}
-
-impl Key {
-    /// What the periodic resync, and a replica that becomes leader, queue.
-    pub const EVERYTHING: [Key; 9] = [
-        Key::ServingCert,
-        Key::MatchConditions,
-        Key::AttestationKey,
-        Key::Sources,
-        Key::AllNamespaces,
-        Key::Sweep,
-        Key::PublishClientCa,
-        Key::ClusterFacts,
-        Key::ServerCaBundles,
-    ];
-}
-
-impl QueueKey for Key {
-    fn namespace(&self) -> &str {
-        match self {
-            Key::Namespace(ns) | Key::OptOut(ns) | Key::ListPods(ns) => ns,
-            Key::Owner(o) => &o.namespace,
-            Key::CertificateRequest { namespace, .. } => namespace,
-            _ => "",
-        }
-    }
-}
 
 /// Readiness: the namespace watch has listed once.
 #[derive(Debug, Default)]
@@ -137,12 +79,6 @@ impl Default for LoopSettings {
     }
 }
 
-type Index = Arc<Mutex<PodIndex>>;
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 /// Runs the loop with the profile set of the moment until `shutdown` resolves. A new set (one
 /// the caller validated whole) ends the loop and starts it again with the reconciler
 /// `reconciler_for` makes for it: the watches, the pod selectors and every desired object
@@ -151,7 +87,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub async fn run_reloading(
     client: Client,
     mut profiles: tokio::sync::watch::Receiver<Arc<ProfileSet>>,
-    reconciler_for: impl Fn(Arc<ProfileSet>) -> Arc<Reconciler>,
+    reconciler_for: impl Fn(Arc<ProfileSet>) -> Arc<Context>,
     leadership: Leadership,
     settings: LoopSettings,
     status: Arc<Status>,
@@ -181,7 +117,7 @@ pub async fn run_reloading(
 /// Runs until `shutdown` resolves.
 pub async fn run(
     client: Client,
-    reconciler: Arc<Reconciler>,
+    reconciler: Arc<Context>,
     mut leadership: Leadership,
     settings: LoopSettings,
     status: Arc<Status>,
@@ -195,9 +131,10 @@ pub async fn run(
     // Opted-in namespaces: a store the pod events are filtered with.
     let (namespaces, writer) = reflector::store::<Namespace>();
     let opt_in = format!("{}={}", OPT_IN.0, OPT_IN.1);
-    let stream = watcher(Api::<Namespace>::all(client.clone()), watcher::Config::default().labels(&opt_in))
-        .default_backoff()
-        .reflect(writer);
+    let stream =
+        crate::watches::watcher(Api::<Namespace>::all(client.clone()), watcher::Config::default().labels(&opt_in))
+            .default_backoff()
+            .reflect(writer);
     tasks.spawn(namespace_events(stream, tx.clone(), index.clone(), reconciler.clone()));
     // One waiter on the store's readiness, fanned out: kube-runtime's `wait_until_ready` wakes
     // only the task that polled it last (a oneshot underneath), so with several waiters the
@@ -218,7 +155,7 @@ pub async fn run(
     // the namespace store, since its events are filtered with it.
     let selectors: Vec<String> = pod_selectors(&reconciler).into_iter().collect();
     for (stream_id, selector) in selectors.iter().enumerate() {
-        let api = Api::<DynamicObject>::all_with(client.clone(), &pod_resource());
+        let api = Api::<DynamicObject>::all_with(client.clone(), &crate::objects::pod_resource());
         let stream =
             watcher::watcher(api, watcher::Config::default().labels(selector).page_size(500)).default_backoff();
         let (tx, index, namespaces, reconciler) = (tx.clone(), index.clone(), namespaces.clone(), reconciler.clone());
@@ -290,7 +227,8 @@ pub async fn run(
     // The namespaces the client CA is published to: one that is created gets it at once.
     for ns in reconciler.settings().publish_client_ca_to.clone() {
         let fields = format!("metadata.name={ns}");
-        let stream = watcher(Api::<Namespace>::all(client.clone()), watcher::Config::default().fields(&fields));
+        let stream =
+            crate::watches::watcher(Api::<Namespace>::all(client.clone()), watcher::Config::default().fields(&fields));
         touch(stream, &[Key::PublishClientCa], &tx, &mut tasks);
     }
 
@@ -304,7 +242,12 @@ pub async fn run(
     // The cluster facts the webhook reads, by name: likewise.
     let fields = format!("metadata.name={}", keyward_engine::cluster::CONFIG_MAP);
     let api = Api::<ConfigMap>::namespaced(client.clone(), &reconciler.settings().namespace);
-    touch(watcher(api, watcher::Config::default().fields(&fields)), &[Key::ClusterFacts], &tx, &mut tasks);
+    touch(
+        crate::watches::watcher(api, watcher::Config::default().fields(&fields)),
+        &[Key::ClusterFacts],
+        &tx,
+        &mut tasks,
+    );
 
     // The self-managed serving certificate and client CA: their Secrets and the webhook
     // configuration, each watched by name, so a wiped caBundle or a damaged Secret is repaired
@@ -314,7 +257,12 @@ pub async fn run(
     for name in secrets {
         let fields = format!("metadata.name={name}");
         let api = Api::<Secret>::namespaced(client.clone(), &own.namespace);
-        touch(watcher(api, watcher::Config::default().fields(&fields)), &[Key::ServingCert], &tx, &mut tasks);
+        touch(
+            crate::watches::watcher(api, watcher::Config::default().fields(&fields)),
+            &[Key::ServingCert],
+            &tx,
+            &mut tasks,
+        );
     }
     // The webhook configuration, by name: a wiped caBundle or drifted matchConditions is
     // repaired at once. (Both name the same configuration, --webhook-config.)
@@ -328,7 +276,7 @@ pub async fn run(
     if let Some(name) = config_name {
         let fields = format!("metadata.name={name}");
         let api = Api::<MutatingWebhookConfiguration>::all(client.clone());
-        touch(watcher(api, watcher::Config::default().fields(&fields)), &config_keys, &tx, &mut tasks);
+        touch(crate::watches::watcher(api, watcher::Config::default().fields(&fields)), &config_keys, &tx, &mut tasks);
     }
 
     // The periodic resync.
@@ -424,36 +372,6 @@ pub async fn run(
     tasks.abort_all();
 }
 
-/// Queues `keys` whenever the watch sees a change.
-fn touch<K>(
-    stream: impl Stream<Item = watcher::Result<Event<K>>> + Send + 'static,
-    keys: &[Key],
-    tx: &mpsc::UnboundedSender<Key>,
-    tasks: &mut JoinSet<()>,
-) where
-    K: Resource + Clone + std::fmt::Debug + Send + 'static,
-{
-    let (tx, keys) = (tx.clone(), keys.to_vec());
-    tasks.spawn(async move {
-        let stream = stream.default_backoff();
-        futures::pin_mut!(stream);
-        while let Some(event) = stream.next().await {
-            match event {
-                // A list reports what exists, never what went: an object deleted while the
-                // watch was down (before it first listed, or across a 410 Gone) shows only as
-                // a list that ends without it. So the end of every list counts as a change.
-                Ok(Event::Apply(_) | Event::Delete(_) | Event::InitDone) => {
-                    for key in &keys {
-                        let _ = tx.send(key.clone());
-                    }
-                }
-                Ok(Event::Init | Event::InitApply(_)) => {}
-                Err(e) => tracing::warn!(error = %e, ?keys, "watch failed; retrying with backoff"),
-            }
-        }
-    });
-}
-
 fn queue_everything(queue: &mut Queue<Key>, index: &Index) {
     let now = Instant::now();
     for key in Key::EVERYTHING {
@@ -464,239 +382,10 @@ fn queue_everything(queue: &mut Queue<Key>, index: &Index) {
     }
 }
 
-fn watcher<K>(api: Api<K>, config: watcher::Config) -> impl Stream<Item = watcher::Result<Event<K>>> + Send
-where
-    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
-    K::DynamicType: Default,
-{
-    // LISTs in pages of 500 (the watcher's default), and a watch after.
-    watcher::watcher(api, config.page_size(500))
-}
-
-/// Namespaces opting in and out.
-async fn namespace_events(
-    stream: impl Stream<Item = watcher::Result<Event<Namespace>>>,
-    tx: mpsc::UnboundedSender<Key>,
-    index: Index,
-    reconciler: Arc<Reconciler>,
-) {
-    futures::pin_mut!(stream);
-    let mut known: HashSet<String> = HashSet::new();
-    let mut listing: Option<HashSet<String>> = None;
-    let mut synced = false;
-    while let Some(event) = stream.next().await {
-        match event {
-            Ok(Event::Init) => listing = Some(HashSet::new()),
-            // The store takes a list's namespaces only when the list is done: work queued now
-            // would find them not opted in, and be dropped. They are queued at InitDone.
-            Ok(Event::InitApply(ns)) => {
-                if let Some(seen) = listing.as_mut() {
-                    seen.insert(ns.name_any());
-                }
-            }
-            Ok(Event::InitDone) => {
-                if let Some(seen) = listing.take() {
-                    // Gone from a re-list (410 Gone, a restart): opted out meanwhile.
-                    for gone in known.difference(&seen).cloned().collect::<Vec<_>>() {
-                        opted_out(&gone, &tx, &index, &reconciler);
-                    }
-                    for name in &seen {
-                        // After the first list, a namespace new to this list opted in meanwhile.
-                        if synced && !known.contains(name) {
-                            let _ = tx.send(Key::ListPods(name.clone()));
-                        }
-                        let _ = tx.send(Key::Namespace(name.clone()));
-                    }
-                    known = seen;
-                }
-                synced = true;
-            }
-            Ok(Event::Apply(ns)) => {
-                let name = ns.name_any();
-                if known.insert(name.clone()) {
-                    let _ = tx.send(Key::ListPods(name.clone()));
-                }
-                let _ = tx.send(Key::Namespace(name));
-            }
-            // Deleted, or its label removed (it left the selection): opted out.
-            Ok(Event::Delete(ns)) => {
-                let name = ns.name_any();
-                known.remove(&name);
-                opted_out(&name, &tx, &index, &reconciler);
-            }
-            Err(e) => tracing::warn!(error = %e, "namespace watch failed; retrying with backoff"),
-        }
-    }
-}
-
-fn opted_out(ns: &str, tx: &mpsc::UnboundedSender<Key>, index: &Index, _reconciler: &Reconciler) {
-    // Its pods are no longer kept; their owners' Secrets stay until the owners are deleted
-    // (ownerReferences), as a pod still running may use them.
-    let _ = lock(index).remove_namespace(ns);
-    let _ = tx.send(Key::OptOut(ns.to_string()));
-}
-
-/// The pods of one profile's selector: each, first thing, dropped unless its namespace opted in.
-async fn pod_events(
-    stream_id: usize,
-    stream: impl Stream<Item = watcher::Result<Event<DynamicObject>>>,
-    tx: mpsc::UnboundedSender<Key>,
-    index: Index,
-    namespaces: Store<Namespace>,
-    reconciler: Arc<Reconciler>,
-) {
-    futures::pin_mut!(stream);
-    while let Some(event) = stream.next().await {
-        match event {
-            Ok(Event::Init) => lock(&index).begin_relist(stream_id),
-            Ok(Event::InitApply(pod) | Event::Apply(pod)) => {
-                observe_pod(stream_id, &pod, &tx, &index, &namespaces, &reconciler).await;
-            }
-            Ok(Event::InitDone) => {
-                let owners = lock(&index).end_relist(stream_id);
-                for owner in owners {
-                    let _ = tx.send(Key::Owner(owner));
-                }
-            }
-            Ok(Event::Delete(pod)) => {
-                let key =
-                    PodKey { stream: stream_id, namespace: pod.namespace().unwrap_or_default(), name: pod.name_any() };
-                if let Some(owner) = lock(&index).remove(&key) {
-                    let _ = tx.send(Key::Owner(owner));
-                }
-                reconciler.forget_reports(pod.uid().as_deref().unwrap_or_default());
-            }
-            Err(e) => tracing::warn!(error = %e, stream = stream_id, "pod watch failed; retrying with backoff"),
-        }
-    }
-}
-
-/// Works out what a pod claims, if its namespace opted in, and queues its owner.
-async fn observe_pod(
-    stream_id: usize,
-    pod: &DynamicObject,
-    tx: &mpsc::UnboundedSender<Key>,
-    index: &Index,
-    namespaces: &Store<Namespace>,
-    reconciler: &Reconciler,
-) {
-    let ns = pod.namespace().unwrap_or_default();
-    let key = PodKey { stream: stream_id, namespace: ns.clone(), name: pod.name_any() };
-    if namespaces.get(&reflector::ObjectRef::new(&ns)).is_none() {
-        // Not opted in: nothing to do, nothing kept; a pod carrying an attestation here is
-        // reported (keyward's webhook never admits pods in such a namespace).
-        lock(index).remove(&key);
-        if pod.annotations().contains_key(keyward_engine::ANNOTATION_ATTESTATION) {
-            let why = format!(
-                "namespace {ns} is not labelled {}={}, so keyward's webhook never admitted this pod, whatever it carries",
-                OPT_IN.0, OPT_IN.1
-            );
-            let uid = pod.uid().unwrap_or_default();
-            reconciler.report_pod(&key, &uid, crate::metrics::Refusal::NamespaceNotOptedIn, &why).await;
-        }
-        return;
-    }
-    let verdict = match serde_json::value::to_raw_value(pod) {
-        Ok(raw) => desired::for_pod(reconciler.profiles(), &raw, &ns, &reconciler.settings().trust_domain),
-        Err(e) => PodVerdict::Nothing(format!("cannot re-encode the pod: {e}")),
-    };
-    let uid = pod.uid().unwrap_or_default();
-    let changed = lock(index).apply(key, uid, verdict);
-    if let Some(claim) = &changed.arrived {
-        reconciler.recheck(claim);
-    }
-    for (pod, uid, refusal, why) in &changed.refused {
-        reconciler.report_pod(pod, uid, *refusal, why).await;
-    }
-    for owner in changed.owners {
-        let _ = tx.send(Key::Owner(owner));
-    }
-}
-
-/// Service accounts and role bindings are watched only with `--provision-accounts`; without
-/// it keyward has no rights on them and provides none: an empty store, ready at once.
-fn unwatched<K>() -> Store<K>
-where
-    K: Resource<DynamicType = ()> + Clone,
-{
-    let (store, mut writer) = reflector::store::<K>();
-    writer.apply_watcher_event(&Event::Init);
-    writer.apply_watcher_event(&Event::InitDone);
-    store
-}
-
-/// Watches the objects keyward manages of one kind into a store; a change in an opted-in
-/// namespace queues it (to repair it), anywhere else a sweep.
-fn watch_managed<K>(
-    client: &Client,
-    selector: &str,
-    tx: &mpsc::UnboundedSender<Key>,
-    namespaces: &Store<Namespace>,
-    tasks: &mut JoinSet<()>,
-) -> Store<K>
-where
-    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
-{
-    let (store, writer) = reflector::store::<K>();
-    let stream = watcher(Api::<K>::all(client.clone()), watcher::Config::default().labels(selector))
-        .default_backoff()
-        .reflect(writer);
-    let (tx, namespaces) = (tx.clone(), namespaces.clone());
-    tasks.spawn(async move {
-        futures::pin_mut!(stream);
-        let mut listed = false;
-        while let Some(event) = stream.next().await {
-            match event {
-                // The first list ends in the readiness task's `AllNamespaces`; a later one (after
-                // a 410 Gone) may lack objects deleted while the watch was down, which no event
-                // reports: everything is reconciled again, from the store the list refreshed.
-                Ok(Event::InitDone) => {
-                    if std::mem::replace(&mut listed, true) {
-                        let _ = tx.send(Key::AllNamespaces);
-                        let _ = tx.send(Key::PublishClientCa);
-                    }
-                }
-                Ok(Event::Init) => {}
-                Ok(Event::Apply(object) | Event::Delete(object) | Event::InitApply(object)) => {
-                    let ns = object.namespace().unwrap_or_default();
-                    let for_client_ca =
-                        object.labels().get(desired::PROVISIONED_FOR).map(String::as_str) == Some("client-ca");
-                    let key = if for_client_ca {
-                        Key::PublishClientCa
-                    } else if namespaces.get(&reflector::ObjectRef::new(&ns)).is_some() {
-                        Key::Namespace(ns)
-                    } else {
-                        Key::Sweep
-                    };
-                    let _ = tx.send(key);
-                }
-                Err(e) => tracing::warn!(error = %e, kind = %K::kind(&()), "watch failed; retrying with backoff"),
-            }
-        }
-    });
-    store
-}
-
 async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
-    }
-}
-
-fn key_label(key: &Key) -> &'static str {
-    match key {
-        Key::Namespace(_) | Key::AllNamespaces => "namespace",
-        Key::OptOut(_) | Key::Sweep => "sweep",
-        Key::ListPods(_) | Key::Owner(_) => "owner",
-        Key::PublishClientCa => "client-ca",
-        Key::ClusterFacts => "cluster-facts",
-        Key::ServerCaBundles => "server-ca-bundle",
-        Key::Sources => "sources",
-        Key::AttestationKey => "attestation-key",
-        Key::ServingCert => "serving-cert",
-        Key::MatchConditions => "match-conditions",
-        Key::CertificateRequest { .. } => "pod-certificate",
     }
 }
 
@@ -706,7 +395,7 @@ fn opted_in(namespaces: &Store<Namespace>) -> BTreeSet<String> {
 
 async fn work(
     client: &Client,
-    reconciler: &Reconciler,
+    reconciler: &Context,
     namespaces: &Store<Namespace>,
     index: &Index,
     key: &Key,
@@ -715,7 +404,7 @@ async fn work(
     let result = match key {
         Key::Namespace(ns) => {
             if opted_in(namespaces).contains(ns) {
-                reconciler.namespace(ns).await.map(|()| Outcome::Done)
+                namespaces::provision(reconciler, ns).await.map(|()| Outcome::Done)
             } else {
                 Ok(Outcome::Done)
             }
@@ -724,7 +413,7 @@ async fn work(
             if opted_in(namespaces).contains(ns) {
                 Ok(Outcome::Done)
             } else {
-                reconciler.opt_out(ns).await.map(|()| Outcome::Done)
+                namespaces::opt_out(reconciler, ns).await.map(|()| Outcome::Done)
             }
         }
         Key::ListPods(ns) => list_pods(client, reconciler, namespaces, index, ns, tx).await.map(|()| Outcome::Done),
@@ -734,7 +423,7 @@ async fn work(
                 .into_iter()
                 .map(|(k, uid, c)| (k.clone(), uid.to_string(), c.clone()))
                 .collect();
-            reconciler.owner(owner, &claims).await
+            owners::reconcile(reconciler, owner, &claims).await
         }
         Key::AllNamespaces => {
             for ns in opted_in(namespaces) {
@@ -744,11 +433,11 @@ async fn work(
         }
         Key::Sweep => {
             reconciler.report_expiry();
-            reconciler.sweep_namespaces(&opted_in(namespaces)).await.map(|()| Outcome::Done)
+            namespaces::sweep(reconciler, &opted_in(namespaces)).await.map(|()| Outcome::Done)
         }
-        Key::PublishClientCa => reconciler.publish_client_ca().await.map(|()| Outcome::Done),
-        Key::ClusterFacts => reconciler.publish_cluster_facts().await.map(|()| Outcome::Done),
-        Key::ServerCaBundles => reconciler.publish_server_ca_bundles().await.map(|()| Outcome::Done),
+        Key::PublishClientCa => trust::publish_client_ca(reconciler).await.map(|()| Outcome::Done),
+        Key::ClusterFacts => singletons::publish_cluster_facts(reconciler).await.map(|()| Outcome::Done),
+        Key::ServerCaBundles => trust::publish_server_ca_bundles(reconciler).await.map(|()| Outcome::Done),
         Key::Sources => match reconciler.refresh_sources(&ca_sources(reconciler)).await {
             Ok(changed) => {
                 if changed {
@@ -759,9 +448,9 @@ async fn work(
             }
             Err(e) => Err(e),
         },
-        Key::AttestationKey => reconciler.attestation_key().await,
-        Key::ServingCert => reconciler.serving_cert().await,
-        Key::MatchConditions => reconciler.match_conditions().await,
+        Key::AttestationKey => singletons::attestation_key(reconciler).await,
+        Key::ServingCert => singletons::serving_cert(reconciler).await,
+        Key::MatchConditions => singletons::match_conditions(reconciler).await,
         Key::CertificateRequest { version, namespace, name } => {
             // Another pod with the request's attestation is looked for among the pods watched:
             // only once every pod watch has listed.
@@ -770,10 +459,14 @@ async fn work(
                 let index = lock(index);
                 index.has_listed(streams).then(|| {
                     let holds = |c: &desired::PodClaim| c.attested(keys) == keyward_engine::attest::Verdict::Valid;
-                    index.claims(owner).into_iter().map(|(k, uid, c)| Sibling::of(&k.name, uid, c, holds(c))).collect()
+                    index
+                        .claims(owner)
+                        .into_iter()
+                        .map(|(k, uid, c)| Sibling::of(&k.name, uid, &c.evidence, holds(c)))
+                        .collect()
                 })
             };
-            reconciler.sign(*version, namespace, name, &siblings).await
+            signing::sign(reconciler, *version, namespace, name, &siblings).await
         }
     };
     match result {
@@ -786,52 +479,8 @@ async fn work(
     }
 }
 
-/// The pods already in a namespace that just opted in (the watch dropped them while it had
-/// not), a page at a time.
-async fn list_pods(
-    client: &Client,
-    reconciler: &Reconciler,
-    namespaces: &Store<Namespace>,
-    index: &Index,
-    ns: &str,
-    tx: &mpsc::UnboundedSender<Key>,
-) -> Result<(), crate::Error> {
-    let api = Api::<DynamicObject>::namespaced_with(client.clone(), ns, &pod_resource());
-    for (stream_id, selector) in pod_selectors(reconciler).iter().enumerate() {
-        let mut params = ListParams::default().labels(selector).limit(500);
-        loop {
-            let page = api.list(&params).await?;
-            for pod in &page.items {
-                observe_pod(stream_id, pod, tx, index, namespaces, reconciler).await;
-            }
-            match page.metadata.continue_.filter(|c| !c.is_empty()) {
-                Some(token) => params = params.continue_token(&token),
-                None => break,
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Pods, read as the apiserver sends them: untyped, so that a field newer than this build's
-/// Kubernetes types (a `podCertificate` volume, say) is kept when a pod is re-evaluated.
-pub fn pod_resource() -> ApiResource {
-    ApiResource::erase::<Pod>(&())
-}
-
-/// The label selectors of the profiles that provide per-owner objects (their pods are the
-/// only ones watched).
-pub fn pod_selectors(reconciler: &Reconciler) -> BTreeSet<String> {
-    reconciler
-        .profiles()
-        .iter()
-        .filter(|p| p.issues_per_owner)
-        .map(|p| desired::label_selector(&p.spec.selector))
-        .collect()
-}
-
 /// Every server CA source the profiles name.
-pub fn ca_sources(reconciler: &Reconciler) -> BTreeSet<SourceKey> {
+pub fn ca_sources(reconciler: &Context) -> BTreeSet<SourceKey> {
     let pins = &reconciler.settings().operator_namespaces;
     let (wanted, _) = desired::for_namespace(reconciler.profiles(), "x", pins);
     let (bundles, _) = desired::trust_bundles(reconciler.profiles(), pins);

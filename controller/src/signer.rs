@@ -342,7 +342,7 @@ pub fn decide(request: &Request, profiles: &ProfileSet, facts: Facts<'_>) -> Ver
         return deny("UnsupportedKeyType", format!("the request's key cannot be read: {reason}"));
     }
     let asked = Duration::from_secs(u64::try_from(request.max_expiration_seconds).unwrap_or(0));
-    let pod = Box::new(Sibling::of(&request.pod_name, &request.pod_uid, &claim, true));
+    let pod = Box::new(Sibling::of(&request.pod_name, &request.pod_uid, &claim.evidence, true));
     Verdict::Issue { owner, identity, profile, validity: facts.validity.min(asked), pod }
 }
 

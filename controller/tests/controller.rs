@@ -17,7 +17,7 @@ use keyward_controller::desired::Owner;
 use keyward_controller::identity::{self, Renewal};
 use keyward_controller::metrics::Action;
 use keyward_controller::queue::Outcome;
-use keyward_controller::{run, Leadership, Metrics, Reconciler, Settings};
+use keyward_controller::{run, Context, Leadership, Metrics, Settings};
 use keyward_engine::{ProfileSet, RequestFacts, Requester};
 use serde_json::{json, Value};
 use support::*;
@@ -73,7 +73,8 @@ async fn a_new_owner_costs_two_requests_and_gets_its_certificate_owned_by_the_jo
     let r = reconciler(&fake, "keyward", ProfileSet::builtin().unwrap(), &ca, Leadership::always());
     let keys = attestation_keys(&r).await;
     fake.clear_calls();
-    let outcome = r.owner(&owner_key(), &claims(&r, &attested_fms_pod(&keys))).await.unwrap();
+    let outcome =
+        keyward_controller::owners::reconcile(&r, &owner_key(), &claims(&r, &attested_fms_pod(&keys))).await.unwrap();
 
     // Verify the owner, create the Secret: nothing else.
     let calls: Vec<(String, String)> = fake.calls().iter().map(|c| (c.method.clone(), c.resource.clone())).collect();
@@ -107,7 +108,7 @@ async fn a_new_owner_costs_two_requests_and_gets_its_certificate_owned_by_the_jo
     );
     // Asked again (another pod event): nothing, not even a read.
     fake.clear_calls();
-    r.owner(&owner_key(), &claims(&r, &attested_fms_pod(&keys))).await.unwrap();
+    keyward_controller::owners::reconcile(&r, &owner_key(), &claims(&r, &attested_fms_pod(&keys))).await.unwrap();
     assert_eq!(fake.calls().len(), 0, "{:#?}", fake.calls());
 }
 
@@ -119,10 +120,10 @@ async fn a_missing_owner_or_one_with_another_uid_gets_nothing() {
     let keys = attestation_keys(&r).await;
     fake.clear_calls();
     // No owner at all.
-    r.owner(&owner_key(), &claims(&r, &attested_fms_pod(&keys))).await.unwrap();
+    keyward_controller::owners::reconcile(&r, &owner_key(), &claims(&r, &attested_fms_pod(&keys))).await.unwrap();
     // An owner of that name with another UID: a new job of the same name, not this pod's.
     fake.seed(lmevaljob("team-a", "evaljob-sample", "another-uid"));
-    r.owner(&owner_key(), &claims(&r, &attested_fms_pod(&keys))).await.unwrap();
+    keyward_controller::owners::reconcile(&r, &owner_key(), &claims(&r, &attested_fms_pod(&keys))).await.unwrap();
     assert_eq!(fake.writes().len(), 0, "{:#?}", fake.writes());
     assert!(fake
         .calls()
@@ -139,12 +140,12 @@ async fn an_existing_valid_secret_is_not_touched_and_a_restart_changes_nothing()
     let r = reconciler(&fake, "keyward", ProfileSet::builtin().unwrap(), &ca, Leadership::always());
     let keys = attestation_keys(&r).await;
     let pod = attested_fms_pod(&keys);
-    r.owner(&owner_key(), &claims(&r, &pod)).await.unwrap();
+    keyward_controller::owners::reconcile(&r, &owner_key(), &claims(&r, &pod)).await.unwrap();
     fake.clear_calls();
     // Another replica, or this one after a restart: the same state, nothing to write.
     let again = reconciler(&fake, "keyward-2", ProfileSet::builtin().unwrap(), &ca, Leadership::always());
-    again.attestation_key().await.unwrap();
-    again.owner(&owner_key(), &claims(&again, &pod)).await.unwrap();
+    keyward_controller::singletons::attestation_key(&again).await.unwrap();
+    keyward_controller::owners::reconcile(&again, &owner_key(), &claims(&again, &pod)).await.unwrap();
     assert_eq!(fake.writes().len(), 0, "{:#?}", fake.writes());
     assert_eq!(again.metrics().object_count("client-certificate", Action::Unchanged, true), 1);
 }
@@ -177,7 +178,7 @@ async fn a_certificate_near_expiry_is_renewed_in_place_and_others_labels_stay() 
     let r = reconciler(&fake, "keyward", ProfileSet::builtin().unwrap(), &ca, Leadership::always());
     let keys = attestation_keys(&r).await;
     fake.clear_calls();
-    r.owner(&owner_key(), &claims(&r, &attested_fms_pod(&keys))).await.unwrap();
+    keyward_controller::owners::reconcile(&r, &owner_key(), &claims(&r, &attested_fms_pod(&keys))).await.unwrap();
 
     let writes = fake.writes();
     assert_eq!(writes.len(), 1, "{writes:#?}");
@@ -228,7 +229,7 @@ async fn a_secret_that_names_an_earlier_owner_of_that_name_is_reissued_for_the_n
     let r = reconciler(&fake, "keyward", ProfileSet::builtin().unwrap(), &ca, Leadership::always());
     let keys = attestation_keys(&r).await;
     fake.clear_calls();
-    r.owner(&owner_key(), &claims(&r, &attested_fms_pod(&keys))).await.unwrap();
+    keyward_controller::owners::reconcile(&r, &owner_key(), &claims(&r, &attested_fms_pod(&keys))).await.unwrap();
     let after = fake.get("v1", "Secret", "team-a", "evaljob-sample-lmeval-client").unwrap();
     assert_eq!(after["metadata"]["ownerReferences"], json!([owner_reference()]));
     assert_ne!(secret_data(&after, "tls.crt"), old.cert_pem, "a new certificate, for the new owner");
@@ -262,7 +263,7 @@ async fn a_generated_token_is_created_once_and_never_regenerated() {
     let r = reconciler(&fake, "keyward", token_profiles(), &ca, Leadership::always());
     let keys = attestation_keys(&r).await;
     let job = keyward_controller::index::OwnerKey { namespace: "team-a".into(), uid: "job-uid-1".into() };
-    r.owner(&job, &claims(&r, &token_pod(&keys, "train-x7k2p"))).await.unwrap();
+    keyward_controller::owners::reconcile(&r, &job, &claims(&r, &token_pod(&keys, "train-x7k2p"))).await.unwrap();
     let secret = fake.get("v1", "Secret", "team-a", "train-token").unwrap();
     let token = secret_data(&secret, "token");
     assert_eq!(token.len(), 43);
@@ -272,10 +273,10 @@ async fn a_generated_token_is_created_once_and_never_regenerated() {
     // Another pod of the job (its Secret is read once), and a restart: the token stays.
     let second = claims(&r, &token_pod(&keys, "train-9q8zt"));
     r.recheck(&second[0].2);
-    r.owner(&job, &second).await.unwrap();
+    keyward_controller::owners::reconcile(&r, &job, &second).await.unwrap();
     let restarted = reconciler(&fake, "keyward", token_profiles(), &ca, Leadership::always());
-    restarted.attestation_key().await.unwrap();
-    restarted.owner(&job, &second).await.unwrap();
+    keyward_controller::singletons::attestation_key(&restarted).await.unwrap();
+    keyward_controller::owners::reconcile(&restarted, &job, &second).await.unwrap();
     assert_eq!(fake.writes().len(), 0, "{:#?}", fake.writes());
     assert_eq!(secret_data(&fake.get("v1", "Secret", "team-a", "train-token").unwrap(), "token"), token);
 }
@@ -287,12 +288,12 @@ async fn a_deleted_secret_is_made_again_for_the_next_pod() {
     let ca = client_ca();
     let r = reconciler(&fake, "keyward", ProfileSet::builtin().unwrap(), &ca, Leadership::always());
     let keys = attestation_keys(&r).await;
-    r.owner(&owner_key(), &claims(&r, &attested_fms_pod(&keys))).await.unwrap();
+    keyward_controller::owners::reconcile(&r, &owner_key(), &claims(&r, &attested_fms_pod(&keys))).await.unwrap();
     fake.remove("v1", "Secret", "team-a", "evaljob-sample-lmeval-client");
     // The operator makes a new driver pod for the job: what keyward remembers is read again.
     let next = claims(&r, &fms_pod(Some(&keys), "team-a", "evaljob-sample-retry", "evaljob-sample", OWNER_UID));
     r.recheck(&next[0].2);
-    r.owner(&owner_key(), &next).await.unwrap();
+    keyward_controller::owners::reconcile(&r, &owner_key(), &next).await.unwrap();
     assert!(fake.get("v1", "Secret", "team-a", "evaljob-sample-lmeval-client").is_some());
 }
 
@@ -306,7 +307,7 @@ async fn a_foreign_object_of_the_same_name_is_left_alone_and_reported() {
     let r = reconciler(&fake, "keyward", ProfileSet::builtin().unwrap(), &ca, Leadership::always());
     let keys = attestation_keys(&r).await;
     fake.clear_calls();
-    r.owner(&owner_key(), &claims(&r, &attested_fms_pod(&keys))).await.unwrap();
+    keyward_controller::owners::reconcile(&r, &owner_key(), &claims(&r, &attested_fms_pod(&keys))).await.unwrap();
     assert_eq!(fake.writes().len(), 0, "{:#?}", fake.writes());
     assert_eq!(
         fake.get("v1", "Secret", "team-a", "evaljob-sample-lmeval-client").unwrap()["data"],
@@ -422,8 +423,8 @@ async fn a_namespace_that_opts_in_gets_the_ca_accounts_and_bindings_and_loses_th
     fake.seed(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "keyward-lmeval-server-ca", "namespace": "team-b"}, "data": {"ca.crt": "theirs"}}));
     let ca = client_ca();
     let r = reconciler(&fake, "keyward", builtins_and_account(), &ca, Leadership::always());
-    r.namespace("team-a").await.unwrap();
-    r.namespace("team-b").await.unwrap();
+    keyward_controller::namespaces::provision(&r, "team-a").await.unwrap();
+    keyward_controller::namespaces::provision(&r, "team-b").await.unwrap();
 
     let cm = fake.get("v1", "ConfigMap", "team-a", "keyward-lmeval-server-ca").unwrap();
     assert_eq!(cm["data"], json!({"ca.crt": server_ca.cert_pem()}));
@@ -444,7 +445,7 @@ async fn a_namespace_that_opts_in_gets_the_ca_accounts_and_bindings_and_loses_th
     );
 
     // team-a opts out; team-b stays.
-    r.sweep_namespaces(&BTreeSet::from(["team-b".to_string()])).await.unwrap();
+    keyward_controller::namespaces::sweep(&r, &BTreeSet::from(["team-b".to_string()])).await.unwrap();
     assert!(fake.get("v1", "ConfigMap", "team-a", "keyward-lmeval-server-ca").is_none());
     assert!(fake.get("v1", "ServiceAccount", "team-a", "keyward-router").is_none());
     assert!(fake
@@ -467,15 +468,15 @@ async fn a_changed_ca_source_updates_every_copy() {
     server_ca_source(&fake, first.cert_pem());
     let ca = client_ca();
     let r = reconciler(&fake, "keyward", ProfileSet::builtin().unwrap(), &ca, Leadership::always());
-    r.namespace("team-a").await.unwrap();
+    keyward_controller::namespaces::provision(&r, "team-a").await.unwrap();
     fake.clear_calls();
-    r.namespace("team-a").await.unwrap();
+    keyward_controller::namespaces::provision(&r, "team-a").await.unwrap();
     assert_eq!(fake.writes().len(), 0, "unchanged source, nothing written");
 
     let second = Ca::mint("gRPC 2", SystemTime::now(), Duration::from_secs(86400)).unwrap();
     server_ca_source(&fake, second.cert_pem());
     assert!(r.refresh_sources(&run::ca_sources(&r)).await.unwrap(), "the change is seen");
-    r.namespace("team-a").await.unwrap();
+    keyward_controller::namespaces::provision(&r, "team-a").await.unwrap();
     let writes = fake.writes();
     assert_eq!(writes.len(), 1);
     assert_eq!((writes[0].method.as_str(), writes[0].resource.as_str()), ("PUT", "/v1/configmaps"));
@@ -488,7 +489,7 @@ async fn a_changed_ca_source_updates_every_copy() {
     // reported, not a failure retried.
     server_ca_source(&fake, "not a certificate");
     r.refresh_sources(&run::ca_sources(&r)).await.unwrap();
-    r.namespace("team-a").await.unwrap();
+    keyward_controller::namespaces::provision(&r, "team-a").await.unwrap();
     let note =
         r.conditions().message(Condition::ServerCaSourceUnusable, "ConfigMap team-a/keyward-lmeval-server-ca").unwrap();
     assert!(
@@ -507,8 +508,8 @@ async fn a_missing_ca_source_is_a_condition_reported_once_and_everything_else_is
     let ca = client_ca();
     let r = reconciler(&fake, "keyward", builtins_and_account(), &ca, Leadership::always());
     // No lm-eval namespace, no grpc-server-cert: this cluster runs no fms-lm-eval-service.
-    r.namespace("team-a").await.unwrap();
-    r.namespace("team-a").await.unwrap();
+    keyward_controller::namespaces::provision(&r, "team-a").await.unwrap();
+    keyward_controller::namespaces::provision(&r, "team-a").await.unwrap();
     assert!(fake.get("v1", "ConfigMap", "team-a", "keyward-lmeval-server-ca").is_none());
     assert!(fake.get("v1", "ServiceAccount", "team-a", "keyward-router").is_some(), "the rest is provisioned");
     let subject = "ConfigMap team-a/keyward-lmeval-server-ca";
@@ -529,7 +530,7 @@ async fn a_missing_ca_source_is_a_condition_reported_once_and_everything_else_is
     // The source appears (read at the next resync): provisioned, and the condition ends.
     server_ca_source(&fake, Ca::mint("gRPC", SystemTime::now(), Duration::from_secs(86400)).unwrap().cert_pem());
     r.refresh_sources(&run::ca_sources(&r)).await.unwrap();
-    r.namespace("team-a").await.unwrap();
+    keyward_controller::namespaces::provision(&r, "team-a").await.unwrap();
     assert!(fake.get("v1", "ConfigMap", "team-a", "keyward-lmeval-server-ca").is_some());
     assert_eq!(r.conditions().message(Condition::ServerCaSourceUnusable, subject), None);
     assert_eq!(r.metrics().conditions(Condition::ServerCaSourceUnusable), 0);
@@ -541,7 +542,7 @@ async fn the_client_ca_is_not_published_to_a_namespace_that_does_not_exist() {
     fake.require_namespaces();
     fake.seed(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "control-plane"}}));
     let ca = client_ca();
-    let r = Arc::new(Reconciler::new(
+    let r = Arc::new(Context::new(
         fake.client("keyward"),
         Arc::new(ProfileSet::builtin().unwrap()),
         Settings { publish_client_ca_to: vec!["lm-eval".into(), "control-plane".into()], ..Settings::default() },
@@ -550,8 +551,8 @@ async fn the_client_ca_is_not_published_to_a_namespace_that_does_not_exist() {
         Arc::new(Metrics::default()),
         "keyward".into(),
     ));
-    r.publish_client_ca().await.unwrap();
-    r.publish_client_ca().await.unwrap();
+    keyward_controller::trust::publish_client_ca(&r).await.unwrap();
+    keyward_controller::trust::publish_client_ca(&r).await.unwrap();
     assert!(fake.get("v1", "ConfigMap", "control-plane", "keyward-client-ca").is_some());
     assert!(fake.writes().iter().all(|c| c.namespace != "lm-eval"), "{:#?}", fake.writes());
     assert_eq!(
@@ -560,7 +561,7 @@ async fn the_client_ca_is_not_published_to_a_namespace_that_does_not_exist() {
     );
     assert_eq!(r.metrics().conditions(Condition::ClientCaNamespaceMissing), 1);
     fake.seed(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "lm-eval"}}));
-    r.publish_client_ca().await.unwrap();
+    keyward_controller::trust::publish_client_ca(&r).await.unwrap();
     assert!(fake.get("v1", "ConfigMap", "lm-eval", "keyward-client-ca").is_some());
     assert_eq!(r.metrics().conditions(Condition::ClientCaNamespaceMissing), 0);
 }
@@ -572,7 +573,7 @@ async fn the_client_ca_certificate_is_published_and_never_its_key() {
     fake.seed(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "lm-eval"}}));
     let ca = client_ca();
     let r = reconciler(&fake, "keyward", ProfileSet::builtin().unwrap(), &ca, Leadership::always());
-    r.publish_client_ca().await.unwrap();
+    keyward_controller::trust::publish_client_ca(&r).await.unwrap();
     let cm = fake.get("v1", "ConfigMap", "lm-eval", "keyward-client-ca").unwrap();
     assert_eq!(cm["data"], json!({"ca.crt": ca.ca.cert_pem()}));
     assert!(!serde_json::to_string(&cm).unwrap().contains("PRIVATE KEY"));
@@ -584,7 +585,7 @@ async fn copy_of(source: &str) -> Result<String, String> {
     server_ca_source(&fake, source);
     let ca = client_ca();
     let r = reconciler(&fake, "keyward", ProfileSet::builtin().unwrap(), &ca, Leadership::always());
-    r.namespace("team-a").await.unwrap();
+    keyward_controller::namespaces::provision(&r, "team-a").await.unwrap();
     match fake.get("v1", "ConfigMap", "team-a", "keyward-lmeval-server-ca") {
         Some(cm) => Ok(cm["data"]["ca.crt"].as_str().unwrap().to_string()),
         None => Err(r

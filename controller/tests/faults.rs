@@ -36,7 +36,7 @@ fn is_lease(c: &Call) -> bool {
 /// A replica as `keyward controller` runs one: an elector and the loop, on one client.
 struct Replica {
     leadership: Leadership,
-    reconciler: std::sync::Arc<keyward_controller::Reconciler>,
+    reconciler: std::sync::Arc<keyward_controller::Context>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -517,7 +517,7 @@ async fn a_new_profile_set_takes_effect_in_the_running_loop_and_a_removed_profil
     let reconciler_for = {
         let (client, store) = (client.clone(), ca.store.clone());
         move |profiles| {
-            std::sync::Arc::new(keyward_controller::Reconciler::new(
+            std::sync::Arc::new(keyward_controller::Context::new(
                 client.clone(),
                 profiles,
                 managed_conditions(),
@@ -708,7 +708,7 @@ async fn with_match_conditions_kept_externally_the_configuration_is_never_read_o
     until_leading(&a.leadership).await;
     // Everything a leader does at start has happened once the attestation key exists.
     fake.until(LIMIT, |_| a.reconciler.attestation_keys()).await;
-    a.reconciler.match_conditions().await.unwrap();
+    keyward_controller::singletons::match_conditions(&a.reconciler).await.unwrap();
     assert!(fake.calls().iter().all(|c| !c.resource.ends_with("mutatingwebhookconfigurations")), "{:#?}", fake.calls());
     assert_ne!(conditions_of(&fake, "keyward"), wanted_conditions());
 }

@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine as _;
-use keyward_controller::reconcile::Settings;
 use keyward_controller::self_managed::SelfManaged;
+use keyward_controller::Settings;
 use keyward_controller::{LeaderElector, Leadership, LeaseConfig};
 use keyward_engine::ProfileSet;
 use serde_json::{json, Value};
@@ -29,7 +29,7 @@ fn self_managed() -> Settings {
 }
 
 /// A replica that leads, as the one that writes.
-fn leader(fake: &FakeApi, ca: &ClientCa, settings: Settings) -> Arc<keyward_controller::Reconciler> {
+fn leader(fake: &FakeApi, ca: &ClientCa, settings: Settings) -> Arc<keyward_controller::Context> {
     reconciler_with(fake.client("keyward"), ProfileSet::builtin().unwrap(), ca, Leadership::always(), settings)
 }
 
@@ -71,7 +71,7 @@ async fn the_first_start_makes_the_secret_after_the_bundle_trusts_its_ca_and_the
     fake.seed(webhook_config());
     let ca = client_ca();
     let r = leader(&fake, &ca, self_managed());
-    r.serving_cert().await.unwrap();
+    keyward_controller::singletons::serving_cert(&r).await.unwrap();
 
     let secret = serving_secret(&fake).unwrap();
     assert_eq!(secret["type"], "kubernetes.io/tls");
@@ -128,7 +128,7 @@ async fn the_first_start_makes_the_secret_after_the_bundle_trusts_its_ca_and_the
 
     // Again: valid, so nothing is written.
     fake.clear_calls();
-    r.serving_cert().await.unwrap();
+    keyward_controller::singletons::serving_cert(&r).await.unwrap();
     assert_eq!(fake.writes().len(), 0, "{:#?}", fake.writes());
     assert_eq!(r.metrics().serving_change_count("ca-bundle-repaired"), 0);
 
@@ -137,7 +137,7 @@ async fn the_first_start_makes_the_secret_after_the_bundle_trusts_its_ca_and_the
     damaged["data"]["tls.key"] = json!(b64("junk"));
     fake.seed(damaged);
     fake.clear_calls();
-    r.serving_cert().await.unwrap();
+    keyward_controller::singletons::serving_cert(&r).await.unwrap();
     assert_eq!(writes_to(&fake, "secrets"), ["PUT"]);
     let remade = client_ca_secret(&fake).unwrap();
     assert!(secret_data(&remade, "tls.key").starts_with("-----BEGIN PRIVATE KEY-----"));
@@ -187,7 +187,7 @@ async fn a_secret_holding_garbage_is_replaced_and_one_keyward_does_not_manage_is
         "data": {"tls.crt": b64("admin's"), "tls.key": b64("admin's")}
     }));
     fake.seed(garbage(json!({"app": "someone-else"})));
-    let refused = r.serving_cert().await.unwrap_err();
+    let refused = keyward_controller::singletons::serving_cert(&r).await.unwrap_err();
     assert_eq!(
         refused.to_string(),
         "Secret keyward-system/keyward-serving: exists and is not managed by keyward (no label app.kubernetes.io/managed-by=keyward); remove it, label it to hand it to keyward, or name another with --serving-secret"
@@ -196,7 +196,7 @@ async fn a_secret_holding_garbage_is_replaced_and_one_keyward_does_not_manage_is
 
     fake.seed(garbage(json!({"app.kubernetes.io/managed-by": "keyward", "keyward.io/provisioned-for": "serving"})));
     fake.clear_calls();
-    r.serving_cert().await.unwrap();
+    keyward_controller::singletons::serving_cert(&r).await.unwrap();
     let secret = serving_secret(&fake).unwrap();
     let ca_pem = secret_data(&secret, "ca.crt");
     assert!(ca_pem.starts_with("-----BEGIN CERTIFICATE-----"));
@@ -239,7 +239,7 @@ async fn a_replica_that_does_not_lead_writes_nothing() {
         LeaderElector::new(client.clone(), LeaseConfig::new("keyward-controller", "keyward-system", "follower"))
             .leadership();
     let r = reconciler_with(client, ProfileSet::builtin().unwrap(), &ca, leadership, self_managed());
-    let err = r.serving_cert().await.unwrap_err();
+    let err = keyward_controller::singletons::serving_cert(&r).await.unwrap_err();
     assert_eq!(err.to_string(), "not the leader: nothing is written");
     assert!(fake.attempted_writes().is_empty(), "{:#?}", fake.attempted_writes());
     assert!(serving_secret(&fake).is_none());
@@ -309,7 +309,7 @@ async fn a_ca_rotation_keeps_both_cas_in_ca_bundle_until_the_replica_serves_the_
     let mut settings = self_managed();
     settings.serving.as_mut().unwrap().certs.switch_after = Duration::ZERO;
     let r = leader(&fake, &ca, settings);
-    r.serving_cert().await.unwrap();
+    keyward_controller::singletons::serving_cert(&r).await.unwrap();
     let first = serving_secret(&fake).unwrap();
     let old_ca = secret_data(&first, "ca.crt");
     let replica = Replica::serving(&first).await;
@@ -320,7 +320,7 @@ async fn a_ca_rotation_keeps_both_cas_in_ca_bundle_until_the_replica_serves_the_
     let mut annotated = first.clone();
     annotated["metadata"]["annotations"] = json!({"keyward.io/rotate-ca": "now"});
     fake.seed(annotated);
-    r.serving_cert().await.unwrap();
+    keyward_controller::singletons::serving_cert(&r).await.unwrap();
     let introduced = serving_secret(&fake).unwrap();
     assert!(introduced["metadata"]["annotations"].get("keyward.io/rotate-ca").is_none(), "the request is answered");
     assert!(introduced["data"]["ca-next.crt"].is_string());
@@ -328,20 +328,20 @@ async fn a_ca_rotation_keeps_both_cas_in_ca_bundle_until_the_replica_serves_the_
     assert_eq!(bundle_count(&fake), 2);
 
     // Switch: the leaf from the new CA; both still trusted.
-    r.serving_cert().await.unwrap();
+    keyward_controller::singletons::serving_cert(&r).await.unwrap();
     let switched = serving_secret(&fake).unwrap();
     assert_eq!(secret_data(&switched, "ca-previous.crt"), old_ca);
     assert_ne!(secret_data(&switched, "ca.crt"), old_ca);
     assert_eq!(bundle_count(&fake), 2);
 
     // The replica still serves the old leaf: the old CA stays.
-    r.serving_cert().await.unwrap();
+    keyward_controller::singletons::serving_cert(&r).await.unwrap();
     assert_eq!(bundle_count(&fake), 2);
     assert!(serving_secret(&fake).unwrap()["data"]["ca-previous.crt"].is_string());
 
     // It reloads: asked again, it passes, and the old CA leaves the Secret, then caBundle.
     *replica.pair.lock().unwrap() = certified(&switched);
-    r.serving_cert().await.unwrap();
+    keyward_controller::singletons::serving_cert(&r).await.unwrap();
     let retired = serving_secret(&fake).unwrap();
     assert!(retired["data"]["ca-previous.crt"].is_null());
     assert_eq!(ca_bundle(&fake).unwrap(), secret_data(&retired, "ca.crt"));
@@ -356,13 +356,13 @@ async fn a_leaf_renewal_keeps_the_ca_and_ca_bundle() {
     fake.seed(webhook_config());
     let ca = client_ca();
     let r = leader(&fake, &ca, self_managed());
-    r.serving_cert().await.unwrap();
+    keyward_controller::singletons::serving_cert(&r).await.unwrap();
     let first = serving_secret(&fake).unwrap();
     let mut annotated = first.clone();
     annotated["metadata"]["annotations"] = json!({"keyward.io/renew-certificate": "now"});
     fake.seed(annotated);
     fake.clear_calls();
-    r.serving_cert().await.unwrap();
+    keyward_controller::singletons::serving_cert(&r).await.unwrap();
     let renewed = serving_secret(&fake).unwrap();
     assert_ne!(secret_data(&renewed, "tls.crt"), secret_data(&first, "tls.crt"));
     assert_ne!(secret_data(&renewed, "tls.key"), secret_data(&first, "tls.key"));

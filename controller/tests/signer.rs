@@ -94,7 +94,7 @@ async fn answered(fake: &FakeApi, version: ApiVersion, namespace: &str, name: &s
 struct Signer {
     fake: FakeApi,
     ca: ClientCa,
-    reconciler: Arc<keyward_controller::Reconciler>,
+    reconciler: Arc<keyward_controller::Context>,
     keys: keyward_certs::attestation::Keys,
     _run: tokio::task::JoinHandle<()>,
 }
@@ -540,7 +540,7 @@ async fn the_client_ca_is_each_signers_trust_bundle_with_both_cas_through_a_rota
         "metadata": {"name": "example.com:other:ca"}, "spec": {"signerName": "example.com/other", "trustBundle": new_cert}}));
     let without =
         reconciler_with(fake.client("keyward"), ProfileSet::builtin().unwrap(), &ca, Leadership::always(), settings);
-    without.publish_client_ca().await.unwrap();
+    keyward_controller::trust::publish_client_ca(&without).await.unwrap();
     assert!(bundle_of(&fake).is_none());
     assert!(fake.get("certificates.k8s.io/v1beta1", "ClusterTrustBundle", "", "example.com:other:ca").is_some());
 }
@@ -644,20 +644,20 @@ async fn a_controller_that_does_not_sign_says_so_and_never_overwrites_a_foreign_
     let fake = FakeApi::default();
     let ca = client_ca();
     let r = reconciler_with(fake.client("keyward"), auto_profiles(), &ca, Leadership::always(), settings());
-    r.publish_cluster_facts().await.unwrap();
+    keyward_controller::singletons::publish_cluster_facts(&r).await.unwrap();
     let facts = facts_of(&fake).unwrap();
     assert_eq!(facts["data"]["facts.json"], "{\"podCertificates\":\"off\"}\n");
     // Its own, as found, is left as it is: no write.
     let writes = |f: &FakeApi| f.calls().iter().filter(|c| c.method != "GET").count();
     let before = writes(&fake);
-    r.publish_cluster_facts().await.unwrap();
+    keyward_controller::singletons::publish_cluster_facts(&r).await.unwrap();
     assert_eq!(writes(&fake), before);
 
     // Someone else's ConfigMap of that name: reported, never replaced.
     let fake = FakeApi::default();
     fake.seed(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "keyward-cluster-facts", "namespace": "keyward-system"}, "data": {"facts.json": "{\"podCertificates\":\"v1\"}"}}));
     let r = reconciler_with(fake.client("keyward"), auto_profiles(), &ca, Leadership::always(), settings());
-    r.publish_cluster_facts().await.unwrap();
+    keyward_controller::singletons::publish_cluster_facts(&r).await.unwrap();
     assert_eq!(facts_of(&fake).unwrap()["data"]["facts.json"], "{\"podCertificates\":\"v1\"}");
     assert_eq!(r.metrics().object_count("cluster-facts", keyward_controller::metrics::Action::Foreign, true), 1);
 }
@@ -707,7 +707,7 @@ async fn the_server_ca_is_one_cluster_trust_bundle_kept_equal_to_its_source_and_
         f.calls().iter().filter(|c| c.method != "GET" && c.resource.ends_with("clustertrustbundles")).count()
     };
     let before = writes(&fake);
-    r.publish_server_ca_bundles().await.unwrap();
+    keyward_controller::trust::publish_server_ca_bundles(&r).await.unwrap();
     assert_eq!(writes(&fake), before);
 
     // The operator's CA rotates: the resync reads the source again, and the bundle follows.
@@ -716,13 +716,13 @@ async fn the_server_ca_is_one_cluster_trust_bundle_kept_equal_to_its_source_and_
             .unwrap();
     grpc_server_cert(&fake, second.cert_pem());
     assert!(r.refresh_sources(&keyward_controller::run::ca_sources(&r)).await.unwrap(), "the source changed");
-    r.publish_server_ca_bundles().await.unwrap();
+    keyward_controller::trust::publish_server_ca_bundles(&r).await.unwrap();
     assert_eq!(server_ca_bundle(&fake).unwrap()["spec"]["trustBundle"], second.cert_pem());
 
     // The source gone: the bundle keeps what it holds, and the condition says why.
     fake.remove("v1", "Secret", "lm-eval", "grpc-server-cert");
     r.refresh_sources(&keyward_controller::run::ca_sources(&r)).await.unwrap();
-    r.publish_server_ca_bundles().await.unwrap();
+    keyward_controller::trust::publish_server_ca_bundles(&r).await.unwrap();
     assert_eq!(server_ca_bundle(&fake).unwrap()["spec"]["trustBundle"], second.cert_pem());
     assert_eq!(r.metrics().conditions(Condition::ServerCaSourceUnusable), 1);
 
@@ -734,7 +734,7 @@ async fn the_server_ca_is_one_cluster_trust_bundle_kept_equal_to_its_source_and_
         Leadership::always(),
         signing(version),
     );
-    builtin.publish_server_ca_bundles().await.unwrap();
+    keyward_controller::trust::publish_server_ca_bundles(&builtin).await.unwrap();
     assert!(server_ca_bundle(&fake).is_none());
 
     // A bundle of that name keyward did not make: never replaced, never deleted.
@@ -742,8 +742,8 @@ async fn the_server_ca_is_one_cluster_trust_bundle_kept_equal_to_its_source_and_
         "metadata": {"name": "keyward-lmeval-server-ca"}, "spec": {"trustBundle": "theirs"}}));
     grpc_server_cert(&fake, first.cert_pem());
     let r = reconciler_with(fake.client("keyward"), profiles(), &ca, Leadership::always(), signing(version));
-    r.publish_server_ca_bundles().await.unwrap();
-    builtin.publish_server_ca_bundles().await.unwrap();
+    keyward_controller::trust::publish_server_ca_bundles(&r).await.unwrap();
+    keyward_controller::trust::publish_server_ca_bundles(&builtin).await.unwrap();
     assert_eq!(server_ca_bundle(&fake).unwrap()["spec"]["trustBundle"], "theirs");
     assert_eq!(r.metrics().object_count("server-ca-bundle", keyward_controller::metrics::Action::Foreign, true), 1);
 }

@@ -103,18 +103,18 @@ async fn a_pod_without_an_attestation_or_with_a_forged_one_gets_nothing_and_is_r
     // pod created unlabelled and labelled by an update the webhook never sees): no attestation.
     let unattested = fms_pod(None, "team-a", "evaljob-sample", "evaljob-sample", OWNER_UID);
     assert!(unattested["metadata"]["annotations"].get("keyward.io/attestation").is_none());
-    r.owner(&owner_key(), &claims(&r, &unattested)).await.unwrap();
+    keyward_controller::owners::reconcile(&r, &owner_key(), &claims(&r, &unattested)).await.unwrap();
     // An attestation made up, and one copied from another job's pod.
     let mut made_up = unattested.clone();
     made_up["metadata"]["annotations"]["keyward.io/attestation"] = json!("v1.0011223344556677.AAAA");
     made_up["metadata"]["uid"] = json!("pod-uid-2");
-    r.owner(&owner_key(), &claims(&r, &made_up)).await.unwrap();
+    keyward_controller::owners::reconcile(&r, &owner_key(), &claims(&r, &made_up)).await.unwrap();
     let other = fms_pod(Some(&keys), "team-a", "other-job", "other-job", "other-uid");
     let mut copied = unattested.clone();
     copied["metadata"]["annotations"]["keyward.io/attestation"] =
         other["metadata"]["annotations"]["keyward.io/attestation"].clone();
     copied["metadata"]["uid"] = json!("pod-uid-3");
-    r.owner(&owner_key(), &claims(&r, &copied)).await.unwrap();
+    keyward_controller::owners::reconcile(&r, &owner_key(), &claims(&r, &copied)).await.unwrap();
     // An attestation under a key that is not keyward's (another cluster's webhook).
     let foreign_keys = {
         let bytes = keyward_certs::attestation::generate().unwrap();
@@ -125,7 +125,7 @@ async fn a_pod_without_an_attestation_or_with_a_forged_one_gets_nothing_and_is_r
     };
     let mut elsewhere = fms_pod(Some(&foreign_keys), "team-a", "evaljob-sample", "evaljob-sample", OWNER_UID);
     elsewhere["metadata"]["uid"] = json!("pod-uid-4");
-    r.owner(&owner_key(), &claims(&r, &elsewhere)).await.unwrap();
+    keyward_controller::owners::reconcile(&r, &owner_key(), &claims(&r, &elsewhere)).await.unwrap();
 
     assert_eq!(fake.attempted_writes().len(), 0, "{:#?}", fake.attempted_writes());
     assert!(fake.calls().iter().all(|c| c.resource.starts_with("events") || c.method == "GET"), "{:#?}", fake.calls());
@@ -149,12 +149,12 @@ async fn a_pod_without_an_attestation_or_with_a_forged_one_gets_nothing_and_is_r
     assert_eq!(r.metrics().refused_count(Refusal::NoAttestation), 1);
     assert_eq!(r.metrics().refused_count(Refusal::ForgedAttestation), 3);
     // Reported once: asked again, no new Event.
-    r.owner(&owner_key(), &claims(&r, &unattested)).await.unwrap();
+    keyward_controller::owners::reconcile(&r, &owner_key(), &claims(&r, &unattested)).await.unwrap();
     assert_eq!(events(&fake).len(), 4);
     // The genuine pod of the same owner is issued, whatever its siblings.
     let mut all = claims(&r, &unattested);
     all.extend(claims(&r, &attested_fms_pod(&keys)));
-    r.owner(&owner_key(), &all).await.unwrap();
+    keyward_controller::owners::reconcile(&r, &owner_key(), &all).await.unwrap();
     assert!(fake.get("v1", "Secret", "team-a", "evaljob-sample-lmeval-client").is_some());
 }
 
@@ -301,14 +301,24 @@ async fn an_owner_issued_before_attestations_is_renewed_only_if_keyward_signed_i
     let r = reconciler(&fake, "keyward", ProfileSet::builtin().unwrap(), &ca, Leadership::always());
     attestation_keys(&r).await;
 
-    r.owner(&owner_key(), &claims(&r, &fms_pod(None, "team-a", "evaljob-sample", "evaljob-sample", OWNER_UID)))
-        .await
-        .unwrap();
+    keyward_controller::owners::reconcile(
+        &r,
+        &owner_key(),
+        &claims(&r, &fms_pod(None, "team-a", "evaljob-sample", "evaljob-sample", OWNER_UID)),
+    )
+    .await
+    .unwrap();
     let renewed = fake.get("v1", "Secret", "team-a", "evaljob-sample-lmeval-client").unwrap();
     assert_ne!(secret_data(&renewed, "tls.crt"), ours.cert_pem, "keyward's own certificate is renewed");
 
     let other_key = keyward_controller::index::OwnerKey { namespace: "team-a".into(), uid: "other-uid".into() };
-    r.owner(&other_key, &claims(&r, &fms_pod(None, "team-a", "other-pod", "other-job", "other-uid"))).await.unwrap();
+    keyward_controller::owners::reconcile(
+        &r,
+        &other_key,
+        &claims(&r, &fms_pod(None, "team-a", "other-pod", "other-job", "other-uid")),
+    )
+    .await
+    .unwrap();
     assert_eq!(fake.get("v1", "Secret", "team-a", "other-job-lmeval-client").unwrap(), stranger_secret, "left alone");
     assert_eq!(r.metrics().refused_count(Refusal::UnverifiedSecret), 1);
     assert!(events(&fake).iter().any(|e| e["reason"] == "UnverifiedSecret"));
@@ -335,14 +345,14 @@ async fn a_tenants_copy_of_an_attested_pod_gets_no_secret_whatever_it_changes() 
         p
     };
     for (what, change) in TENANT_CHANGES {
-        r.owner(&owner_key(), &claims(&r, &copy(what, &change))).await.unwrap();
+        keyward_controller::owners::reconcile(&r, &owner_key(), &claims(&r, &copy(what, &change))).await.unwrap();
     }
     // The very same pod, an hour after the operator's was admitted (and gone).
     let late = copy("late", &|p| {
         let created = keyward_certs::parse_rfc3339(p["metadata"]["creationTimestamp"].as_str().unwrap()).unwrap();
         p["metadata"]["creationTimestamp"] = json!(keyward_certs::rfc3339(created + Duration::from_secs(3600)));
     });
-    r.owner(&owner_key(), &claims(&r, &late)).await.unwrap();
+    keyward_controller::owners::reconcile(&r, &owner_key(), &claims(&r, &late)).await.unwrap();
     assert_eq!(fake.attempted_writes().iter().filter(|c| c.resource == "/v1/secrets").count(), 0);
     assert!(fake.get("v1", "Secret", "team-a", "evaljob-sample-lmeval-client").is_none());
     assert_eq!(r.metrics().refused_count(Refusal::ReboundAttestation), 4);
@@ -366,7 +376,7 @@ async fn a_tenants_copy_of_an_attested_pod_gets_no_secret_whatever_it_changes() 
         "keyward issues nothing for this pod's owner: its admission attestation (keyward.io/attestation) was made for a pod that runs or mounts something else (copied from another pod, or this pod was changed by another webhook after keyward's last look); have the operator create the pod again"
     );
     // The operator's own pod still is.
-    r.owner(&owner_key(), &claims(&r, &original)).await.unwrap();
+    keyward_controller::owners::reconcile(&r, &owner_key(), &claims(&r, &original)).await.unwrap();
     assert!(fake.get("v1", "Secret", "team-a", "evaljob-sample-lmeval-client").is_some());
 }
 
@@ -479,7 +489,7 @@ async fn a_pod_another_webhook_changed_before_keyward_was_reinvoked_still_gets_i
     let again = decide(&pod);
     stored(&mut pod, &again, "team-a", "pod-uid-meshed");
     assert_ne!(pod["metadata"]["annotations"]["keyward.io/attestation"], admitted_first);
-    r.owner(&owner_key(), &claims(&r, &pod)).await.unwrap();
+    keyward_controller::owners::reconcile(&r, &owner_key(), &claims(&r, &pod)).await.unwrap();
     let secret = fake.get("v1", "Secret", "team-a", "evaljob-sample-lmeval-client").expect("issued");
     assert_eq!(cert_uris(&secret_data(&secret, "tls.crt")), [IDENTITY]);
 }
@@ -501,7 +511,7 @@ async fn an_attestation_for_an_owner_deleted_and_created_again_under_its_name_is
     assert_eq!(claim[0].2.attested(&keys), keyward_engine::attest::Verdict::Forged);
     let new_owner =
         keyward_controller::index::OwnerKey { namespace: "team-a".into(), uid: "uid-of-the-new-job".into() };
-    r.owner(&new_owner, &claim).await.unwrap();
+    keyward_controller::owners::reconcile(&r, &new_owner, &claim).await.unwrap();
     assert!(fake.get("v1", "Secret", "team-a", "evaljob-sample-lmeval-client").is_none());
     assert_eq!(r.metrics().refused_count(Refusal::ForgedAttestation), 1);
 }

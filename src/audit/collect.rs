@@ -122,7 +122,7 @@ pub async fn gather(
     // The pods, a page at a time.
     // Untyped, as the apiserver sends them: a field newer than this build's Kubernetes types
     // (a `podCertificate` volume) must reach the engine, or the pod looks changed.
-    let pod_resource = keyward_controller::run::pod_resource();
+    let pod_resource = keyward_controller::objects::pod_resource();
     let pods = match &scope.namespace {
         Some(ns) => Api::<DynamicObject>::namespaced_with(client.clone(), ns, &pod_resource),
         None => Api::<DynamicObject>::all_with(client.clone(), &pod_resource),

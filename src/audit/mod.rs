@@ -67,7 +67,7 @@ pub struct AuditArgs {
 pub enum AuditFormat {
     /// One line per finding, grouped by namespace, and a summary line.
     Table,
-    /// The AuditReport object (README, "keyward audit").
+    /// The AuditReport object (docs/audit-and-explain.md, "keyward audit").
     Json,
 }
 
@@ -88,7 +88,7 @@ pub fn run(args: AuditArgs) -> anyhow::Result<ExitCode> {
             Ok(report_exit(&report))
         }
         Err(e) => {
-            eprintln!("{}: error: {e:#}", crate::cli::invoked_as());
+            eprintln!("{}: error: {e:#}", crate::logging::invoked_as());
             Ok(ExitCode::from(2))
         }
     }

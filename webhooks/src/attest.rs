@@ -21,8 +21,7 @@ use base64::Engine as _;
 
 use crate::binding::Digest32;
 
-/// The annotation holding the attestation.
-pub const ANNOTATION_ATTESTATION: &str = "keyward.io/attestation";
+pub use crate::audit::ANNOTATION_ATTESTATION;
 
 /// The version of the value this build writes and accepts.
 const VERSION: &str = "v2";

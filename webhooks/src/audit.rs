@@ -6,6 +6,9 @@ use crate::inject::AuditItem;
 
 /// The annotation holding the [`AuditRecord`] as compact JSON.
 pub const ANNOTATION_INJECTED: &str = "keyward.io/injected";
+
+/// The annotation holding the admission attestation ([`crate::attest`]).
+pub const ANNOTATION_ATTESTATION: &str = "keyward.io/attestation";
 /// The label on every pod keyward injected, naming the profile: `kubectl get pods -l
 /// keyward.io/profile` lists them. A listing aid, never a proof (anyone may set it).
 pub const LABEL_PROFILE: &str = "keyward.io/profile";

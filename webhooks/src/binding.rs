@@ -104,7 +104,7 @@ impl<'a> Masks<'a> {
             return false;
         }
         let theirs = env.to_value();
-        ours.any(|e| crate::plan::same_env_value(&theirs, e))
+        ours.any(|e| crate::inject::same_env_value(&theirs, e))
     }
 }
 

@@ -627,6 +627,31 @@ impl Check {
     }
 }
 
+/// A JSON value without its `null` members, as the apiserver stores it.
+pub(crate) fn without_nulls(v: &mut Value) {
+    match v {
+        Value::Object(map) => {
+            map.retain(|_, v| !v.is_null());
+            map.values_mut().for_each(without_nulls);
+        }
+        Value::Array(items) => items.iter_mut().for_each(without_nulls),
+        _ => {}
+    }
+}
+
+/// Whether an env var, as JSON, is `ours` (as the apiserver leaves it: `null`s dropped, an
+/// empty `value` beside `valueFrom` ignored).
+pub(crate) fn same_env_value(theirs: &Value, ours: &EnvSpec) -> bool {
+    let mut v = theirs.clone();
+    without_nulls(&mut v);
+    if let Value::Object(e) = &mut v {
+        if e.get("value").and_then(Value::as_str) == Some("") && e.contains_key("valueFrom") {
+            e.remove("value");
+        }
+    }
+    v == ours.to_json()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,7 +12,9 @@
 //! - [`pod`]: the narrow view of the pod, decoded from the raw request.
 //! - [`select`], `plan`, `check`, [`audit`], [`binding`], [`attest`]: selection, the patch, the
 //!   self-check, the record, what an attestation binds of the pod, and the attestation itself.
-//! - [`engine`]: the decision; [`review`]: the AdmissionReview envelope.
+//! - [`decision`]: the request facts, the object as read, the decision's types.
+//! - [`engine`]: makes the decision; [`review`]: the AdmissionReview envelope in and out.
+//!   Neither imports the other.
 //! - [`match_conditions`]: the webhook configuration's CEL, from the profiles.
 
 #![warn(unreachable_pub)]
@@ -22,6 +24,7 @@ pub mod audit;
 pub mod binding;
 mod check;
 pub mod cluster;
+pub mod decision;
 pub mod engine;
 mod error;
 pub mod inject;

@@ -9,7 +9,7 @@
 use serde_json::Value;
 
 use crate::inject::{
-    ApiToken, EnvSpec, EnvValue, Injection, MountSpec, Source, VolumeSpec, DEFAULT_MODE,
+    same_env_value, without_nulls, ApiToken, EnvSpec, EnvValue, Injection, MountSpec, Source, VolumeSpec, DEFAULT_MODE,
     DEFAULT_TOKEN_EXPIRATION_SECONDS,
 };
 use crate::patch::{ContainerField, Item, OpValue, PatchOp, Path};
@@ -497,17 +497,6 @@ fn parse(raw: &str) -> Value {
 }
 
 /// Drops `null` members, which Kubernetes treats as absent.
-fn without_nulls(v: &mut Value) {
-    match v {
-        Value::Object(map) => {
-            map.retain(|_, v| !v.is_null());
-            map.values_mut().for_each(without_nulls);
-        }
-        Value::Array(items) => items.iter_mut().for_each(without_nulls),
-        _ => {}
-    }
-}
-
 /// A volume as the apiserver leaves it after defaulting, so that keyward's own output compares
 /// equal on a reinvocation.
 fn normalized_volume(mut v: Value) -> Value {
@@ -547,19 +536,6 @@ fn same_mount(theirs: &str, ours: &MountSpec) -> bool {
 
 fn same_env(theirs: &str, ours: &EnvSpec) -> bool {
     same_env_value(&parse(theirs), ours)
-}
-
-/// Whether an env var, as JSON, is `ours` (as the apiserver leaves it: `null`s dropped, an
-/// empty `value` beside `valueFrom` ignored).
-pub(crate) fn same_env_value(theirs: &Value, ours: &EnvSpec) -> bool {
-    let mut v = theirs.clone();
-    without_nulls(&mut v);
-    if let Value::Object(e) = &mut v {
-        if e.get("value").and_then(Value::as_str) == Some("") && e.contains_key("valueFrom") {
-            e.remove("value");
-        }
-    }
-    v == ours.to_json()
 }
 
 #[cfg(test)]

@@ -11,9 +11,10 @@ use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visi
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::engine::{Decision, RequestFacts, Requester};
+pub use crate::decision::Object;
+use crate::decision::{Decision, RequestFacts, Requester};
 use crate::error::Error;
-use crate::pod::{Read, ReadSeed};
+use crate::pod::ReadSeed;
 use crate::text::{clip, quoted};
 
 pub const API_VERSION: &str = "admission.k8s.io/v1";
@@ -34,25 +35,6 @@ pub struct AdmissionRequest<'a> {
     pub user_info: UserInfo<'a>,
     pub object: Object<'a>,
     pub dry_run: Option<bool>,
-}
-
-/// `request.object`: raw, or already read (metadata decoded, spec raw) on the way through.
-#[derive(Debug, Clone)]
-#[allow(clippy::large_enum_variant)] // one per request, on the stack: boxing would only add an allocation
-pub enum Object<'a> {
-    Missing,
-    Raw(&'a RawValue),
-    Read(Read<'a>),
-}
-
-impl<'a> Object<'a> {
-    /// The object raw, when it was kept raw.
-    pub fn raw(&self) -> Option<&'a RawValue> {
-        match self {
-            Self::Raw(raw) => Some(raw),
-            _ => None,
-        }
-    }
 }
 
 #[derive(Debug, Default, Deserialize)]

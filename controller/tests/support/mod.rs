@@ -860,7 +860,7 @@ use keyward_certs::pki::Ca;
 use keyward_certs::{CertStore, Trigger};
 use keyward_controller::desired::{self, PodClaim, PodVerdict};
 use keyward_controller::index::{OwnerKey, PodKey};
-use keyward_controller::{identity, run, Leadership, Metrics, Reconciler, Settings};
+use keyward_controller::{identity, run, Context, Leadership, Metrics, Settings};
 use keyward_engine::{ProfileSet, RequestFacts, Requester};
 
 pub const OWNER_API: &str = "foundation-model-stack.github.com.github.com/v1beta1";
@@ -931,13 +931,7 @@ pub fn settings() -> Settings {
     Settings { publish_client_ca_to: vec!["lm-eval".into()], provision_accounts: true, ..Settings::default() }
 }
 
-pub fn reconciler(
-    fake: &FakeApi,
-    id: &str,
-    profiles: ProfileSet,
-    ca: &ClientCa,
-    leader: Leadership,
-) -> Arc<Reconciler> {
+pub fn reconciler(fake: &FakeApi, id: &str, profiles: ProfileSet, ca: &ClientCa, leader: Leadership) -> Arc<Context> {
     reconciler_with(fake.client(id), profiles, ca, leader, settings())
 }
 
@@ -947,8 +941,8 @@ pub fn reconciler_with(
     ca: &ClientCa,
     leader: Leadership,
     settings: Settings,
-) -> Arc<Reconciler> {
-    Arc::new(Reconciler::new(
+) -> Arc<Context> {
+    Arc::new(Context::new(
         client,
         Arc::new(profiles),
         settings,
@@ -1054,7 +1048,7 @@ pub fn owner_key() -> OwnerKey {
 }
 
 /// What the controller works out for a stored pod, as its watch would hand it over.
-pub fn claims(r: &Reconciler, pod: &Value) -> Vec<(PodKey, String, PodClaim)> {
+pub fn claims(r: &Context, pod: &Value) -> Vec<(PodKey, String, PodClaim)> {
     let ns = pod["metadata"]["namespace"].as_str().unwrap();
     match desired::for_pod(r.profiles(), &serde_json::value::to_raw_value(pod).unwrap(), ns, "cluster.local") {
         PodVerdict::Claim(claim) => vec![(
@@ -1067,8 +1061,8 @@ pub fn claims(r: &Reconciler, pod: &Value) -> Vec<(PodKey, String, PodClaim)> {
 }
 
 /// The attestation keys a leader creates (in the fake) and loads.
-pub async fn attestation_keys(r: &Reconciler) -> Keys {
-    r.attestation_key().await.unwrap();
+pub async fn attestation_keys(r: &Context) -> Keys {
+    keyward_controller::singletons::attestation_key(r).await.unwrap();
     r.attestation_keys().unwrap()
 }
 
@@ -1083,7 +1077,7 @@ pub fn namespace(name: &str) -> Value {
 /// Runs the controller's loop against the fake, as `keyward controller` does.
 pub fn start(
     fake: &FakeApi,
-    r: Arc<Reconciler>,
+    r: Arc<Context>,
     leadership: Leadership,
     ca: &ClientCa,
     id: &str,
@@ -1093,7 +1087,7 @@ pub fn start(
 
 pub fn start_with(
     client: Client,
-    r: Arc<Reconciler>,
+    r: Arc<Context>,
     leadership: Leadership,
     ca: &ClientCa,
     settings: run::LoopSettings,

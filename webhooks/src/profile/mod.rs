@@ -249,7 +249,7 @@ fn annotation_keys(profiles: &[Profile]) -> Vec<String> {
     let mut keys = vec![
         crate::audit::ANNOTATION_INJECTED.to_string(),
         crate::audit::ANNOTATION_ORIGINAL_SA.to_string(),
-        crate::attest::ANNOTATION_ATTESTATION.to_string(),
+        crate::audit::ANNOTATION_ATTESTATION.to_string(),
     ];
     for key in profiles.iter().flat_map(|p| p.spec.annotation_selector.keys()) {
         if !keys.iter().any(|k| k == key) {
