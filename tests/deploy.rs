@@ -720,17 +720,17 @@ fn the_audit_runs_the_installs_image_and_any_uid() {
     assert_eq!(find(&alone, "CronJob", "keyward-audit")["metadata"]["namespace"], "keyward-system");
 }
 
-/// Every alert's `runbook` names a section of the README that exists.
+/// Every alert's `runbook` names its section of docs/operations.md, which exists.
 #[test]
-fn every_alert_has_its_runbook_in_the_readme() {
+fn every_alert_has_its_runbook_in_the_operations_page() {
     let rules = std::fs::read_to_string(format!("{}/deploy/components/monitoring/rules.yaml", root())).unwrap();
     let rules = &keyward_engine::yaml::documents(&rules).unwrap()[0].value;
-    let readme = std::fs::read_to_string(format!("{}/README.md", root())).unwrap();
+    let runbooks = std::fs::read_to_string(format!("{}/docs/operations.md", root())).unwrap();
     let alerts = rules["spec"]["groups"][0]["rules"].as_array().unwrap();
     assert!(alerts.len() >= 14);
     for rule in alerts {
         let name = rule["alert"].as_str().unwrap();
-        assert_eq!(rule["annotations"]["runbook"], format!("README.md#{}", name.to_lowercase()), "{name}");
-        assert!(readme.contains(&format!("\n#### {name}\n")), "no README section for {name}");
+        assert_eq!(rule["annotations"]["runbook"], format!("docs/operations.md#{}", name.to_lowercase()), "{name}");
+        assert!(runbooks.contains(&format!("\n### {name}\n")), "no runbook in docs/operations.md for {name}");
     }
 }

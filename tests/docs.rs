@@ -1,5 +1,6 @@
-//! The README against the code: lists a reader relies on (metric reasons, the fields of the
-//! decision log line) must name exactly what keyward emits.
+//! The docs against the code and against themselves: lists a reader relies on (metric reasons,
+//! the fields of the decision log line) name exactly what keyward emits, and every relative link
+//! and anchor in every page leads somewhere.
 #![allow(clippy::unwrap_used)] // a panic is the test failure report
 
 mod support;
@@ -8,8 +9,9 @@ use std::collections::BTreeSet;
 
 use support::*;
 
-fn readme() -> String {
-    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap()
+/// A page of the docs, by its path from the repository's root.
+fn page(path: &str) -> String {
+    std::fs::read_to_string(format!("{}/{path}", env!("CARGO_MANIFEST_DIR"))).unwrap()
 }
 
 /// The backticked words in `text`, outside parentheses (which explain, not list).
@@ -27,15 +29,15 @@ fn backticked(text: &str) -> BTreeSet<String> {
     outside.split('`').skip(1).step_by(2).map(str::to_string).collect()
 }
 
-/// The text of the README between `start` and the next `end` after it.
+/// The text of a page between `start` and the next `end` after it.
 fn between<'a>(text: &'a str, start: &str, end: &str) -> &'a str {
-    let from = text.find(start).unwrap_or_else(|| panic!("README has no {start:?}")) + start.len();
-    let to = text[from..].find(end).unwrap_or_else(|| panic!("README has no {end:?} after {start:?}"));
+    let from = text.find(start).unwrap_or_else(|| panic!("no {start:?}")) + start.len();
+    let to = text[from..].find(end).unwrap_or_else(|| panic!("no {end:?} after {start:?}"));
     &text[from..from + to]
 }
 
 #[test]
-fn the_readme_lists_every_reason_a_decision_can_have() {
+fn the_cli_page_lists_every_reason_a_decision_can_have() {
     // Reason::as_str is an exhaustive match: its strings are every reason there is.
     let source = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/webhooks/src/decision.rs")).unwrap();
     let as_str = between(&source, "pub fn as_str(self) -> &'static str {", "\n    }\n");
@@ -45,13 +47,13 @@ fn the_readme_lists_every_reason_a_decision_can_have() {
         .map(|(_, r)| r.trim_end_matches("\",").to_string())
         .collect();
     assert!(reasons.len() >= 14, "{reasons:?}");
-    let readme = readme();
-    let documented = backticked(between(&readme, "`reason` one of", "|"));
-    assert_eq!(documented, reasons, "README's reasons for keyward_admission_requests_total");
+    let cli = page("docs/cli.md");
+    let documented = backticked(between(&cli, "`reason` one of", "|"));
+    assert_eq!(documented, reasons, "docs/cli.md's reasons for keyward_admission_requests_total");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_readme_names_every_field_of_the_decision_log_line() {
+async fn the_cli_page_names_every_field_of_the_decision_log_line() {
     let tls = TlsDir::new();
     let mut server = tls.start(&[]);
     let (mut client, _) = server.connect().await.unwrap();
@@ -67,9 +69,9 @@ async fn the_readme_names_every_field_of_the_decision_log_line() {
     for envelope in ["timestamp", "level", "target", "message"] {
         fields.remove(envelope);
     }
-    let readme = readme();
-    let documented = backticked(between(&readme, "one line per admission decision with", "; one per"));
-    assert_eq!(documented, fields, "README's fields of the decision log line");
+    let cli = page("docs/cli.md");
+    let documented = backticked(between(&cli, "one line per admission decision with", "; one per"));
+    assert_eq!(documented, fields, "docs/cli.md's fields of the decision log line");
 }
 
 #[test]
@@ -83,4 +85,141 @@ fn every_path_the_architecture_map_names_exists() {
     assert!(paths.len() > 20, "{paths:?}");
     let missing: Vec<&&str> = paths.iter().filter(|p| !std::path::Path::new(root).join(p).exists()).collect();
     assert!(missing.is_empty(), "ARCHITECTURE.md names paths that do not exist: {missing:?}");
+}
+
+// === links and anchors ===
+
+/// Every Markdown page of the repository a reader is sent to: the front page, the docs and the
+/// maps beside them (not `target/` or the mirrors of other projects).
+fn pages() -> Vec<String> {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let mut pages: Vec<String> =
+        ["README.md", "ARCHITECTURE.md", "BENCHMARKS.md", "CHANGELOG.md", "tests/fixtures/README.md"]
+            .map(String::from)
+            .to_vec();
+    for entry in std::fs::read_dir(format!("{root}/docs")).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        if name.ends_with(".md") {
+            pages.push(format!("docs/{name}"));
+        }
+    }
+    pages.sort();
+    pages
+}
+
+/// The lines of a page outside fenced code blocks.
+fn prose(text: &str) -> Vec<&str> {
+    let mut fenced = false;
+    text.lines()
+        .filter(|line| {
+            if line.starts_with("```") {
+                fenced = !fenced;
+                return false;
+            }
+            !fenced
+        })
+        .collect()
+}
+
+/// A heading's anchor as GitHub makes it: lower case, everything but letters, digits, spaces,
+/// `-` and `_` dropped, spaces turned to `-`.
+fn slug(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The anchors of a page's headings, a repeated one numbered as GitHub numbers it (`-1`, `-2`).
+fn anchors(text: &str) -> BTreeSet<String> {
+    let mut seen = std::collections::BTreeMap::<String, usize>::new();
+    let mut anchors = BTreeSet::new();
+    for line in prose(text) {
+        let hashes = line.chars().take_while(|c| *c == '#').count();
+        if (1..=6).contains(&hashes) && line[hashes..].starts_with(' ') {
+            let base = slug(&line[hashes + 1..]);
+            let n = seen.entry(base.clone()).or_default();
+            anchors.insert(if *n == 0 { base.clone() } else { format!("{base}-{n}") });
+            *n += 1;
+        }
+    }
+    anchors
+}
+
+/// The targets of the inline links `[text](target)` in a page's prose.
+fn links(text: &str) -> Vec<String> {
+    let mut targets = Vec::new();
+    for line in prose(text) {
+        let mut rest = line;
+        while let Some(at) = rest.find("](") {
+            rest = &rest[at + 2..];
+            if let Some(end) = rest.find(')') {
+                targets.push(rest[..end].to_string());
+                rest = &rest[end..];
+            }
+        }
+    }
+    targets
+}
+
+#[test]
+fn the_anchors_are_githubs() {
+    assert_eq!(slug("`keyward serve`"), "keyward-serve");
+    assert_eq!(slug("Security: what the controller trusts"), "security-what-the-controller-trusts");
+    assert_eq!(slug("What is in `deploy/`"), "what-is-in-deploy");
+    assert_eq!(
+        anchors("# A\n```\n# not a heading\n```\n## A\n#no\n### B b\n"),
+        ["a", "a-1", "b-b"].map(String::from).into()
+    );
+    assert_eq!(links("see [x](a.md#b) and [y](#c)\n```\n[z](d.md)\n```\n"), ["a.md#b", "#c"]);
+}
+
+#[test]
+fn every_relative_link_and_anchor_in_the_docs_leads_somewhere() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let pages = pages();
+    assert!(pages.len() >= 12, "{pages:?}");
+    let mut broken = Vec::new();
+    let mut checked = 0;
+    for page in &pages {
+        let dir = std::path::Path::new(page).parent().unwrap();
+        for target in links(&self::page(page)) {
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            checked += 1;
+            let (path, anchor) = target.split_once('#').unwrap_or((&target, ""));
+            let file = if path.is_empty() { std::path::PathBuf::from(page) } else { dir.join(path) };
+            if !root.join(&file).exists() {
+                broken.push(format!("{page}: {target}: no file {}", file.display()));
+                continue;
+            }
+            if !anchor.is_empty() {
+                let text = std::fs::read_to_string(root.join(&file)).unwrap();
+                if !anchors(&text).contains(anchor) {
+                    broken.push(format!("{page}: {target}: no heading #{anchor} in {}", file.display()));
+                }
+            }
+        }
+    }
+    assert!(checked > 40, "{checked} links");
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
+
+#[test]
+fn the_readme_is_a_front_page_that_reaches_every_page_of_the_docs() {
+    let readme = page("README.md");
+    let lines = readme.lines().count();
+    assert!(lines <= 400, "README.md has {lines} lines: move reference material to docs/");
+    // It starts with the two commands: the webhook on the embedded default, and the tests.
+    assert!(readme.starts_with("# keyward\n\n```sh\ncargo run -- serve "), "{}", &readme[..80]);
+    assert!(readme.contains("\ncargo test --workspace --locked "));
+    let linked: BTreeSet<String> =
+        links(&readme).into_iter().map(|t| t.split('#').next().unwrap().to_string()).collect();
+    for page in pages().into_iter().filter(|p| p.starts_with("docs/") && p != "docs/mutants.md") {
+        assert!(linked.contains(&page), "README.md does not link {page}");
+    }
 }

@@ -208,7 +208,7 @@ async fn put(api: &Api<Secret>, name: &str, existing: Option<&Secret>, mut secre
 /// The client CA's Secret (`tls.crt`, `tls.key`, `ca.crt`), when keyward makes it: made when
 /// missing, made again when it cannot sign. One keyward does not manage (an admin's,
 /// cert-manager's) is used as it is. Not rotated: a client CA is trusted by control planes
-/// outside keyward's reach (see the README).
+/// outside keyward's reach (see docs/install.md).
 pub async fn client_ca(
     client: &Client,
     leader: &Leadership,
