@@ -586,5 +586,48 @@ mod tests {
             Err("the serving CA's validity (63072000s) must be at least three times the leaf's (31536000s): the CA is replaced at two thirds of its life, while leaves it signed are still served".into())
         );
         assert_eq!(settings().check(), Ok(()));
+        // Exactly three times is enough (mutation: `<` for `<=` refuses it).
+        let s = Settings { ca_validity: DAY * 3, leaf_validity: DAY, ..settings() };
+        assert_eq!(s.check(), Ok(()));
+    }
+
+    /// A rotation's next CA is used only whole: a Secret holding `ca-next.crt` without its key
+    /// (or the key alone) loses it, and says so (mutation: `||` for `&&` keeps a lone half).
+    #[test]
+    fn half_of_a_next_ca_is_dropped_with_the_reason() {
+        let now = start();
+        let mut observed = Observed::default();
+        let first = plan(&settings(), &observed, now).unwrap();
+        apply(&mut observed, &first);
+        let other = Ca::mint("another CA", now, DAY * 3650).unwrap();
+        for (file, pem) in [(CA_NEXT_CRT, other.cert_pem().as_bytes()), (CA_NEXT_KEY, other.key_pem().as_bytes())] {
+            let mut half = observed.clone();
+            half.files.insert(file.into(), pem.to_vec());
+            let fixed = plan(&settings(), &half, now).unwrap();
+            assert!(
+                matches!(fixed.changes.as_slice(), [Change::Dropped { file: CA_NEXT_CRT, .. }]),
+                "{file}: {:?}",
+                fixed.changes
+            );
+            let files = fixed.files.unwrap();
+            assert!(!files.contains_key(CA_NEXT_CRT) && !files.contains_key(CA_NEXT_KEY), "{file}");
+            assert_eq!(fixed.next_since, None);
+        }
+    }
+
+    /// The words of each change's log line name what happened and why (mutation: an empty or
+    /// made-up description).
+    #[test]
+    fn each_change_says_what_happened_in_its_log_line() {
+        assert_eq!(Change::Created { replaced: None }.describe(), "serving CA and certificate created");
+        assert_eq!(
+            Change::Created { replaced: Some("ca.key: junk".into()) }.describe(),
+            "serving CA and certificate replaced, since the Secret's could not be used: ca.key: junk"
+        );
+        assert_eq!(
+            Change::Dropped { file: CA_NEXT_CRT, why: "no key".into() }.describe(),
+            "ca-next.crt dropped from the Secret: no key"
+        );
+        assert!(Change::CaSwitched.describe().contains("signed by the new CA"));
     }
 }

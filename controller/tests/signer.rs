@@ -874,3 +874,36 @@ fn the_fake_judges_status_updates_as_the_apiserver_does() {
     long["conditions"][0]["message"] = json!("x".repeat(32_769));
     assert!(pcr::validate_status_update(&request, &long, now).unwrap_err().contains("Too long"));
 }
+
+/// Discovery, as `keyward controller` and `keyward audit` ask it: each version of
+/// `certificates.k8s.io` that serves the resource, v1 first; a version that serves the group
+/// without the resource, or does not exist (404), serves nothing; any other failure is an error,
+/// never "not served" (mutations: `Ok(None)`, `Ok(vec![])`, either match guard forced, `!=`).
+#[tokio::test]
+async fn discovery_finds_every_version_that_serves_the_resource_and_fails_on_errors() {
+    use keyward_controller::signer::{served_version, served_versions};
+    let fake = FakeApi::default();
+    let client = fake.client("keyward");
+    let plural = ApiVersion::PLURAL;
+    assert_eq!(served_versions(&client, plural).await.unwrap(), []);
+    assert_eq!(served_version(&client, plural).await.unwrap(), None);
+    // The group at v1 serves ClusterTrustBundles only.
+    fake.seed(json!({"apiVersion": "certificates.k8s.io/v1", "kind": "ClusterTrustBundle",
+                     "metadata": {"name": "keyward.io:lmeval:client-ca"}, "spec": {"trustBundle": ""}}));
+    assert_eq!(served_versions(&client, plural).await.unwrap(), []);
+    assert_eq!(served_versions(&client, ApiVersion::TRUST_BUNDLES).await.unwrap(), [ApiVersion::V1]);
+    let request = |version: &str| {
+        json!({"apiVersion": format!("certificates.k8s.io/{version}"), "kind": "PodCertificateRequest",
+               "metadata": {"name": "req", "namespace": "team-a"}, "spec": {}})
+    };
+    fake.seed(request("v1beta1"));
+    assert_eq!(served_versions(&client, plural).await.unwrap(), [ApiVersion::V1beta1]);
+    assert_eq!(served_version(&client, plural).await.unwrap(), Some(ApiVersion::V1beta1));
+    fake.seed(request("v1"));
+    assert_eq!(served_versions(&client, plural).await.unwrap(), [ApiVersion::V1, ApiVersion::V1beta1]);
+    assert_eq!(served_version(&client, plural).await.unwrap(), Some(ApiVersion::V1));
+    // A failing discovery is an error to report, not a cluster without the API.
+    fake.fail("GET", "certificates.k8s.io/v1beta1/", 503, 1);
+    let err = served_versions(&client, plural).await.unwrap_err();
+    assert!(err.to_string().contains("injected failure"), "{err}");
+}
