@@ -248,6 +248,8 @@ fn decide_for(
     d
 }
 
+/// What the selected profile does to the pod: each kind plans its injection, the spec is read
+/// for what they touch, the patch is planned, annotated, labelled and self-checked.
 fn inject(
     facts: &RequestFacts<'_>,
     raw_spec: Option<&RawValue>,
@@ -255,30 +257,10 @@ fn inject(
     profile: &Profile,
     explain: Option<&mut Explanation>,
 ) -> Decision {
-    // Each kind plans its injection for this pod.
-    let ctx = TemplateContext {
-        namespace: facts.namespace,
-        owner_name: meta.controller_owner.as_ref().map(|o| o.name.as_ref()),
-        labels: &meta.labels,
+    let injections = match plan_injections(facts, meta, profile) {
+        Ok(injections) => injections,
+        Err(message) => return Decision::deny(Reason::Unresolvable, message),
     };
-    let mut injections: Vec<(&'static str, Injection)> = Vec::new();
-    let mut unresolved = Vec::new();
-    for (key, kind) in profile.spec.inject.kinds() {
-        match kind.plan(&ctx) {
-            Ok(injection) => injections.push((key, injection)),
-            Err(e) => unresolved.push(format!("spec.inject.{key}.{}: {}", e.field, e.reason)),
-        }
-    }
-    if !unresolved.is_empty() {
-        return Decision::deny(
-            Reason::Unresolvable,
-            format!(
-                "keyward: profile {:?} cannot name this pod's credentials: {}; give the pod what the profile needs, or fix the profile",
-                profile.name,
-                unresolved.join("; ")
-            ),
-        );
-    }
     if let Some(explain) = explain {
         for (key, kind) in profile.spec.inject.kinds() {
             if let Some((_, injection)) = injections.iter().find(|(k, _)| *k == key) {
@@ -286,42 +268,12 @@ fn inject(
             }
         }
     }
-
-    // The spec, scanned for exactly what the injections touch.
-    let mut wanted = Wanted::default();
-    for (_, injection) in &injections {
-        if let Some((volume, mount)) = &injection.volume {
-            wanted.volume_names.push(&volume.name);
-            wanted.mount_paths.push(&mount.path);
-        }
-        wanted.env_names.extend(injection.env.iter().map(|e| e.name.as_str()));
-        wanted.api_token |= injection.api_token == ApiToken::Remove;
-    }
-    let spec = match pod::spec(raw_spec, &wanted) {
+    let spec = match pod::spec(raw_spec, &wanted_by(&injections)) {
         Ok(spec) => spec,
         Err(e) => return invalid_pod(&e),
     };
-
-    if spec.hits_truncated {
-        return Decision::deny(
-            Reason::TooLarge,
-            format!(
-                "keyward: profile {:?} selects this pod, but it has more than {} volumes, mounts and env vars named like the profile's or the API token's; keyward refuses rather than build a patch that large",
-                profile.name,
-                pod::MAX_HITS - 1
-            ),
-        );
-    }
-    if spec.container_count > pod::MAX_CONTAINERS {
-        return Decision::deny(
-            Reason::TooLarge,
-            format!(
-                "keyward: profile {:?} selects this pod, but it has {} init containers and containers, more than keyward injects into ({}); keyward refuses rather than build a patch that large",
-                profile.name,
-                spec.container_count,
-                pod::MAX_CONTAINERS
-            ),
-        );
+    if let Some(refused) = too_large(profile, &spec) {
+        return refused;
     }
     let mut planned = plan(profile, &spec, &injections);
     if planned.too_large {
@@ -334,39 +286,11 @@ fn inject(
         );
     }
     if !planned.conflicts.is_empty() {
-        let conflicts = planned.conflicts.join("; ");
-        let mut d = match profile.spec.on_conflict {
-            ConflictPolicy::Deny => Decision::deny(
-                Reason::Conflict,
-                format!("keyward: profile {:?} cannot inject into this pod: {conflicts}", profile.name),
-            ),
-            ConflictPolicy::Skip => {
-                let mut d = Decision::unchanged(Reason::ConflictSkipped);
-                d.warnings.push(format!(
-                    "keyward: profile {:?} injected nothing into this pod (onConflict: skip): {conflicts}",
-                    profile.name
-                ));
-                d
-            }
-        };
-        d.warnings.extend(planned.warnings);
-        return d;
+        return conflicted(profile, planned);
     }
 
     // The audit record, on the pod and for the apiserver's audit log.
-    let containers = if profile.spec.containers.is_empty() {
-        ContainerScope::all()
-    } else {
-        ContainerScope::Named(
-            profile
-                .spec
-                .containers
-                .iter()
-                .filter(|name| spec.all_containers().any(|c| c.name == name.as_str()))
-                .cloned()
-                .collect(),
-        )
-    };
+    let containers = container_scope(profile, &spec);
     let record = AuditRecord {
         profile: &profile.name,
         injected: injections.iter().map(|(_, i)| &i.item).collect(),
@@ -374,8 +298,6 @@ fn inject(
     };
     let annotation = record.to_annotation();
     let kinds = record.kinds();
-    let existing = |key: &str| meta.annotations.kept.get(key).map(|v| v.as_ref());
-    let mut added: Vec<(&'static str, String)> = Vec::new();
     let (attestation, vouched) = match attestation(facts, meta, profile, &annotation, raw_spec, &injections) {
         Attestation::NotNeeded => (None, None),
         Attestation::Keep(value) => (None, Some(value)),
@@ -391,56 +313,11 @@ fn inject(
             )
         }
     };
-    if existing(ANNOTATION_INJECTED) != Some(annotation.as_str()) {
-        added.push((ANNOTATION_INJECTED, annotation.clone()));
-    }
-    if let Some(value) = attestation {
-        added.push((ANNOTATION_ATTESTATION, value));
-    }
-    if let Some(original) = &planned.original_service_account {
-        if existing(ANNOTATION_ORIGINAL_SA).is_none() {
-            added.push((ANNOTATION_ORIGINAL_SA, original.clone()));
-        }
-    }
-    let replaced: usize = added.iter().filter_map(|(k, _)| existing(k).map(|v| k.len() + v.len())).sum();
-    let annotation_bytes =
-        meta.annotations.total_bytes - replaced + added.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
-    if annotation_bytes > TOTAL_ANNOTATION_SIZE_LIMIT {
-        return Decision::deny(
-            Reason::Conflict,
-            format!(
-                "keyward: profile {:?} cannot inject into this pod: metadata.annotations would take {annotation_bytes} bytes with keyward's audit record, over the apiserver's limit of {TOTAL_ANNOTATION_SIZE_LIMIT}; shorten the pod's annotations",
-                profile.name
-            ),
-        );
-    }
-    let mut annotations_there = meta.annotations.state.is_there();
-    for (key, value) in added {
-        if annotations_there {
-            let path = Path::Annotations(Some(key));
-            planned.ops.push(if existing(key).is_some() {
-                PatchOp::replace(path, OpValue::Str(value))
-            } else {
-                PatchOp::add(path, OpValue::Str(value))
-            });
-        } else {
-            planned.ops.push(PatchOp::add(Path::Annotations(None), OpValue::Map(key, value)));
-            annotations_there = true;
-        }
-    }
-    // The listing label. Pods admitted before keyward set it lack it and are otherwise whole:
-    // that alone is not a change to their injection (see `reason` below).
-    let labelled = meta.labels.get(LABEL_PROFILE).is_some_and(|v| v.as_ref() == profile.name.as_str());
-    let mut label_op = false;
-    if !labelled {
-        // `add` replaces a key that is there; with no labels at all, the whole map is added.
-        planned.ops.push(if meta.labels.is_empty() {
-            PatchOp::add(Path::Labels(None), OpValue::Map(LABEL_PROFILE, profile.name.clone()))
-        } else {
-            PatchOp::add(Path::Labels(Some(LABEL_PROFILE)), OpValue::Str(profile.name.clone()))
-        });
-        label_op = true;
-    }
+    let annotation_bytes = match annotate(meta, profile, &mut planned, &annotation, attestation) {
+        Ok(bytes) => bytes,
+        Err(message) => return Decision::deny(Reason::Conflict, message),
+    };
+    let label_op = label(meta, profile, &mut planned.ops);
 
     if !planned.ops.is_empty() {
         let broken = violations(&spec, &planned.changes, annotation_bytes);
@@ -461,6 +338,8 @@ fn inject(
     if let Some(original) = original_service_account {
         audit_annotations.insert("original-service-account".into(), original);
     }
+    // Pods admitted before keyward set the listing label lack it and are otherwise whole: that
+    // alone is not a change to their injection.
     let reason = if ops.len() == usize::from(label_op) { Reason::AlreadyInjected } else { Reason::Injected };
     let mutation = Mutation {
         ops,
@@ -474,6 +353,177 @@ fn inject(
     d.warnings = warnings;
     d.audit_annotations = audit_annotations;
     d
+}
+
+/// Each kind's injection for this pod, in registry order; or the refusal (`unresolvable`)
+/// naming every template the pod cannot resolve.
+fn plan_injections(
+    facts: &RequestFacts<'_>,
+    meta: &Metadata<'_>,
+    profile: &Profile,
+) -> Result<Vec<(&'static str, Injection)>, String> {
+    let ctx = TemplateContext {
+        namespace: facts.namespace,
+        owner_name: meta.controller_owner.as_ref().map(|o| o.name.as_ref()),
+        labels: &meta.labels,
+    };
+    let mut injections: Vec<(&'static str, Injection)> = Vec::new();
+    let mut unresolved = Vec::new();
+    for (key, kind) in profile.spec.inject.kinds() {
+        match kind.plan(&ctx) {
+            Ok(injection) => injections.push((key, injection)),
+            Err(e) => unresolved.push(format!("spec.inject.{key}.{}: {}", e.field, e.reason)),
+        }
+    }
+    if !unresolved.is_empty() {
+        return Err(format!(
+            "keyward: profile {:?} cannot name this pod's credentials: {}; give the pod what the profile needs, or fix the profile",
+            profile.name,
+            unresolved.join("; ")
+        ));
+    }
+    Ok(injections)
+}
+
+/// What the spec is scanned for: exactly the volumes, mounts and env vars the injections touch.
+fn wanted_by<'i>(injections: &'i [(&'static str, Injection)]) -> Wanted<'i> {
+    let mut wanted = Wanted::default();
+    for (_, injection) in injections {
+        if let Some((volume, mount)) = &injection.volume {
+            wanted.volume_names.push(&volume.name);
+            wanted.mount_paths.push(&mount.path);
+        }
+        wanted.env_names.extend(injection.env.iter().map(|e| e.name.as_str()));
+        wanted.api_token |= injection.api_token == ApiToken::Remove;
+    }
+    wanted
+}
+
+/// A refusal when the pod is past what keyward holds of a spec (the rest was counted, not kept).
+fn too_large(profile: &Profile, spec: &pod::Spec<'_>) -> Option<Decision> {
+    if spec.hits_truncated {
+        return Some(Decision::deny(
+            Reason::TooLarge,
+            format!(
+                "keyward: profile {:?} selects this pod, but it has more than {} volumes, mounts and env vars named like the profile's or the API token's; keyward refuses rather than build a patch that large",
+                profile.name,
+                pod::MAX_HITS - 1
+            ),
+        ));
+    }
+    if spec.container_count > pod::MAX_CONTAINERS {
+        return Some(Decision::deny(
+            Reason::TooLarge,
+            format!(
+                "keyward: profile {:?} selects this pod, but it has {} init containers and containers, more than keyward injects into ({}); keyward refuses rather than build a patch that large",
+                profile.name,
+                spec.container_count,
+                pod::MAX_CONTAINERS
+            ),
+        ));
+    }
+    None
+}
+
+/// A pod whose spec collides with the injection: refused, or admitted unchanged with a warning
+/// (`onConflict: skip`).
+fn conflicted(profile: &Profile, planned: crate::plan::Plan<'_>) -> Decision {
+    let conflicts = planned.conflicts.join("; ");
+    let mut d = match profile.spec.on_conflict {
+        ConflictPolicy::Deny => Decision::deny(
+            Reason::Conflict,
+            format!("keyward: profile {:?} cannot inject into this pod: {conflicts}", profile.name),
+        ),
+        ConflictPolicy::Skip => {
+            let mut d = Decision::unchanged(Reason::ConflictSkipped);
+            d.warnings.push(format!(
+                "keyward: profile {:?} injected nothing into this pod (onConflict: skip): {conflicts}",
+                profile.name
+            ));
+            d
+        }
+    };
+    d.warnings.extend(planned.warnings);
+    d
+}
+
+/// The containers the audit record names: all, or those of the profile's list the pod has.
+fn container_scope(profile: &Profile, spec: &pod::Spec<'_>) -> ContainerScope {
+    if profile.spec.containers.is_empty() {
+        return ContainerScope::all();
+    }
+    ContainerScope::Named(
+        profile
+            .spec
+            .containers
+            .iter()
+            .filter(|name| spec.all_containers().any(|c| c.name == name.as_str()))
+            .cloned()
+            .collect(),
+    )
+}
+
+/// Adds keyward's annotations to the patch (the audit record, the attestation written now, the
+/// original service account), unless the pod's annotations would pass the apiserver's limit
+/// (then the refusal, a `conflict`). Returns their size after the patch.
+fn annotate(
+    meta: &Metadata<'_>,
+    profile: &Profile,
+    planned: &mut crate::plan::Plan<'_>,
+    annotation: &str,
+    attestation: Option<String>,
+) -> Result<usize, String> {
+    let existing = |key: &str| meta.annotations.kept.get(key).map(|v| v.as_ref());
+    let mut added: Vec<(&'static str, String)> = Vec::new();
+    if existing(ANNOTATION_INJECTED) != Some(annotation) {
+        added.push((ANNOTATION_INJECTED, annotation.to_string()));
+    }
+    if let Some(value) = attestation {
+        added.push((ANNOTATION_ATTESTATION, value));
+    }
+    if let Some(original) = &planned.original_service_account {
+        if existing(ANNOTATION_ORIGINAL_SA).is_none() {
+            added.push((ANNOTATION_ORIGINAL_SA, original.clone()));
+        }
+    }
+    let replaced: usize = added.iter().filter_map(|(k, _)| existing(k).map(|v| k.len() + v.len())).sum();
+    let annotation_bytes =
+        meta.annotations.total_bytes - replaced + added.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
+    if annotation_bytes > TOTAL_ANNOTATION_SIZE_LIMIT {
+        return Err(format!(
+            "keyward: profile {:?} cannot inject into this pod: metadata.annotations would take {annotation_bytes} bytes with keyward's audit record, over the apiserver's limit of {TOTAL_ANNOTATION_SIZE_LIMIT}; shorten the pod's annotations",
+            profile.name
+        ));
+    }
+    let mut annotations_there = meta.annotations.state.is_there();
+    for (key, value) in added {
+        if annotations_there {
+            let path = Path::Annotations(Some(key));
+            planned.ops.push(if existing(key).is_some() {
+                PatchOp::replace(path, OpValue::Str(value))
+            } else {
+                PatchOp::add(path, OpValue::Str(value))
+            });
+        } else {
+            planned.ops.push(PatchOp::add(Path::Annotations(None), OpValue::Map(key, value)));
+            annotations_there = true;
+        }
+    }
+    Ok(annotation_bytes)
+}
+
+/// Adds the listing label `keyward.io/profile` when the pod lacks it; returns whether it did.
+fn label(meta: &Metadata<'_>, profile: &Profile, ops: &mut Vec<PatchOp>) -> bool {
+    if meta.labels.get(LABEL_PROFILE).is_some_and(|v| v.as_ref() == profile.name.as_str()) {
+        return false;
+    }
+    // `add` replaces a key that is there; with no labels at all, the whole map is added.
+    ops.push(if meta.labels.is_empty() {
+        PatchOp::add(Path::Labels(None), OpValue::Map(LABEL_PROFILE, profile.name.clone()))
+    } else {
+        PatchOp::add(Path::Labels(Some(LABEL_PROFILE)), OpValue::Str(profile.name.clone()))
+    });
+    true
 }
 
 /// What to do about the admission attestation.

@@ -73,41 +73,84 @@ pub(crate) fn plan<'p>(profile: &Profile, spec: &Spec<'_>, injections: &'p [(&'s
     }
 
     // 2. Where each injection's volume stands, and, in each container the profile targets,
-    // its mount: already there, there in another form that delivers the same credential
-    // (accepted), in the way (a conflict), or to add.
+    // its mount.
     let listed = &profile.spec.containers;
     let targets: Vec<&Container<'_>> =
         spec.all_containers().filter(|c| listed.is_empty() || listed.iter().any(|n| *n == c.name)).collect();
-    // A container the profile does not name must not mount what keyward injects: it would read
-    // the credential while the audit record says it went only to the named ones.
     if !listed.is_empty() {
-        let injected: Vec<&str> =
-            injections.iter().filter_map(|(_, i)| i.volume.as_ref().map(|(v, _)| v.name.as_str())).collect();
-        for container in spec.all_containers().filter(|c| !listed.iter().any(|n| *n == c.name)) {
-            for hit in container.mount_hits.iter().filter(|h| injected.contains(&h.volume.as_ref())) {
-                plan.conflicts.push(format!(
-                    "container {:?} mounts volume {:?} at {:?} (spec.{}[{}].volumeMounts[{}]), but profile {:?} injects that volume only into {}; remove that mount, or add {:?} to the profile's spec.containers",
-                    container.name,
-                    hit.volume,
-                    hit.path,
-                    container.list.field(),
-                    container.index,
-                    hit.index,
-                    profile.name,
-                    listed.join(", "),
-                    container.name
-                ));
-            }
+        refuse_unnamed_mounts(profile, spec, injections, &mut plan);
+    }
+    let (volume_there, mounts) = standing(profile, spec, &targets, injections, &mut plan);
+
+    // 3. The volumes some container needs.
+    add_volumes(spec, injections, &volume_there, &mounts, &mut plan);
+
+    // 4. Mounts and env vars, in every container the profile targets.
+    if !add_to_containers(profile, &targets, injections, &mounts, &mut plan) {
+        plan.too_large = true;
+        return plan;
+    }
+
+    warn_accepted(profile, &targets, injections, &mounts, &mut plan);
+    for name in listed {
+        if !spec.all_containers().any(|c| c.name == name.as_str()) {
+            plan.warnings.push(format!(
+                "keyward: profile {:?} lists container {name:?}, which this pod does not have",
+                profile.name
+            ));
         }
     }
+    plan
+}
+
+/// A container the profile does not name must not mount what keyward injects: it would read
+/// the credential while the audit record says it went only to the named ones.
+fn refuse_unnamed_mounts(
+    profile: &Profile,
+    spec: &Spec<'_>,
+    injections: &[(&'static str, Injection)],
+    plan: &mut Plan<'_>,
+) {
+    let listed = &profile.spec.containers;
+    let injected: Vec<&str> =
+        injections.iter().filter_map(|(_, i)| i.volume.as_ref().map(|(v, _)| v.name.as_str())).collect();
+    for container in spec.all_containers().filter(|c| !listed.iter().any(|n| *n == c.name)) {
+        for hit in container.mount_hits.iter().filter(|h| injected.contains(&h.volume.as_ref())) {
+            plan.conflicts.push(format!(
+                "container {:?} mounts volume {:?} at {:?} (spec.{}[{}].volumeMounts[{}]), but profile {:?} injects that volume only into {}; remove that mount, or add {:?} to the profile's spec.containers",
+                container.name,
+                hit.volume,
+                hit.path,
+                container.list.field(),
+                container.index,
+                hit.index,
+                profile.name,
+                listed.join(", "),
+                container.name
+            ));
+        }
+    }
+}
+
+/// For each injection: whether its volume is there already, and in each target container its
+/// mount: already there, there in another form that delivers the same credential (accepted),
+/// in the way (a conflict), or to add.
+fn standing(
+    profile: &Profile,
+    spec: &Spec<'_>,
+    targets: &[&Container<'_>],
+    injections: &[(&'static str, Injection)],
+    plan: &mut Plan<'_>,
+) -> (Vec<bool>, Vec<Vec<MountState>>) {
     let removed = |index: usize| plan.changes.volumes_removed.contains(&index);
     let mut volume_there = vec![false; injections.len()];
     let mut mounts: Vec<Vec<MountState>> = vec![Vec::new(); injections.len()];
+    let mut conflicts = Vec::new();
     for (n, (_, injection)) in injections.iter().enumerate() {
         let Some((volume, mount)) = &injection.volume else { continue };
         match spec.volume_hits.iter().find(|h| h.name == volume.name && !removed(h.index)) {
             Some(hit) if hit.raw.is_some_and(|raw| same_volume(raw.get(), volume)) => volume_there[n] = true,
-            Some(hit) => plan.conflicts.push(format!(
+            Some(hit) => conflicts.push(format!(
                 "spec.volumes[{}] is a volume named {:?} that differs from the one profile {:?} injects; rename your volume (names starting with keyward- are reserved for keyward)",
                 hit.index, volume.name, profile.name
             )),
@@ -123,7 +166,7 @@ pub(crate) fn plan<'p>(profile: &Profile, spec: &Spec<'_>, injections: &'p [(&'s
                 same
             }
         };
-        for container in &targets {
+        for container in targets {
             let state = match container.mount_hits.iter().find(|h| h.path == mount.path) {
                 None => MountState::Add,
                 Some(hit)
@@ -135,7 +178,7 @@ pub(crate) fn plan<'p>(profile: &Profile, spec: &Spec<'_>, injections: &'p [(&'s
                 }
                 Some(hit) if delivers_ours(&hit.volume) => MountState::Accepted(hit.volume.to_string()),
                 Some(hit) => {
-                    plan.conflicts.push(format!(
+                    conflicts.push(format!(
                         "container {:?} already mounts volume {:?} at {:?} (spec.{}[{}].volumeMounts[{}]), where profile {:?} mounts {:?}; move that mount to another path{}",
                         container.name, hit.volume, mount.path, container.list.field(), container.index, hit.index,
                         profile.name, mount.volume, container_hint(profile)
@@ -146,8 +189,18 @@ pub(crate) fn plan<'p>(profile: &Profile, spec: &Spec<'_>, injections: &'p [(&'s
             mounts[n].push(state);
         }
     }
+    plan.conflicts.extend(conflicts);
+    (volume_there, mounts)
+}
 
-    // 3. The volumes some container needs.
+/// Adds each injection's volume where it is not there and some target container will mount it.
+fn add_volumes<'p>(
+    spec: &Spec<'_>,
+    injections: &'p [(&'static str, Injection)],
+    volume_there: &[bool],
+    mounts: &[Vec<MountState>],
+    plan: &mut Plan<'p>,
+) {
     let mut volumes = spec.volumes;
     for (n, (_, injection)) in injections.iter().enumerate() {
         let Some((volume, _)) = &injection.volume else { continue };
@@ -159,12 +212,20 @@ pub(crate) fn plan<'p>(profile: &Profile, spec: &Spec<'_>, injections: &'p [(&'s
             plan.used[n] = true;
         }
     }
+}
 
-    // 4. Mounts and env vars, in every container the profile targets.
+/// Adds the mounts and env vars to every target container; `false` when the patch passes
+/// [`MAX_PATCH_OPERATIONS`] (then the rest is not planned).
+fn add_to_containers<'p>(
+    profile: &Profile,
+    targets: &[&Container<'_>],
+    injections: &'p [(&'static str, Injection)],
+    mounts: &[Vec<MountState>],
+    plan: &mut Plan<'p>,
+) -> bool {
     for (t, container) in targets.iter().enumerate() {
         if plan.ops.len() > MAX_PATCH_OPERATIONS {
-            plan.too_large = true;
-            return plan;
+            return false;
         }
         let at = |field: ContainerField, array: bool| Path::Container {
             list: container.list,
@@ -187,7 +248,7 @@ pub(crate) fn plan<'p>(profile: &Profile, spec: &Spec<'_>, injections: &'p [(&'s
                 }
             }
             for (v, var) in injection.env.iter().enumerate() {
-                if merge_env(profile, container, var, &mut plan) {
+                if merge_env(profile, container, var, plan) {
                     let array = push(&mut env);
                     plan.ops.push(PatchOp::add(
                         at(ContainerField::Env, array),
@@ -210,8 +271,17 @@ pub(crate) fn plan<'p>(profile: &Profile, spec: &Spec<'_>, injections: &'p [(&'s
             });
         }
     }
+    true
+}
 
-    // What is already delivered in another form, said once per injection.
+/// What is already delivered in another form, said once per injection.
+fn warn_accepted(
+    profile: &Profile,
+    targets: &[&Container<'_>],
+    injections: &[(&'static str, Injection)],
+    mounts: &[Vec<MountState>],
+    plan: &mut Plan<'_>,
+) {
     for (n, (key, injection)) in injections.iter().enumerate() {
         let Some((volume, mount)) = &injection.volume else { continue };
         let accepted: Vec<(String, &str)> = targets
@@ -233,16 +303,6 @@ pub(crate) fn plan<'p>(profile: &Profile, spec: &Spec<'_>, injections: &'p [(&'s
             ));
         }
     }
-
-    for name in listed {
-        if !spec.all_containers().any(|c| c.name == name.as_str()) {
-            plan.warnings.push(format!(
-                "keyward: profile {:?} lists container {name:?}, which this pod does not have",
-                profile.name
-            ));
-        }
-    }
-    plan
 }
 
 /// Whether `var` is to be added to `container`; a different value already there is a conflict,
