@@ -615,6 +615,22 @@ mod tests {
         }
     }
 
+    /// A leaf renewed late in its CA's life lives past the CA's own two thirds: the next look is
+    /// when the CA is due, not the leaf (mutation: `!` deleted before the `ca-next` test).
+    #[test]
+    fn the_next_look_is_the_cas_two_thirds_when_that_comes_before_the_leafs() {
+        let now = start();
+        let mut observed = Observed::default();
+        let first = plan(&settings(), &observed, now).unwrap();
+        apply(&mut observed, &first);
+        observed.renew_requested = true;
+        let late = plan(&settings(), &observed, now + DAY * 2300).unwrap();
+        let files = late.files.unwrap();
+        let ca_due = renew_at(&files[CA_CRT]);
+        assert!(ca_due < renew_at(&files[TLS_CRT]), "the new leaf is due after the CA");
+        assert_eq!(late.next, ca_due);
+    }
+
     /// The words of each change's log line name what happened and why (mutation: an empty or
     /// made-up description).
     #[test]
