@@ -907,3 +907,31 @@ async fn discovery_finds_every_version_that_serves_the_resource_and_fails_on_err
     let err = served_versions(&client, plural).await.unwrap_err();
     assert!(err.to_string().contains("injected failure"), "{err}");
 }
+
+/// Whether a ClusterTrustBundle exists, at whichever version serves it (`keyward explain
+/// --cluster` and `keyward audit` ask): a 404 at one version is "not there", any other failure
+/// an error (mutations: `Ok(true)`, `Ok(false)`, the 404 guard forced either way).
+#[tokio::test]
+async fn a_trust_bundle_is_found_at_either_version_and_a_failure_is_an_error() {
+    use keyward_controller::signer::trust_bundle_exists;
+    let fake = FakeApi::default();
+    let client = fake.client("keyward");
+    let name = "keyward-lmeval-server-ca";
+    assert!(!trust_bundle_exists(&client, name).await.unwrap());
+    let bundle = |version: &str| {
+        json!({"apiVersion": format!("certificates.k8s.io/{version}"), "kind": "ClusterTrustBundle",
+               "metadata": {"name": name}, "spec": {"trustBundle": ""}})
+    };
+    fake.seed(bundle("v1beta1"));
+    assert!(trust_bundle_exists(&client, name).await.unwrap(), "found at v1beta1, after v1's 404");
+    // A version the apiserver does not serve answers "404 page not found", not a NotFound
+    // Status: kube reports it as an error with code 404, which means "not there" too.
+    fake.fail("GET", "certificates.k8s.io/v1/clustertrustbundles", 404, 1);
+    assert!(trust_bundle_exists(&client, name).await.unwrap(), "found at v1beta1, v1 not served");
+    assert!(!trust_bundle_exists(&client, "another").await.unwrap());
+    fake.seed(bundle("v1"));
+    assert!(trust_bundle_exists(&client, name).await.unwrap());
+    fake.fail("GET", "certificates.k8s.io/v1/clustertrustbundles", 503, 1);
+    let err = trust_bundle_exists(&client, name).await.unwrap_err();
+    assert!(err.to_string().contains("injected failure"), "{err}");
+}
