@@ -631,6 +631,46 @@ mod tests {
         assert_eq!(late.next, ca_due);
     }
 
+    /// The CA a rotation replaced stays trusted only while it is a CA and valid: an expired one,
+    /// or a certificate that is no CA, leaves the Secret and `caBundle` (mutation: `||` for `&&`
+    /// in that check).
+    #[test]
+    fn a_previous_ca_that_is_expired_or_no_ca_is_dropped() {
+        let now = start();
+        let mut observed = Observed::default();
+        let first = plan(&settings(), &observed, now).unwrap();
+        apply(&mut observed, &first);
+        let expired = Ca::mint("expired CA", now - DAY * 400, DAY * 100).unwrap();
+        let leaf = first.files.as_ref().unwrap()[TLS_CRT].clone();
+        for (what, pem) in [("expired", expired.cert_pem().as_bytes().to_vec()), ("no CA", leaf)] {
+            let mut with = observed.clone();
+            with.files.insert(CA_PREVIOUS_CRT.into(), pem);
+            let fixed = plan(&settings(), &with, now).unwrap();
+            assert_eq!(
+                fixed.changes,
+                [Change::Dropped { file: CA_PREVIOUS_CRT, why: "not a valid CA certificate".into() }],
+                "{what}"
+            );
+            assert!(!fixed.files.as_ref().unwrap().contains_key(CA_PREVIOUS_CRT), "{what}");
+            assert_eq!(bundle_count(&fixed), 1, "{what}");
+        }
+    }
+
+    /// Just before the leaf is due, the next look is a second away, never sooner: a requeue in
+    /// the past would spin the loop (mutation: `now - 1s` for `now + 1s` in the last clamp).
+    #[test]
+    fn the_next_look_is_at_least_a_second_away() {
+        let now = start();
+        let mut observed = Observed::default();
+        let first = plan(&settings(), &observed, now).unwrap();
+        apply(&mut observed, &first);
+        let due = renew_at(&observed.files[TLS_CRT]);
+        let just_before = due - Duration::from_millis(500);
+        let p = plan(&settings(), &observed, just_before).unwrap();
+        assert_eq!(p.files, None, "not due yet");
+        assert_eq!(p.next, just_before + Duration::from_secs(1));
+    }
+
     /// The words of each change's log line name what happened and why (mutation: an empty or
     /// made-up description).
     #[test]

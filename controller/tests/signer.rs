@@ -935,3 +935,24 @@ async fn a_trust_bundle_is_found_at_either_version_and_a_failure_is_an_error() {
     let err = trust_bundle_exists(&client, name).await.unwrap_err();
     assert!(err.to_string().contains("injected failure"), "{err}");
 }
+
+/// A request is answered once: a terminal condition (Issued, Denied, Failed) that is `True`
+/// makes it decided; a condition of another type, or a terminal one that is not `True`, does
+/// not (mutation: `||` for `&&` in reading it).
+#[test]
+fn only_a_true_terminal_condition_makes_a_request_decided() {
+    use keyward_controller::signer::Request;
+    let good = pod(None, "team-a", "evaljob-sample", "evaljob-sample", OWNER_UID);
+    let (_, spki) = kubelet_key();
+    let with = |conditions: Value| {
+        let mut object = pcr::request("certificates.k8s.io/v1", "req", &good, SIGNER, KeyField::Pkix(&spki));
+        object["status"] = json!({"conditions": conditions});
+        Request::read(&serde_json::from_value(object).unwrap()).unwrap().decided
+    };
+    assert!(!with(json!([])));
+    assert!(with(json!([{"type": "Issued", "status": "True"}])));
+    assert!(with(json!([{"type": "Denied", "status": "True"}])));
+    assert!(with(json!([{"type": "Failed", "status": "True"}])));
+    assert!(!with(json!([{"type": "Denied", "status": "False"}])), "a terminal condition not True");
+    assert!(!with(json!([{"type": "SuggestedKeyType", "status": "True"}])), "another type, True");
+}
