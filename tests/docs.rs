@@ -223,3 +223,35 @@ fn the_readme_is_a_front_page_that_reaches_every_page_of_the_docs() {
         assert!(linked.contains(&page), "README.md does not link {page}");
     }
 }
+
+// === examples that run ===
+
+/// The fenced blocks of `lang` in a page.
+fn fenced<'a>(text: &'a str, lang: &str) -> Vec<&'a str> {
+    let open = format!("```{lang}\n");
+    text.split(open.as_str()).skip(1).filter_map(|rest| rest.split("\n```").next()).collect()
+}
+
+#[test]
+fn every_example_profile_in_the_docs_loads_as_written() {
+    let mut checked = 0;
+    for name in ["README.md", "docs/profiles.md"] {
+        for (n, yaml) in fenced(&page(name), "yaml").into_iter().enumerate() {
+            if !yaml.contains("kind: InjectionProfile") {
+                continue;
+            }
+            let dir = tempfile::tempdir().unwrap();
+            let file = dir.path().join("example.yaml");
+            std::fs::write(&file, yaml).unwrap();
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_keyward"))
+                .args(["check-profiles", "--profiles", file.to_str().unwrap()])
+                .env_remove("KEYWARD_PROFILES")
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "{name}, YAML block {}: {stderr}", n + 1);
+            checked += 1;
+        }
+    }
+    assert!(checked >= 2, "{checked} example profiles");
+}
