@@ -715,6 +715,14 @@ mod tests {
         let mut p = pod();
         p["serviceAccountName"] = json!("builder");
         assert_ne!(bind(&p, &plain), bind(&pod(), &plain));
+        // Without a removal, whether the API token is mounted is bound as the pod says it
+        // (mutation: `!` deleted in that field's filter drops it).
+        let mut no_token = pod();
+        no_token["automountServiceAccountToken"] = json!(false);
+        let mut token = pod();
+        token["automountServiceAccountToken"] = json!(true);
+        assert_ne!(bind(&no_token, &plain), bind(&pod(), &plain));
+        assert_ne!(bind(&no_token, &plain), bind(&token, &plain));
         // A volume named like the API token's is the API token's only when the profile removes it.
         let mut p = pod();
         p["volumes"][0] = json!({"name": "kube-api-access-x2x", "hostPath": {"path": "/"}});
