@@ -673,6 +673,16 @@ mod tests {
         let empty = json!({"containers": [{"name": "c", "image": "x", "env": [], "volumeMounts": []}], "volumes": [], "initContainers": null});
         let none: Vec<(&'static str, Injection)> = Vec::new();
         assert_eq!(bind(&bare, &Masks::of(&none)), bind(&empty, &Masks::of(&none)));
+        // An empty list of init containers is no list (mutation: the guard on emptiness forced).
+        let empty_init = json!({"containers": [{"name": "c", "image": "x"}], "initContainers": []});
+        assert_eq!(bind(&bare, &Masks::of(&none)), bind(&empty_init, &Masks::of(&none)));
+        // A list that is not one (the apiserver refuses such a pod after the webhooks) is still
+        // bound as it is, never dropped (mutations: that guard forced false, or its `!` deleted).
+        let odd = |v: Value| {
+            bind(&json!({"containers": [{"name": "c", "image": "x"}], "initContainers": v}), &Masks::of(&none))
+        };
+        assert_ne!(odd(json!({"name": "x"})), odd(json!("y")));
+        assert_ne!(odd(json!({"name": "x"})), bind(&bare, &Masks::of(&none)));
     }
 
     #[test]
