@@ -145,6 +145,14 @@ fn anchors(text: &str) -> BTreeSet<String> {
             anchors.insert(if *n == 0 { base.clone() } else { format!("{base}-{n}") });
             *n += 1;
         }
+        // An anchor of its own (`<a id="…"></a>`), which GitHub keeps: where an old link lands.
+        let mut rest = line;
+        while let Some(at) = rest.find("<a id=\"") {
+            rest = &rest[at + "<a id=\"".len()..];
+            if let Some(end) = rest.find('"') {
+                anchors.insert(rest[..end].to_string());
+            }
+        }
     }
     anchors
 }
@@ -174,6 +182,7 @@ fn the_anchors_are_githubs() {
         anchors("# A\n```\n# not a heading\n```\n## A\n#no\n### B b\n"),
         ["a", "a-1", "b-b"].map(String::from).into()
     );
+    assert!(anchors("| <a id=\"old-place\"></a>Old | [new](x.md) |\n").contains("old-place"));
     assert_eq!(links("see [x](a.md#b) and [y](#c)\n```\n[z](d.md)\n```\n"), ["a.md#b", "#c"]);
 }
 
@@ -254,4 +263,51 @@ fn every_example_profile_in_the_docs_loads_as_written() {
         }
     }
     assert!(checked >= 2, "{checked} example profiles");
+}
+
+/// Links to the README's sections from before it became a front page (issue 28) still land
+/// on it, next to where each section went.
+#[test]
+fn links_to_the_readmes_old_sections_still_land() {
+    let readme = page("README.md");
+    let anchors = anchors(&readme);
+    let old = [
+        "how-a-pod-is-decided",
+        "profiles",
+        "built-in-profiles",
+        "keyward-serve",
+        "keyward-explain",
+        "keyward-audit",
+        "keyward-check-profiles",
+        "keyward-certs",
+        "what-keyward-guarantees-about-the-pod",
+        "deploy",
+        "changing-profiles-in-a-running-cluster",
+        "the-webhook-configuration-follows-the-profiles",
+        "alerts",
+        "keywardwebhookdown",
+        "keywardcontrollerdown",
+        "keywardreplicasunavailable",
+        "keywardservingcertificateexpiring",
+        "keywardclientcaexpiring",
+        "keywardcertificatereloadfailing",
+        "keywardprofilereloadfailing",
+        "keywardwebhookconfigdrifting",
+        "keywardpodcertificatesnotissued",
+        "keywarddenialsrising",
+        "keywardadmissionslow",
+        "keywardissuancefailing",
+        "keywardcontrollernoleader",
+        "keywardforgedorunverifiableowners",
+        "the-controller",
+        "security-what-the-controller-trusts",
+        "what-an-attestation-binds",
+        "when-the-api-server-misbehaves",
+        "what-it-costs",
+        "pod-certificates",
+        "development",
+    ];
+    for anchor in old {
+        assert!(anchors.contains(anchor), "README.md lost #{anchor}, which links from before issue 28 point to");
+    }
 }
