@@ -683,6 +683,18 @@ mod tests {
         };
         assert_ne!(odd(json!({"name": "x"})), odd(json!("y")));
         assert_ne!(odd(json!({"name": "x"})), bind(&bare, &Masks::of(&none)));
+        // The same for a container's env and mounts: `null` is none, anything else is bound as it
+        // is (mutations: the guard in `filtered` forced either way, or its `!` deleted).
+        let field = |k: &str, v: Value| {
+            let mut c = json!({"name": "c", "image": "x"});
+            c[k] = v;
+            bind(&json!({"containers": [c]}), &Masks::of(&none))
+        };
+        for k in ["env", "volumeMounts"] {
+            assert_eq!(field(k, Value::Null), bind(&bare, &Masks::of(&none)), "{k}: null");
+            assert_ne!(field(k, json!({"name": "x"})), field(k, json!("y")), "{k}");
+            assert_ne!(field(k, json!("y")), bind(&bare, &Masks::of(&none)), "{k}");
+        }
     }
 
     #[test]
