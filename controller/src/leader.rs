@@ -331,6 +331,31 @@ fn jitter(base: Duration) -> Duration {
 mod tests {
     use super::*;
 
+    /// client-go's order of the durations, checked where the flags are read: the lease outlives
+    /// the renew deadline, which outlives the retry period with its jitter; each bound is
+    /// strict, and a refusal says which (mutations: `None` or an empty message for any config).
+    #[test]
+    fn the_lease_durations_must_keep_client_gos_order() {
+        let ms = Duration::from_millis;
+        let config = |lease: u64, renew: u64, retry: u64| LeaseConfig {
+            lease_duration: ms(lease),
+            renew_deadline: ms(renew),
+            retry_period: ms(retry),
+            ..LeaseConfig::new("keyward-controller", "keyward-system", "pod-a")
+        };
+        assert_eq!(LeaseConfig::new("l", "ns", "id").problem(), None, "the defaults: 15 s, 10 s, 2 s");
+        assert_eq!(config(10_001, 10_000, 2_000).problem(), None);
+        assert_eq!(
+            config(10_000, 10_000, 2_000).problem().as_deref(),
+            Some("the lease duration (10s) must be longer than the renew deadline (10s)")
+        );
+        assert_eq!(config(10_000, 2_401, 2_000).problem(), None);
+        assert_eq!(
+            config(10_000, 2_400, 2_000).problem().as_deref(),
+            Some("the renew deadline (2.4s) must be longer than 1.2 × the retry period (2s)")
+        );
+    }
+
     /// Guards the mutation "`is_leader` no longer compares the clock with the deadline" (issue
     /// 27: it survived because the elector's own timeout gives up at the same instant, so the
     /// clock check was never what stopped a write). Here no elector runs at all: with the

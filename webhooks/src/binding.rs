@@ -751,6 +751,32 @@ mod tests {
         assert_ne!(bind(&p, &plain), bind(&pod(), &plain));
     }
 
+    /// While parsing, the spec and its containers keep only what the view reads: their other
+    /// fields (resources, ports, tolerations, affinity) are skipped, never built. The view writes only bound fields
+    /// by name, so keeping more would not change a binding, only its cost (mutations: each
+    /// guard of `keep` forced true, `==` for `!=`, the containers' elements kept whole).
+    #[test]
+    fn parsing_keeps_only_the_fields_the_view_reads() {
+        for key in ["containers", "initContainers"] {
+            assert_eq!(Level::Spec.keep(key), Some(Level::Containers), "{key}");
+        }
+        for key in ["volumes", "serviceAccountName", "automountServiceAccountToken", "hostNetwork", "hostUsers"] {
+            assert_eq!(Level::Spec.keep(key), Some(Level::All), "{key}");
+        }
+        for key in ["nodeName", "tolerations", "affinity", "dnsPolicy", "imagePullSecrets", "priority"] {
+            assert_eq!(Level::Spec.keep(key), None, "spec.{key}");
+        }
+        assert_eq!(Level::Containers.items(), Level::Container);
+        for key in ["image", "command", "env", "volumeMounts", "livenessProbe", "lifecycle", "securityContext"] {
+            assert_eq!(Level::Container.keep(key), Some(Level::All), "{key}");
+        }
+        for key in ["resources", "ports", "imagePullPolicy", "terminationMessagePath", "stdin"] {
+            assert_eq!(Level::Container.keep(key), None, "container.{key}");
+        }
+        assert_eq!(Level::All.keep("anything"), Some(Level::All));
+        assert_eq!(Level::All.items(), Level::All);
+    }
+
     #[test]
     fn a_spec_of_any_shape_binds_without_a_panic() {
         let none: Vec<(&'static str, Injection)> = Vec::new();
