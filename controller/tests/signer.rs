@@ -956,3 +956,61 @@ fn only_a_true_terminal_condition_makes_a_request_decided() {
     assert!(!with(json!([{"type": "Denied", "status": "False"}])), "a terminal condition not True");
     assert!(!with(json!([{"type": "SuggestedKeyType", "status": "True"}])), "another type, True");
 }
+
+/// A signer serves only the pods its own profile injected: a pod of `lmeval` that also asks
+/// another keyward signer (a podCertificate volume of its own for `keyward.io/other`) gets a
+/// denial naming both, never its lmeval identity under the other signer (mutation: the
+/// signer-and-profile guard on the pod's wanted certificate forced true).
+#[test]
+fn a_pod_asking_another_keyward_signer_than_its_profiles_is_denied() {
+    use keyward_controller::signer::{decide, Facts, Request, Verdict};
+    let other = r#"
+apiVersion: keyward.io/v1alpha1
+kind: InjectionProfile
+metadata: {name: other}
+spec:
+  selector: {matchLabels: {app.kubernetes.io/name: other-job}}
+  controllerOwners: [{apiGroup: batch, kind: Job}]
+  requesters: {usernames: ["system:serviceaccount:*:job-controller"]}
+  inject:
+    clientCertificate:
+      delivery: podCertificate
+      podCertificate: {signerName: keyward.io/other}
+      mountPath: /var/run/secrets/other/client
+"#;
+    let lmeval = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/profiles/lmeval-pod-certificate.yaml");
+    let both = ProfileSet::from_sources([
+        (lmeval.to_string(), std::fs::read_to_string(lmeval).unwrap()),
+        ("other.yaml".to_string(), other.to_string()),
+    ])
+    .unwrap();
+    let key = keyward_certs::attestation::generate().unwrap();
+    let current = keyward_certs::attestation::Key::from_bytes(&key, "current").unwrap();
+    let keys = keyward_certs::attestation::Keys { current: Some(current), previous: None };
+    let stored = pod(Some(&keys), "team-a", "evaljob-sample", "evaljob-sample", OWNER_UID);
+    let (_, spki) = kubelet_key();
+    let ask = |signer: &str| {
+        let object = pcr::request("certificates.k8s.io/v1", "req", &stored, signer, KeyField::Pkix(&spki));
+        let request = Request::read(&serde_json::from_value(object).unwrap()).unwrap();
+        let raw = serde_json::value::to_raw_value(&stored).unwrap();
+        let facts = Facts {
+            pod: Some(&raw),
+            opted_in: true,
+            keys: &keys,
+            trust_domain: "cluster.local",
+            validity: Duration::from_secs(86_400),
+        };
+        decide(&request, &both, facts)
+    };
+    assert!(matches!(ask(SIGNER), Verdict::Issue { ref identity, .. } if identity == IDENTITY), "{:?}", ask(SIGNER));
+    match ask("keyward.io/other") {
+        Verdict::Deny { reason, message } => {
+            assert_eq!(reason, "NotInjected");
+            assert_eq!(
+                message,
+                "pod team-a/evaljob-sample is injected by profile \"lmeval\", which does not use signer \"keyward.io/other\""
+            );
+        }
+        issued => panic!("issued under another profile's signer: {issued:?}"),
+    }
+}
