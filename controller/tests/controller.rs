@@ -461,6 +461,41 @@ async fn a_namespace_that_opts_in_gets_the_ca_accounts_and_bindings_and_loses_th
     assert!(fake.writes().iter().all(|c| c.namespace != "lm-eval"));
 }
 
+/// A delete names the object keyward saw (its UID as a precondition): when the watched copy is
+/// behind and the name now holds someone else's object, the delete is refused and theirs stays
+/// (mutation: the precondition removed from the delete).
+#[tokio::test]
+async fn a_delete_from_a_stale_store_never_removes_the_object_that_replaced_keyward_s() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::runtime::{reflector, watcher};
+    let fake = FakeApi::default();
+    let server_ca = Ca::mint("lm-eval gRPC", SystemTime::now(), Duration::from_secs(86400)).unwrap();
+    server_ca_source(&fake, server_ca.cert_pem());
+    let ca = client_ca();
+    let r = reconciler(&fake, "keyward", ProfileSet::builtin().unwrap(), &ca, Leadership::always());
+    keyward_controller::namespaces::provision(&r, "team-a").await.unwrap();
+    let ours = fake.get("v1", "ConfigMap", "team-a", "keyward-lmeval-server-ca").unwrap();
+    // The watch delivered keyward's ConfigMap, and has not yet seen what came after.
+    let (config_maps, mut writer) = reflector::store::<ConfigMap>();
+    writer.apply_watcher_event(&watcher::Event::InitApply(serde_json::from_value(ours.clone()).unwrap()));
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+    r.use_stores(keyward_controller::context::Stores {
+        config_maps,
+        service_accounts: reflector::store().0,
+        role_bindings: reflector::store().0,
+    });
+    // Meanwhile the name was taken by someone else's ConfigMap.
+    fake.remove("v1", "ConfigMap", "team-a", "keyward-lmeval-server-ca");
+    let theirs = fake.seed(json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "keyward-lmeval-server-ca", "namespace": "team-a", "uid": "theirs"},
+        "data": {"ca.crt": "theirs"}}));
+    keyward_controller::namespaces::opt_out(&r, "team-a").await.unwrap();
+    assert_eq!(fake.get("v1", "ConfigMap", "team-a", "keyward-lmeval-server-ca"), Some(theirs));
+    let delete = fake.calls().into_iter().find(|c| c.method == "DELETE").expect("keyward tried to delete its copy");
+    assert_eq!(delete.status, 409);
+    assert_eq!(delete.body.unwrap()["preconditions"]["uid"], ours["metadata"]["uid"]);
+}
+
 #[tokio::test]
 async fn a_changed_ca_source_updates_every_copy() {
     let fake = FakeApi::default();

@@ -613,13 +613,30 @@ impl FakeApi {
                 previous = state.objects.insert(key, object.clone());
                 (200, object, Some("MODIFIED"))
             }
-            "DELETE" => match state.objects.remove(&key) {
-                Some(o) => {
-                    state.rv += 1;
-                    (200, o, Some("DELETED"))
+            "DELETE" => {
+                // As the apiserver: a delete whose preconditions name another object (a UID or
+                // resourceVersion it does not have) is refused with 409, and deletes nothing.
+                if let (Some(there), Some(pre)) = (state.objects.get(&key), body.as_ref().map(|b| &b["preconditions"]))
+                {
+                    for (field, have) in
+                        [("uid", &there["metadata"]["uid"]), ("resourceVersion", &there["metadata"]["resourceVersion"])]
+                    {
+                        if let Some(want) = pre[field].as_str() {
+                            if have.as_str() != Some(want) {
+                                let message = format!("Precondition failed: {field} in precondition: {want}, {field} in object meta: {have}");
+                                return (409, Some(status(409, "Conflict", &message)));
+                            }
+                        }
+                    }
                 }
-                None => return (404, Some(status(404, "NotFound", "not found"))),
-            },
+                match state.objects.remove(&key) {
+                    Some(o) => {
+                        state.rv += 1;
+                        (200, o, Some("DELETED"))
+                    }
+                    None => return (404, Some(status(404, "NotFound", "not found"))),
+                }
+            }
             _ => return (405, Some(status(405, "MethodNotAllowed", method))),
         };
         if let Some(kind) = change {
