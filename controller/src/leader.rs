@@ -376,4 +376,42 @@ mod tests {
         // Nothing gave it up: the deadline alone stopped the writes.
         assert_eq!(leadership.until(), Some(until));
     }
+
+    /// What the loop waits on: `changed()` returns when leadership is gained, given up, or
+    /// lapses on the clock, and not before (mutations: `changed` always `true`, the lapse
+    /// ignored, a first gain not announced, `give_up` doing nothing).
+    #[tokio::test(start_paused = true)]
+    async fn a_change_of_leadership_is_seen_when_gained_given_up_or_lapsed() {
+        use tokio::time::timeout;
+        let elector = Leadership::new(false);
+        let mut watcher = elector.clone();
+        // Nothing happens: nothing is seen.
+        assert!(timeout(Duration::from_secs(60), watcher.changed()).await.is_err(), "no change, no wake-up");
+        // Gained: seen at once.
+        let waiting = tokio::spawn(async move {
+            let seen = watcher.changed().await;
+            (seen, watcher)
+        });
+        tokio::task::yield_now().await;
+        elector.extend(Instant::now() + Duration::from_secs(10));
+        let (seen, mut watcher) = timeout(Duration::from_millis(1), waiting).await.unwrap().unwrap();
+        assert!(seen && watcher.is_leader(), "gained");
+        // Renewed while leading: no wake-up; the lapse at the deadline is one.
+        elector.extend(Instant::now() + Duration::from_secs(10));
+        let started = Instant::now();
+        assert!(timeout(Duration::from_secs(30), watcher.changed()).await.unwrap());
+        assert_eq!(started.elapsed(), Duration::from_secs(10), "woken at the deadline, not before");
+        assert!(!watcher.is_leader(), "lapsed");
+        // The elector, noticing, gives up: seen at once. Then it leads again: seen at once.
+        elector.give_up();
+        assert!(timeout(Duration::from_millis(1), watcher.changed()).await.unwrap(), "given up after the lapse");
+        elector.extend(Instant::now() + Duration::from_secs(3600));
+        assert!(timeout(Duration::from_millis(1), watcher.changed()).await.unwrap(), "gained again");
+        assert!(watcher.is_leader());
+        // Given up while leading: no more writes, and seen.
+        elector.give_up();
+        assert!(!elector.is_leader() && matches!(elector.check(), Err(Error::NotLeader)));
+        assert!(timeout(Duration::from_millis(1), watcher.changed()).await.unwrap(), "given up");
+        assert_eq!(watcher.until(), None);
+    }
 }
