@@ -205,6 +205,13 @@ async fn pods_in_a_namespace_that_did_not_opt_in_or_labelled_after_creation_get_
         .map(|e| format!("{} {}", e["reason"], e["regarding"]["name"]))
         .collect();
     assert_eq!(reasons, ["\"NoAdmissionAttestation\" \"late-labels\""]);
+    // The Event names the pod whole, so `kubectl describe pod` shows it (mutation: a field of
+    // the reference deleted).
+    let uid = fake.get("v1", "Pod", "team-a", "late-labels").unwrap()["metadata"]["uid"].clone();
+    assert_eq!(
+        pod_events(&fake).unwrap()[0]["regarding"],
+        json!({"apiVersion": "v1", "kind": "Pod", "name": "late-labels", "namespace": "team-a", "uid": uid})
+    );
 }
 
 #[tokio::test]
