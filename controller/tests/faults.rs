@@ -712,3 +712,29 @@ async fn with_match_conditions_kept_externally_the_configuration_is_never_read_o
     assert!(fake.calls().iter().all(|c| !c.resource.ends_with("mutatingwebhookconfigurations")), "{:#?}", fake.calls());
     assert_ne!(conditions_of(&fake, "keyward"), wanted_conditions());
 }
+
+/// What the Lease says, as client-go writes it: the holder, the duration, when it was acquired
+/// and when last renewed. Other replicas judge a holder alive by its record changing, so each
+/// renewal moves `renewTime` and keeps `acquireTime` (mutations: either field left out).
+#[tokio::test]
+async fn the_lease_names_its_holder_and_each_renewal_moves_its_renew_time() {
+    use keyward_controller::leader::Attempt;
+    let fake = FakeApi::default();
+    let mut elector = LeaderElector::new(fake.client("replica-a"), fast_lease("replica-a"));
+    let lease = |f: &FakeApi| f.get("coordination.k8s.io/v1", "Lease", "keyward-system", "keyward-controller").unwrap();
+    assert_eq!(elector.try_acquire_or_renew().await.unwrap(), Attempt::Held);
+    let first = lease(&fake)["spec"].clone();
+    assert_eq!(first["holderIdentity"], "replica-a");
+    assert_eq!(first["leaseDurationSeconds"], 3);
+    assert_eq!(first["leaseTransitions"], 0);
+    let acquired = first["acquireTime"].as_str().expect("acquireTime").to_string();
+    assert_eq!(first["renewTime"].as_str(), Some(acquired.as_str()), "acquired now, so renewed now");
+    // A renewal a moment later (a round trip to the API: microseconds, which MicroTime keeps):
+    // renewTime moves, acquireTime stays.
+    assert_eq!(elector.try_acquire_or_renew().await.unwrap(), Attempt::Held);
+    let spec = lease(&fake)["spec"].clone();
+    assert_ne!(spec["renewTime"], first["renewTime"], "{spec}");
+    assert_eq!(spec["acquireTime"].as_str(), Some(acquired.as_str()));
+    assert!(spec["renewTime"].as_str().unwrap() > acquired.as_str(), "{spec}");
+    assert_eq!(spec["holderIdentity"], "replica-a");
+}
