@@ -319,8 +319,12 @@ async fn a_foreign_object_of_the_same_name_is_left_alone_and_reported() {
     let event = events[0].body.as_ref().unwrap();
     assert_eq!(event["reason"], "NameTaken");
     assert_eq!(event["type"], "Warning");
-    assert_eq!(event["regarding"]["kind"], "LMEvalJob");
-    assert_eq!(event["regarding"]["uid"], OWNER_UID);
+    // The owner, named whole (mutation: a field of the reference deleted).
+    assert_eq!(
+        event["regarding"],
+        json!({"apiVersion": "foundation-model-stack.github.com.github.com/v1beta1", "kind": "LMEvalJob",
+               "name": "evaljob-sample", "namespace": "team-a", "uid": OWNER_UID})
+    );
     assert!(event["note"]
         .as_str()
         .unwrap()

@@ -738,3 +738,46 @@ async fn the_lease_names_its_holder_and_each_renewal_moves_its_renew_time() {
     assert!(spec["renewTime"].as_str().unwrap() > acquired.as_str(), "{spec}");
     assert_eq!(spec["holderIdentity"], "replica-a");
 }
+
+/// Creating the Lease: a create that loses the race (AlreadyExists) means another replica
+/// leads; any other failure is an error to report and retry, never "someone else leads"
+/// (mutations: the AlreadyExists guard forced either way).
+#[tokio::test]
+async fn a_lost_create_race_is_another_leader_and_a_failed_create_is_an_error() {
+    use keyward_controller::leader::Attempt;
+    let fake = FakeApi::default();
+    let mut elector = LeaderElector::new(fake.client("replica-a"), fast_lease("replica-a"));
+    fake.fail("POST", LEASES, 409, 1);
+    assert_eq!(elector.try_acquire_or_renew().await.unwrap(), Attempt::Taken);
+    fake.fail("POST", LEASES, 500, 1);
+    let err = elector.try_acquire_or_renew().await.unwrap_err();
+    assert!(err.to_string().contains("injected failure"), "{err}");
+    assert_eq!(elector.try_acquire_or_renew().await.unwrap(), Attempt::Held);
+}
+
+/// A holder that keeps renewing is never taken over, however long it leads: the standby
+/// measures the duration from when it last saw the record change, on its own clock (mutation:
+/// `==` for `!=` when comparing the record, which would measure from the first sight).
+#[tokio::test(start_paused = true)]
+async fn a_holder_that_keeps_renewing_is_never_taken_over() {
+    use keyward_controller::leader::Attempt;
+    let fake = FakeApi::default();
+    let held = |renewed: &str| {
+        json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "keyward-controller", "namespace": "keyward-system"},
+            "spec": {"holderIdentity": "replica-a", "leaseDurationSeconds": 3, "renewTime": renewed,
+                     "acquireTime": "2026-12-02T10:00:00.000000Z", "leaseTransitions": 0}})
+    };
+    fake.seed(held("2026-12-02T10:00:00.000000Z"));
+    let mut standby = LeaderElector::new(fake.client("replica-b"), fast_lease("replica-b"));
+    for second in 1..=5 {
+        assert_eq!(standby.try_acquire_or_renew().await.unwrap(), Attempt::Taken, "{second}");
+        tokio::time::advance(Duration::from_secs(2)).await;
+        // The holder renews every two seconds: its record changes each time.
+        fake.seed(held(&format!("2026-12-02T10:00:{:02}.000000Z", second * 2)));
+    }
+    // It stops renewing: three seconds after the standby last saw a change, it takes over.
+    assert_eq!(standby.try_acquire_or_renew().await.unwrap(), Attempt::Taken);
+    tokio::time::advance(Duration::from_secs(3)).await;
+    assert_eq!(standby.try_acquire_or_renew().await.unwrap(), Attempt::Held);
+}

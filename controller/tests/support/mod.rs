@@ -474,7 +474,14 @@ impl FakeApi {
         }) {
             f.times -= 1;
             let code = f.code;
-            return (code, Some(status(code, "InternalError", "injected failure")));
+            // A 409 says why, as the apiserver's do (a create of a name that exists, or an
+            // update of a version that changed); every other code is an internal error.
+            let reason = match (code, method) {
+                (409, "POST") => "AlreadyExists",
+                (409, _) => "Conflict",
+                _ => "InternalError",
+            };
+            return (code, Some(status(code, reason, "injected failure")));
         }
         // Discovery (`/api/v1`, `/apis/GROUP/VERSION`): the kinds of the objects stored there.
         if let (Some(gv), "GET") = (resource.strip_suffix('/'), method) {
