@@ -389,6 +389,16 @@ fn builtins_and_account() -> ProfileSet {
         .unwrap()
 }
 
+/// Which profiles provide accounts, for the refusal `keyward controller` gives without
+/// `--provision-accounts`: none of the built-ins, and a profile that does, named once
+/// (mutations: an empty, blank or made-up list).
+#[test]
+fn the_profiles_that_provide_accounts_are_named_once_each() {
+    use keyward_controller::desired::provisioning_accounts;
+    assert_eq!(provisioning_accounts(&ProfileSet::builtin().unwrap()), Vec::<String>::new());
+    assert_eq!(provisioning_accounts(&builtins_and_account()), ["router"]);
+}
+
 /// Without `--provision-accounts` (the default install, whose ClusterRole has no rights on
 /// ServiceAccounts or RoleBindings) the loop never lists, watches or writes either, and a
 /// namespace that opts in and out still gets and loses its server CA.
