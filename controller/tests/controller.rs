@@ -389,6 +389,55 @@ fn builtins_and_account() -> ProfileSet {
         .unwrap()
 }
 
+const CONFIG_MAP_SOURCE_PROFILE: &str = r#"
+apiVersion: keyward.io/v1alpha1
+kind: InjectionProfile
+metadata: {name: router}
+spec:
+  selector: {matchLabels: {app: router}}
+  requesters: {usernames: ["system:serviceaccount:*:router-operator"]}
+  inject:
+    serverCA:
+      configMapName: keyward-router-server-ca
+      provider: keyward
+      source:
+        configMap: {namespace: router-system, name: router-ca, key: ca.crt}
+      mountPath: /var/run/secrets/router/ca
+"#;
+
+/// A server CA copied from a ConfigMap, not a Secret: what the profile's `source.configMap`
+/// names is what lands in each opted-in namespace (mutation: the ConfigMap arm of the source
+/// refused).
+#[tokio::test]
+async fn a_server_ca_source_may_be_a_config_map() {
+    let fake = FakeApi::default();
+    let server_ca = Ca::mint("router CA", SystemTime::now(), Duration::from_secs(86400)).unwrap();
+    fake.seed(json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "router-ca", "namespace": "router-system"}, "data": {"ca.crt": server_ca.cert_pem()}}));
+    let profiles = ProfileSet::from_sources([("r.yaml".to_string(), CONFIG_MAP_SOURCE_PROFILE.to_string())]).unwrap();
+    let ca = client_ca();
+    let r = reconciler(&fake, "keyward", profiles, &ca, Leadership::always());
+    keyward_controller::namespaces::provision(&r, "team-a").await.unwrap();
+    let copy = fake.get("v1", "ConfigMap", "team-a", "keyward-router-server-ca").expect("copied");
+    assert_eq!(copy["data"], json!({"ca.crt": server_ca.cert_pem()}));
+}
+
+/// Which profiles issue per owner, for the client CA `keyward controller` then requires: the
+/// built-in lmeval does (a client certificate), the Kubeflow ones do not (mutations: `true` or
+/// `false` whatever the profile).
+#[test]
+fn a_profile_issues_per_owner_only_when_keyward_provides_an_owners_object() {
+    use keyward_controller::desired::provides_per_owner;
+    use keyward_engine::Provision;
+    let builtin = ProfileSet::builtin().unwrap();
+    let issuing = |name: &str| {
+        let profile = builtin.iter().find(|p| p.name == name).unwrap();
+        provides_per_owner(profile, |p| matches!(p, Provision::ClientCertificate | Provision::PodCertificate))
+    };
+    assert!(issuing("lmeval"));
+    assert!(!issuing("kfp-persistence-agent"));
+}
+
 /// Which profiles provide accounts, for the refusal `keyward controller` gives without
 /// `--provision-accounts`: none of the built-ins, and a profile that does, named once
 /// (mutations: an empty, blank or made-up list).

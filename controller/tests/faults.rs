@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use keyward_controller::metrics::Refusal;
 use keyward_controller::{run, LeaderElector, Leadership, LeaseConfig, Settings};
 use keyward_engine::ProfileSet;
-use serde_json::json;
+use serde_json::{json, Value};
 use support::*;
 
 fn fast_lease(identity: &str) -> LeaseConfig {
@@ -753,6 +753,30 @@ async fn a_lost_create_race_is_another_leader_and_a_failed_create_is_an_error() 
     let err = elector.try_acquire_or_renew().await.unwrap_err();
     assert!(err.to_string().contains("injected failure"), "{err}");
     assert_eq!(elector.try_acquire_or_renew().await.unwrap(), Attempt::Held);
+    // A renewal whose PUT meets another writer's (409 Conflict): that writer leads now.
+    fake.fail("PUT", LEASES, 409, 1);
+    assert_eq!(elector.try_acquire_or_renew().await.unwrap(), Attempt::Taken);
+}
+
+/// Releasing (a replica that stops): the Lease is given up only by its holder, left without
+/// one and with a one-second duration so that another replica takes it at once; another
+/// holder's Lease is never touched (mutations: `release` a no-op, `==` for `!=` on the holder).
+#[tokio::test]
+async fn only_the_holder_releases_the_lease_and_it_is_free_at_once() {
+    use keyward_controller::leader::Attempt;
+    let fake = FakeApi::default();
+    let lease = |f: &FakeApi| f.get("coordination.k8s.io/v1", "Lease", "keyward-system", "keyward-controller").unwrap();
+    let mut a = LeaderElector::new(fake.client("replica-a"), fast_lease("replica-a"));
+    let mut b = LeaderElector::new(fake.client("replica-b"), fast_lease("replica-b"));
+    assert_eq!(a.try_acquire_or_renew().await.unwrap(), Attempt::Held);
+    let held = lease(&fake);
+    b.release().await.unwrap();
+    assert_eq!(lease(&fake), held, "not b's to release");
+    a.release().await.unwrap();
+    let released = lease(&fake)["spec"].clone();
+    assert_eq!(released["holderIdentity"], Value::Null, "{released}");
+    assert_eq!(released["leaseDurationSeconds"], 1);
+    assert_eq!(b.try_acquire_or_renew().await.unwrap(), Attempt::Held, "free at once: no holder");
 }
 
 /// A holder that keeps renewing is never taken over, however long it leads: the standby
