@@ -805,3 +805,21 @@ async fn a_holder_that_keeps_renewing_is_never_taken_over() {
     tokio::time::advance(Duration::from_secs(3)).await;
     assert_eq!(standby.try_acquire_or_renew().await.unwrap(), Attempt::Held);
 }
+
+/// Leading starts the moment the Lease is acquired, and lasts the renew deadline from when the
+/// acquiring request was sent (mutation: `-` for `+`, which would make a new leader's right to
+/// write lapse before it began).
+#[tokio::test]
+async fn a_new_leader_may_write_as_soon_as_it_holds_the_lease() {
+    let fake = FakeApi::default();
+    let elector = LeaderElector::new(fake.client("replica-a"), fast_lease("replica-a"));
+    let mut leadership = elector.leadership();
+    let before = Instant::now();
+    let task = tokio::spawn(elector.run(std::future::pending()));
+    // The first change is the acquisition: leading, at once.
+    assert!(tokio::time::timeout(LIMIT, leadership.changed()).await.unwrap());
+    assert!(leadership.is_leader(), "leading when it is announced");
+    let until = leadership.until().unwrap().into_std();
+    assert!(until > before + Duration::from_secs(1), "for the renew deadline (2 s) from the acquiring request");
+    task.abort();
+}

@@ -234,6 +234,16 @@ async fn an_identity_is_made_only_from_names_kubernetes_allows() {
     for (ns, o, why) in hostile {
         assert_eq!(identity_problem(ns, &o).as_deref(), Some(why));
     }
+    // A kind is a letter then letters and digits, at most 63 of them (mutations: each `||` of
+    // that check turned `&&`, the length bound moved).
+    let long = "K".repeat(64);
+    for kind in ["", "1Job", long.as_str()] {
+        let o = owner(OWNER_API, kind, "j", "u");
+        let why =
+            format!("the controller owner's kind {:?} is not a Kubernetes kind", keyward_engine::text::clip(kind, 64));
+        assert_eq!(identity_problem("team-a", &o), Some(why), "{kind:?}");
+    }
+    assert_eq!(identity_problem("team-a", &owner(OWNER_API, &"K".repeat(63), "j", "u")), None, "63 characters");
     // On a pod: an injected pod whose owner's UID is not one gets nothing, and is reported.
     let ca = client_ca();
     let fake = FakeApi::default();
