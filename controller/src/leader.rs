@@ -414,4 +414,16 @@ mod tests {
         assert!(timeout(Duration::from_millis(1), watcher.changed()).await.unwrap(), "given up");
         assert_eq!(watcher.until(), None);
     }
+
+    /// A standby's attempts are spaced by the retry period plus up to 1.2 times it (client-go's
+    /// jitter), never closer: a zero wait would poll the API server in a loop (mutation: `jitter`
+    /// returning zero).
+    #[test]
+    fn the_jitter_waits_between_one_and_two_point_two_retry_periods() {
+        let base = Duration::from_secs(2);
+        for _ in 0..100 {
+            let wait = jitter(base);
+            assert!(wait >= base && wait <= base.mul_f64(2.2), "{wait:?}");
+        }
+    }
 }

@@ -244,6 +244,20 @@ async fn an_identity_is_made_only_from_names_kubernetes_allows() {
         assert_eq!(identity_problem("team-a", &o), Some(why), "{kind:?}");
     }
     assert_eq!(identity_problem("team-a", &owner(OWNER_API, &"K".repeat(63), "j", "u")), None, "63 characters");
+    // The trust domain, the identity's first segment: what SPIFFE allows, 1 to 255 characters
+    // (mutations: no problem ever, or an empty one).
+    use keyward_controller::desired::trust_domain_problem;
+    assert_eq!(trust_domain_problem("cluster.local"), None);
+    assert_eq!(trust_domain_problem(&"a".repeat(255)), None);
+    let long = "a".repeat(256);
+    assert_eq!(trust_domain_problem(&long), Some(format!("{long:?} must have 1 to 255 characters")));
+    assert_eq!(trust_domain_problem(""), Some("\"\" must have 1 to 255 characters".to_string()));
+    for bad in ["Cluster.local", "td/ns", "td:1"] {
+        assert_eq!(
+            trust_domain_problem(bad),
+            Some(format!("{bad:?} may hold only lower-case letters, digits, '.', '-' and '_' (a SPIFFE trust domain)"))
+        );
+    }
     // On a pod: an injected pod whose owner's UID is not one gets nothing, and is reported.
     let ca = client_ca();
     let fake = FakeApi::default();
