@@ -52,9 +52,9 @@ if [[ $# -gt 0 ]]; then
   exec cargo mutants --workspace --output "$out" "$@"
 fi
 # The whole scope: one scratch copy of the tree (tracked and untracked files, as they are now;
-# the working tree is never mutated), built once without debug info (the `mutants` profile:
-# linking is most of a mutant's build), then each invocation tests two mutants at a time, each
-# in a copy of that warm tree. Two at a time on 2 cores pays because the controller's fault
+# the working tree is never mutated), built without debug info (the `mutants` profile: linking
+# is most of a mutant's build) for each package selection cargo-mutants builds, then each
+# invocation tests two mutants at a time, each in a copy of that warm tree. Two at a time on 2 cores pays because the controller's fault
 # tests spend most of their time waiting on Lease timers; cargo's jobserver keeps the builds to
 # the machine's cores.
 results="$PWD/$out"
@@ -63,7 +63,12 @@ rm -rf "$tree" "$out/files" "$out/owner" "$out/requester" "$out/summary.txt"
 mkdir -p "$tree"
 git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$tree"
 cd "$tree"
-cargo test --workspace --locked --profile mutants --no-run --quiet
+# Warm for what cargo-mutants builds: the three mutated crates together (the baseline), then
+# each alone (a mutant is built and tested with its own crate, whose features unify apart).
+for packages in "-p keyward-certs -p keyward-engine -p keyward-controller" "-p keyward-certs" "-p keyward-engine" "-p keyward-controller"; do
+  # shellcheck disable=SC2086 # one word per argument
+  cargo test --locked --profile mutants --no-run --quiet $packages
+done
 run=(cargo mutants --workspace --profile mutants --jobs 2 --copy-target=true)
 status=0
 "${run[@]}" --output "$results/files" || status=$?
