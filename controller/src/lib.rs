@@ -51,6 +51,7 @@ pub mod signer;
 pub mod signing;
 pub mod singletons;
 pub mod trust;
+mod watched_pod;
 mod watches;
 pub mod webhook_config;
 

@@ -155,7 +155,7 @@ pub async fn run(
     // the namespace store, since its events are filtered with it.
     let selectors: Vec<String> = pod_selectors(&reconciler).into_iter().collect();
     for (stream_id, selector) in selectors.iter().enumerate() {
-        let api = Api::<DynamicObject>::all_with(client.clone(), &crate::objects::pod_resource());
+        let api = Api::<crate::watched_pod::WatchedPod>::all(client.clone());
         let stream =
             watcher::watcher(api, watcher::Config::default().labels(selector).page_size(500)).default_backoff();
         let (tx, index, namespaces, reconciler) = (tx.clone(), index.clone(), namespaces.clone(), reconciler.clone());

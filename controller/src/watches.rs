@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{DynamicObject, ListParams};
+use kube::api::ListParams;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
@@ -16,9 +16,10 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use crate::context::{lock, Context};
-use crate::desired::{self, PodVerdict, OPT_IN};
+use crate::desired::{self, OPT_IN};
 use crate::index::{PodIndex, PodKey};
 use crate::keys::Key;
+use crate::watched_pod::WatchedPod;
 
 /// The pods watched, by owner.
 pub(crate) type Index = Arc<Mutex<PodIndex>>;
@@ -128,7 +129,7 @@ pub(crate) fn opted_out(ns: &str, tx: &mpsc::UnboundedSender<Key>, index: &Index
 /// The pods of one profile's selector: each, first thing, dropped unless its namespace opted in.
 pub(crate) async fn pod_events(
     stream_id: usize,
-    stream: impl Stream<Item = watcher::Result<Event<DynamicObject>>>,
+    stream: impl Stream<Item = watcher::Result<Event<WatchedPod>>>,
     tx: mpsc::UnboundedSender<Key>,
     index: Index,
     namespaces: Store<Namespace>,
@@ -163,7 +164,7 @@ pub(crate) async fn pod_events(
 /// Works out what a pod claims, if its namespace opted in, and queues its owner.
 pub(crate) async fn observe_pod(
     stream_id: usize,
-    pod: &DynamicObject,
+    pod: &WatchedPod,
     tx: &mpsc::UnboundedSender<Key>,
     index: &Index,
     namespaces: &Store<Namespace>,
@@ -175,7 +176,7 @@ pub(crate) async fn observe_pod(
         // Not opted in: nothing to do, nothing kept; a pod carrying an attestation here is
         // reported (keyward's webhook never admits pods in such a namespace).
         lock(index).remove(&key);
-        if pod.annotations().contains_key(keyward_engine::ANNOTATION_ATTESTATION) {
+        if pod.carries_attestation() {
             let why = format!(
                 "namespace {ns} is not labelled {}={}, so keyward's webhook never admitted this pod, whatever it carries",
                 OPT_IN.0, OPT_IN.1
@@ -185,10 +186,7 @@ pub(crate) async fn observe_pod(
         }
         return;
     }
-    let verdict = match serde_json::value::to_raw_value(pod) {
-        Ok(raw) => desired::for_pod(reconciler.profiles(), &raw, &ns, &reconciler.settings().trust_domain),
-        Err(e) => PodVerdict::Nothing(format!("cannot re-encode the pod: {e}")),
-    };
+    let verdict = desired::for_pod(reconciler.profiles(), pod.json(), &ns, &reconciler.settings().trust_domain);
     let uid = pod.uid().unwrap_or_default();
     let changed = lock(index).apply(key, uid, verdict);
     if let Some(claim) = &changed.arrived {
@@ -276,7 +274,7 @@ pub(crate) async fn list_pods(
     ns: &str,
     tx: &mpsc::UnboundedSender<Key>,
 ) -> Result<(), crate::Error> {
-    let api = Api::<DynamicObject>::namespaced_with(client.clone(), ns, &crate::objects::pod_resource());
+    let api = Api::<WatchedPod>::namespaced(client.clone(), ns);
     for (stream_id, selector) in pod_selectors(reconciler).iter().enumerate() {
         let mut params = ListParams::default().labels(selector).limit(500);
         loop {

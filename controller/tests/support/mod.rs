@@ -679,11 +679,7 @@ impl FakeApi {
         };
         if gone {
             // As the apiserver answers a watch from a compacted resourceVersion.
-            let mut text = serde_json::to_vec(
-                &json!({"type": "ERROR", "object": status(410, "Expired", "too old resource version")}),
-            )
-            .unwrap();
-            text.push(b'\n');
+            let text = watch_line("ERROR", &status(410, "Expired", "too old resource version"));
             return Response::builder()
                 .status(StatusCode::OK)
                 .header("content-type", "application/json")
@@ -721,8 +717,7 @@ impl FakeApi {
         };
         let line = move |c: &Change| {
             let kind = seen(c).unwrap_or(c.kind);
-            let mut text = serde_json::to_vec(&json!({"type": kind, "object": c.object})).unwrap();
-            text.push(b'\n');
+            let text = watch_line(kind, &c.object);
             Ok::<_, Infallible>(Frame::data(Bytes::from(text)))
         };
         let wanted2 = wanted.clone();
@@ -749,6 +744,16 @@ impl FakeApi {
             .body(StreamBody::new(stream).boxed_unsync())
             .unwrap()
     }
+}
+
+/// One line of a watch, as the API server writes it: `type` before `object` (the field order of
+/// metav1.WatchEvent), which kube's decoder of a watched type may rely on (the controller keeps
+/// a watched pod's JSON as text, so its `object` must not arrive first).
+fn watch_line(kind: &str, object: &Value) -> Vec<u8> {
+    let mut text = format!("{{\"type\":{},\"object\":", Value::from(kind)).into_bytes();
+    serde_json::to_writer(&mut text, object).unwrap();
+    text.extend_from_slice(b"}\n");
+    text
 }
 
 fn status(code: u16, reason: &str, message: &str) -> Value {
