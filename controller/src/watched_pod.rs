@@ -4,7 +4,7 @@
 //! Never a tree of values: the pod is read once more, by [`crate::desired::for_pod`], straight
 //! from that text. Decoded as `DynamicObject`s, a page of 500 pods held about 20 MB of maps at
 //! 10,000 owners, and each pod was encoded back into JSON to be read; as text a page costs its
-//! size (BENCHMARKS.md, "Controller memory").
+//! size (BENCHMARKS.md, History, issue 29).
 
 use std::borrow::Cow;
 use std::fmt;
@@ -12,7 +12,7 @@ use std::fmt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::NamespaceResourceScope;
 use kube::Resource;
-use serde::de::{Deserializer, Error as _, IgnoredAny};
+use serde::de::{Deserializer, Error as _, IgnoredAny, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -121,8 +121,34 @@ struct AttestationKey(bool);
 
 impl<'de> Deserialize<'de> for AttestationKey {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let keys: Option<std::collections::BTreeMap<Cow<'de, str>, IgnoredAny>> = Option::deserialize(d)?;
-        Ok(Self(keys.is_some_and(|k| k.contains_key(keyward_engine::ANNOTATION_ATTESTATION))))
+        d.deserialize_option(AttestationKeyVisitor)
+    }
+}
+
+/// Looks at each key as it passes, without building a map of them.
+struct AttestationKeyVisitor;
+
+impl<'de> Visitor<'de> for AttestationKeyVisitor {
+    type Value = AttestationKey;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a map of annotations")
+    }
+    fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+        Ok(AttestationKey(false))
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+        Ok(AttestationKey(false))
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut found = false;
+        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            found |= key == keyward_engine::ANNOTATION_ATTESTATION;
+            map.next_value::<IgnoredAny>()?;
+        }
+        Ok(AttestationKey(found))
     }
 }
 
