@@ -10,8 +10,10 @@
 use keyward_certs::attestation::{nonce, Keys};
 use std::borrow::Borrow;
 use std::fmt;
+use std::sync::Arc;
 
 use keyward_engine::attest::{self, Signature, Verdict};
+
 use keyward_engine::binding::Digest32;
 
 /// The engine's attestor over keyward-certs' keys: signs with the current key, accepts the
@@ -46,8 +48,9 @@ pub struct Evidence {
     /// The pod's `keyward.io/attestation`.
     pub value: Option<String>,
     pub namespace: String,
-    /// The pod's `keyward.io/injected` record.
-    pub injected: String,
+    /// The pod's `keyward.io/injected` record (shared: the pods of one profile mostly carry
+    /// the same record, and the index keeps one copy of each; see `PodIndex`).
+    pub injected: Arc<str>,
     /// What the pod runs and mounts, bound as the webhook binds it.
     pub binding: Digest32,
     /// The pod's `creationTimestamp`, Unix seconds.

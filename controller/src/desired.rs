@@ -6,6 +6,7 @@
 //! annotation on a pod proves nothing.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use keyward_engine::attest;
 use keyward_engine::binding::{self, Masks};
@@ -325,8 +326,9 @@ pub fn for_pod(profiles: &ProfileSet, pod: &RawValue, namespace: &str, trust_dom
         name: o.name.to_string(),
         uid: o.uid.to_string(),
     });
-    let annotation = |key: &str| read.metadata.annotations.kept.get(key).map(|v| v.to_string());
-    let (attestation, injected) = (annotation(ANNOTATION_ATTESTATION), annotation(ANNOTATION_INJECTED));
+    let annotation = |key: &str| read.metadata.annotations.kept.get(key).map(|v| v.as_ref());
+    let attestation = annotation(ANNOTATION_ATTESTATION).map(str::to_string);
+    let injected: Arc<str> = Arc::from(annotation(ANNOTATION_INJECTED).unwrap_or_default());
     let created = read
         .metadata
         .creation_timestamp
@@ -386,7 +388,9 @@ pub fn for_pod(profiles: &ProfileSet, pod: &RawValue, namespace: &str, trust_dom
         Ok(b) => b,
         Err(e) => return PodVerdict::Nothing(format!("its spec cannot be read: {e}")),
     };
-    let mut wants = Vec::new();
+    // Sized to fit: the index keeps every claim, and a `Vec` grown by `push` starts with room
+    // for four (760 bytes a pod of one want, 5.7 MB at 10,000 owners).
+    let mut wants = Vec::with_capacity(wanted.len());
     for requirement in wanted {
         let want = match &requirement.provision {
             Provision::ClientCertificate => Want::ClientCertificate {
@@ -407,13 +411,8 @@ pub fn for_pod(profiles: &ProfileSet, pod: &RawValue, namespace: &str, trust_dom
             want,
         });
     }
-    let evidence = Box::new(Evidence {
-        value: attestation,
-        namespace: namespace.to_string(),
-        injected: injected.unwrap_or_default(),
-        binding,
-        created,
-    });
+    let evidence =
+        Box::new(Evidence { value: attestation, namespace: namespace.to_string(), injected, binding, created });
     PodVerdict::Claim(PodClaim { profile, owner, wants, evidence })
 }
 
