@@ -37,6 +37,18 @@ fn memory(pid: u32) -> (f64, f64) {
     (field("VmHWM:"), field("VmRSS:"))
 }
 
+/// The controller container's environment variable `name` in deploy/base/controller.yaml (the
+/// benchmark runs the controller as the Deployment does).
+fn deployed_env(name: &str) -> String {
+    let manifest = include_str!("../deploy/base/controller.yaml");
+    let mut lines = manifest.lines().skip_while(|l| l.trim() != format!("- name: {name}"));
+    lines
+        .nth(1)
+        .and_then(|l| l.trim().strip_prefix("value: "))
+        .map(|v| v.trim_matches('"').to_string())
+        .unwrap_or_else(|| panic!("deploy/base/controller.yaml sets no {name}"))
+}
+
 /// Requests by `METHOD resource`, leaving out watches (long-lived streams) when asked.
 fn by_kind(calls: &[Call]) -> BTreeMap<String, usize> {
     let mut out = BTreeMap::new();
@@ -115,6 +127,7 @@ async fn main() {
         .arg("--client-ca-dir")
         .arg(&ca_dir)
         .env("KUBECONFIG", &kubeconfig)
+        .env("MALLOC_ARENA_MAX", deployed_env("MALLOC_ARENA_MAX"))
         .env("RUST_LOG", if log.is_some() { "info" } else { "warn" })
         .stdout(log.map_or_else(Stdio::null, |f| Stdio::from(f.try_clone().unwrap())))
         .stderr(log.map_or_else(Stdio::null, |f| Stdio::from(f.try_clone().unwrap())))
@@ -198,5 +211,6 @@ async fn main() {
         new,
         by_kind(&new_calls)
     );
-    println!("controller memory: peak {peak_issue:.1} MiB while issuing, peak {peak:.1} MiB overall, {rss:.1} MiB at the end");
+    let arenas = deployed_env("MALLOC_ARENA_MAX");
+    println!("controller memory (MALLOC_ARENA_MAX={arenas}, as deployed): peak {peak_issue:.1} MiB while issuing, peak {peak:.1} MiB overall, {rss:.1} MiB at the end");
 }
