@@ -6,7 +6,8 @@
 //!
 //! Run: `cargo bench --bench load` (or `scripts/bench.sh`). Bounded: fixed request counts, to
 //! loopback only, and it stops by itself. Knobs: KEYWARD_BENCH_REQUESTS (default 20000 per
-//! closed-loop run), KEYWARD_BENCH_SECONDS (default 5 per fixed-rate run).
+//! closed-loop run), KEYWARD_BENCH_SECONDS (default 5 per fixed-rate run), KEYWARD_BENCH_TAIL_SECONDS
+//! (default 20 per run of the 200 KB pod's tail, four runs; 0 leaves it out).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a panic is the benchmark failure report
 
 #[path = "../tests/support/mod.rs"]
@@ -210,11 +211,22 @@ async fn closed_loop(endpoint: &Endpoint, body: &Arc<Vec<u8>>, requests: usize) 
 /// A fixed `rate` spread over the connections, each request timed from when it was due (so a
 /// slow answer delays the next and counts against it: no coordinated omission).
 async fn fixed_rate(endpoint: &Endpoint, body: &Arc<Vec<u8>>, rate: f64, seconds: usize) -> (Vec<Duration>, usize) {
+    fixed_rate_nagle(endpoint, body, rate, seconds, false).await
+}
+
+/// As [`fixed_rate`], the client's sockets with Nagle's algorithm when `nagle`.
+async fn fixed_rate_nagle(
+    endpoint: &Endpoint,
+    body: &Arc<Vec<u8>>,
+    rate: f64,
+    seconds: usize,
+    nagle: bool,
+) -> (Vec<Duration>, usize) {
     let per_connection = Duration::from_secs_f64(CONNECTIONS as f64 / rate);
     let count = (rate as usize * seconds) / CONNECTIONS;
     let mut clients = Vec::new();
     for _ in 0..CONNECTIONS {
-        clients.push(endpoint.connect().await.unwrap().0);
+        clients.push(endpoint.connect_nagle(nagle).await.unwrap().0);
     }
     let start = TokioInstant::now() + Duration::from_millis(50);
     let mut tasks = Vec::new();
@@ -348,16 +360,17 @@ async fn run() {
     println!();
     println!("### Latency at a fixed rate over {CONNECTIONS} connections, for {seconds} s, from each request's scheduled start");
     println!();
-    println!("| AdmissionReview | bytes | requests/s | floor p50 ms | floor p99 ms | keyward p50 ms | keyward p99 ms | keyward max ms | p99 keyward / floor | errors |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("| AdmissionReview | bytes | requests/s | floor p50 ms | floor p99 ms | floor max ms | keyward p50 ms | keyward p99 ms | keyward max ms | p99 keyward / floor | errors |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for (name, body, rate) in &fixtures {
         let (floor_lat, floor_errors) = fixed_rate(&floor.endpoint, body, *rate, seconds).await;
         let (lat, errors) = fixed_rate(&keyward.endpoint, body, *rate, seconds).await;
         println!(
-            "| {name} | {} | {rate:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2}× | {} |",
+            "| {name} | {} | {rate:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2}× | {} |",
             body.len(),
             ms(percentile(&floor_lat, 0.5)),
             ms(percentile(&floor_lat, 0.99)),
+            ms(*floor_lat.last().unwrap()),
             ms(percentile(&lat, 0.5)),
             ms(percentile(&lat, 0.99)),
             ms(*lat.last().unwrap()),
@@ -365,6 +378,7 @@ async fn run() {
             errors + floor_errors
         );
     }
+    tail(&floor.endpoint, &keyward.endpoint, &large, env_or("KEYWARD_BENCH_TAIL_SECONDS", 20)).await;
     let (_, peak_rss) = process_usage(pid);
     println!();
     println!(
@@ -375,6 +389,36 @@ async fn run() {
     drop(floor);
 
     hostile(&keyward, &tls).await;
+}
+
+/// The 200 KB pod's tail, longer than the table's run, with the client's sockets as the
+/// apiserver's (TCP_NODELAY) and with Nagle's algorithm: a body that ends in a segment shorter
+/// than the MSS while earlier data is unacknowledged waits for the server's delayed ACK.
+async fn tail(floor: &Endpoint, keyward: &Endpoint, body: &Arc<Vec<u8>>, seconds: usize) {
+    if seconds == 0 {
+        return;
+    }
+    println!();
+    println!("### The 200 KB pod at 100 requests/s for {seconds} s: the tail, with and without Nagle's algorithm on the client");
+    println!();
+    println!("| client sockets | server | requests | p99 ms | max ms | over 10 ms | over 30 ms |");
+    println!("|---|---|---|---|---|---|---|");
+    for nagle in [false, true] {
+        for (server, endpoint) in [("floor", floor), ("keyward", keyward)] {
+            let (lat, errors) = fixed_rate_nagle(endpoint, body, 100.0, seconds, nagle).await;
+            assert_eq!(errors, 0, "{server}: {errors} errors");
+            let over = |limit: u64| lat.iter().filter(|l| **l > Duration::from_millis(limit)).count();
+            println!(
+                "| {} | {server} | {} | {:.2} | {:.2} | {} | {} |",
+                if nagle { "Nagle (TCP_NODELAY off)" } else { "TCP_NODELAY, as the apiserver" },
+                lat.len(),
+                ms(percentile(&lat, 0.99)),
+                ms(*lat.last().unwrap()),
+                over(10),
+                over(30)
+            );
+        }
+    }
 }
 
 /// The server's CPU time (user + system) per request, at a fixed rate.

@@ -253,7 +253,15 @@ impl Endpoint {
     /// as the apiserver does) with an HTTP/1.1 client on it. Returns the client and the
     /// SHA-256 of the certificate the server presented.
     pub async fn connect(&self) -> Result<(Http1, String), String> {
+        self.connect_nagle(false).await
+    }
+
+    /// As [`Self::connect`], with Nagle's algorithm on the client's socket when `nagle` (the
+    /// apiserver's client never has it: Go sets TCP_NODELAY on every TCP connection). For the
+    /// benchmark that shows what it costs a large body (BENCHMARKS.md, "The 200 KB pod's tail").
+    pub async fn connect_nagle(&self, nagle: bool) -> Result<(Http1, String), String> {
         let tcp = TcpStream::connect(self.addr).await.map_err(|e| format!("connect: {e}"))?;
+        tcp.set_nodelay(!nagle).map_err(|e| format!("TCP_NODELAY: {e}"))?;
         let tls = self
             .connector(&[b"http/1.1"])
             .connect(ServerName::try_from(SERVER_NAME).unwrap(), tcp)
