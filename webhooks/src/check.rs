@@ -36,18 +36,19 @@ pub(crate) fn violations(spec: &Spec<'_>, changes: &Changes<'_>, annotation_byte
     }
     for container in &changes.containers {
         let view = spec.all_containers().find(|c| c.list == container.list && c.index == container.index);
-        let at = format!("spec.{}[{}]", container.list.field(), container.index);
+        // Written only for a violation: the path costs an allocation a container otherwise.
+        let at = || format!("spec.{}[{}]", container.list.field(), container.index);
         for (i, mount) in container.mounts_added.iter().enumerate() {
             let volume_exists =
                 changes.volumes_added.iter().any(|v| v.name == mount.volume) || remaining(&mount.volume);
             if !volume_exists {
-                out.push(format!("{at}.volumeMounts: {:?} is not a volume of the pod", mount.volume));
+                out.push(format!("{}.volumeMounts: {:?} is not a volume of the pod", at(), mount.volume));
             }
             let path_taken = view.is_some_and(|c| {
                 c.mount_hits.iter().any(|h| h.path == mount.path && !container.mounts_removed.contains(&h.index))
             }) || container.mounts_added[..i].iter().any(|m| m.path == mount.path);
             if path_taken {
-                out.push(format!("{at}.volumeMounts: {:?} would be mounted twice", mount.path));
+                out.push(format!("{}.volumeMounts: {:?} would be mounted twice", at(), mount.path));
             }
         }
     }
