@@ -8,7 +8,7 @@ use std::time::SystemTime;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use keyward_certs::pki::Ca;
-use kube::api::{DeleteParams, DynamicObject, PostParams};
+use kube::api::{DeleteParams, DynamicObject, PostParams, Preconditions};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 
@@ -298,9 +298,28 @@ async fn remove_trust_bundles(
         let name = bundle.name_any();
         if is_managed(&bundle.metadata) && unwanted(&name) {
             cx.leader.check()?;
-            api.delete(&name, &DeleteParams::default()).await?;
-            cx.metrics.object(metric, Action::Deleted, true);
-            tracing::info!(%name, "{what} removed");
+            // Only the bundle listed: one of that name made since by someone else (after an
+            // admin deleted keyward's) is theirs, and the apiserver refuses the delete with 409.
+            let params = DeleteParams {
+                preconditions: bundle
+                    .metadata
+                    .uid
+                    .clone()
+                    .map(|uid| Preconditions { uid: Some(uid), resource_version: None }),
+                ..DeleteParams::default()
+            };
+            match api.delete(&name, &params).await {
+                Ok(_) => {
+                    cx.metrics.object(metric, Action::Deleted, true);
+                    tracing::info!(%name, "{what} removed");
+                }
+                // Gone already, or no longer the one listed: nothing of keyward's to remove.
+                Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => {}
+                Err(e) => {
+                    cx.metrics.object(metric, Action::Deleted, false);
+                    return Err(e.into());
+                }
+            }
         }
     }
     Ok(())

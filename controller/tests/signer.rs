@@ -734,8 +734,32 @@ async fn the_server_ca_is_one_cluster_trust_bundle_kept_equal_to_its_source_and_
         Leadership::always(),
         signing(version),
     );
+    let listed = server_ca_bundle(&fake).unwrap()["metadata"]["uid"].clone();
+    assert!(listed.is_string());
     keyward_controller::trust::publish_server_ca_bundles(&builtin).await.unwrap();
     assert!(server_ca_bundle(&fake).is_none());
+    // Only the bundle it listed: the delete names its UID, so that one of that name made since
+    // by someone else would be refused (the apiserver's 409), not deleted.
+    let deletes = |f: &FakeApi| -> Vec<Call> {
+        f.calls().into_iter().filter(|c| c.method == "DELETE" && c.resource.ends_with("clustertrustbundles")).collect()
+    };
+    let delete = deletes(&fake).pop().unwrap();
+    assert_eq!(delete.body.unwrap()["preconditions"]["uid"], listed);
+    // Replaced between the list and the delete (409), or gone already (404): nothing of
+    // keyward's is left to remove, and the resync goes on.
+    for code in [409, 404] {
+        grpc_server_cert(&fake, first.cert_pem());
+        let r = reconciler_with(fake.client("keyward"), profiles(), &ca, Leadership::always(), signing(version));
+        keyward_controller::trust::publish_server_ca_bundles(&r).await.unwrap();
+        assert!(server_ca_bundle(&fake).is_some());
+        fake.fail("DELETE", "certificates.k8s.io/v1beta1/clustertrustbundles", code, 1);
+        let before = deletes(&fake).len();
+        keyward_controller::trust::publish_server_ca_bundles(&builtin).await.unwrap();
+        assert_eq!(deletes(&fake).len(), before + 1, "{code}: one attempt");
+        assert!(server_ca_bundle(&fake).is_some(), "{code}: the fake refused it, so it is still there");
+        keyward_controller::trust::publish_server_ca_bundles(&builtin).await.unwrap();
+        assert!(server_ca_bundle(&fake).is_none(), "{code}: the next resync removes it");
+    }
 
     // A bundle of that name keyward did not make: never replaced, never deleted.
     fake.seed(json!({"apiVersion": "certificates.k8s.io/v1beta1", "kind": "ClusterTrustBundle",

@@ -479,6 +479,8 @@ impl FakeApi {
             let reason = match (code, method) {
                 (409, "POST") => "AlreadyExists",
                 (409, _) => "Conflict",
+                // As the apiserver words a 404 (kube's `is_not_found` reads the reason first).
+                (404, _) => "NotFound",
                 _ => "InternalError",
             };
             return (code, Some(status(code, reason, "injected failure")));
