@@ -1,0 +1,250 @@
+//! Who is calling: a keyward workload identity, read from the SPIFFE URI of a client
+//! certificate keyward issued, or a service account, read from the username a TokenReview
+//! returns.
+//!
+//! Both are read strictly, by the rules keyward writes them with (`controller/src/desired.rs`,
+//! `spiffe_id` and `identity_problem`): every part is a Kubernetes name, so nothing here needs
+//! decoding or normalising, and anything that would (`%2e`, `..`, `//`, a trailing `/`, a query)
+//! is refused rather than read as someone else.
+
+use std::fmt;
+
+use keyward_engine::names::{is_dns1123_label, is_dns1123_subdomain};
+
+use crate::Error;
+
+/// A keyward workload identity: `spiffe://TRUST-DOMAIN/ns/NAMESPACE/KIND/NAME`, the job (an
+/// owner, such as an LMEvalJob) a certificate was issued for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct WorkloadIdentity {
+    pub trust_domain: String,
+    pub namespace: String,
+    /// The owner's kind, lower case (`lmevaljob`).
+    pub kind: String,
+    pub name: String,
+}
+
+/// A service account, as a TokenReview names it: `system:serviceaccount:NAMESPACE:NAME`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ServiceAccount {
+    pub namespace: String,
+    pub name: String,
+}
+
+/// The longest SPIFFE ID the SPIFFE specification lets a verifier accept.
+pub const MAX_SPIFFE_ID_BYTES: usize = 2048;
+
+const SCHEME: &str = "spiffe://";
+
+// === impl WorkloadIdentity ===
+
+impl WorkloadIdentity {
+    /// Reads a SPIFFE URI as keyward writes it. The error says which part is wrong, with at
+    /// most the first 64 characters of what was given (a certificate is the caller's input).
+    pub fn parse(uri: &str) -> Result<Self, Error> {
+        let refuse = |why: &str| Error::Identity(format!("SPIFFE ID {}: {why}", shown(uri)));
+        if uri.len() > MAX_SPIFFE_ID_BYTES {
+            return Err(refuse(&format!("longer than {MAX_SPIFFE_ID_BYTES} bytes")));
+        }
+        let Some(rest) = uri.strip_prefix(SCHEME) else {
+            return Err(refuse("does not start with spiffe:// (lower case)"));
+        };
+        if let Some(c) = rest.chars().find(|c| matches!(c, '%' | '?' | '#' | '@' | ':' | '\\')) {
+            return Err(refuse(&format!(
+                "holds {c:?}: keyward's identities are plain Kubernetes names, never encoded, with no port, query or fragment"
+            )));
+        }
+        let (trust_domain, path) = rest.split_once('/').unwrap_or((rest, ""));
+        if let Some(problem) = trust_domain_problem(trust_domain) {
+            return Err(refuse(&format!("trust domain {problem}")));
+        }
+        let segments: Vec<&str> = path.split('/').collect();
+        let [ns, namespace, kind, name] = segments.as_slice() else {
+            return Err(refuse("the path is not ns/NAMESPACE/KIND/NAME"));
+        };
+        if *ns != "ns" {
+            return Err(refuse("the path does not start with ns/"));
+        }
+        if !is_dns1123_label(namespace) {
+            return Err(refuse("the namespace is not a DNS-1123 label"));
+        }
+        if !is_lower_kind(kind) {
+            return Err(refuse("the kind is not a Kubernetes kind in lower case"));
+        }
+        if !is_dns1123_subdomain(name) {
+            return Err(refuse("the name is not a Kubernetes object name (a DNS-1123 subdomain)"));
+        }
+        Ok(Self {
+            trust_domain: trust_domain.to_string(),
+            namespace: namespace.to_string(),
+            kind: kind.to_string(),
+            name: name.to_string(),
+        })
+    }
+}
+
+impl fmt::Display for WorkloadIdentity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{SCHEME}{}/ns/{}/{}/{}", self.trust_domain, self.namespace, self.kind, self.name)
+    }
+}
+
+// === impl ServiceAccount ===
+
+impl ServiceAccount {
+    /// Reads a TokenReview's `status.user.username`. Any other user (a person, a node, a
+    /// username with more or fewer parts) is not a service account.
+    pub fn parse(username: &str) -> Result<Self, Error> {
+        let refuse = |why: &str| Error::Identity(format!("username {}: {why}", shown(username)));
+        let Some(rest) = username.strip_prefix("system:serviceaccount:") else {
+            return Err(refuse("is not a service account's (system:serviceaccount:NAMESPACE:NAME)"));
+        };
+        let Some((namespace, name)) = rest.split_once(':') else {
+            return Err(refuse("has no NAMESPACE:NAME"));
+        };
+        if !is_dns1123_label(namespace) {
+            return Err(refuse("the namespace is not a DNS-1123 label"));
+        }
+        if !is_dns1123_subdomain(name) {
+            return Err(refuse("the account's name is not a DNS-1123 subdomain"));
+        }
+        Ok(Self { namespace: namespace.to_string(), name: name.to_string() })
+    }
+}
+
+impl fmt::Display for ServiceAccount {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "system:serviceaccount:{}:{}", self.namespace, self.name)
+    }
+}
+
+// === rules ===
+
+/// A SPIFFE trust domain as keyward writes one: 1 to 255 lower-case letters, digits, `.`, `-`
+/// and `_`.
+fn trust_domain_problem(td: &str) -> Option<&'static str> {
+    if td.is_empty() || td.len() > 255 {
+        return Some("must have 1 to 255 characters");
+    }
+    if !td.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'-' | b'_')) {
+        return Some("may hold only lower-case letters, digits, '.', '-' and '_'");
+    }
+    None
+}
+
+/// A Kubernetes kind, lower-cased as keyward writes it in an identity: a letter, then letters
+/// and digits, at most 63.
+fn is_lower_kind(kind: &str) -> bool {
+    !kind.is_empty()
+        && kind.len() <= 63
+        && kind.starts_with(|c: char| c.is_ascii_lowercase())
+        && kind.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+}
+
+/// The start of what a caller sent, quoted and escaped for an error or a log line.
+fn shown(s: &str) -> String {
+    let head: String = s.chars().take(64).collect();
+    if head.len() < s.len() {
+        format!("{head:?}…")
+    } else {
+        format!("{head:?}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const GOOD: &str = "spiffe://cluster.local/ns/team-a/lmevaljob/evaljob-sample";
+
+    #[test]
+    fn a_keyward_identity_reads_into_its_parts_and_writes_back_the_same() {
+        let id = WorkloadIdentity::parse(GOOD).unwrap();
+        assert_eq!(
+            id,
+            WorkloadIdentity {
+                trust_domain: "cluster.local".into(),
+                namespace: "team-a".into(),
+                kind: "lmevaljob".into(),
+                name: "evaljob-sample".into(),
+            }
+        );
+        assert_eq!(id.to_string(), GOOD);
+        // A name may be a subdomain (dots inside, never a whole segment of dots).
+        assert_eq!(WorkloadIdentity::parse("spiffe://td/ns/a/job/run.v2").unwrap().name, "run.v2");
+    }
+
+    #[test]
+    fn anything_a_normalising_verifier_could_read_as_someone_else_is_refused() {
+        let cases = [
+            ("spiffe://cluster.local/ns/team-a/lmevaljob/..", "the name is not"),
+            ("spiffe://cluster.local/ns/team-a/lmevaljob/.", "the name is not"),
+            ("spiffe://cluster.local/ns/team-b/../team-a/lmevaljob/x", "the path is not"),
+            ("spiffe://cluster.local/ns/team-a/lmevaljob/%2e%2e", "holds '%'"),
+            ("spiffe://cluster.local/ns/team-a/lmevaljob/a%2Fb", "holds '%'"),
+            ("spiffe://cluster.local/ns/team-a//lmevaljob/x", "the path is not"),
+            ("spiffe://cluster.local/ns/team-a/lmevaljob/x/", "the path is not"),
+            ("spiffe://cluster.local//ns/team-a/lmevaljob/x", "the path is not"),
+            ("spiffe://cluster.local/ns/team-a/lmevaljob/x?y=1", "holds '?'"),
+            ("spiffe://cluster.local/ns/team-a/lmevaljob/x#f", "holds '#'"),
+            ("spiffe://cluster.local:443/ns/team-a/lmevaljob/x", "holds ':'"),
+            ("spiffe://user@cluster.local/ns/team-a/lmevaljob/x", "holds '@'"),
+            ("spiffe://cluster.local/ns/team-a/lmevaljob\\x", "holds '\\\\'"),
+            ("SPIFFE://cluster.local/ns/team-a/lmevaljob/x", "does not start with spiffe://"),
+            ("spiffe://Cluster.local/ns/team-a/lmevaljob/x", "trust domain may hold only"),
+            ("spiffe:///ns/team-a/lmevaljob/x", "trust domain must have"),
+            ("spiffe://cluster.local", "the path is not"),
+            ("spiffe://cluster.local/ns/Team-A/lmevaljob/x", "the namespace is not"),
+            ("spiffe://cluster.local/ns/team-a/LMEvalJob/x", "the kind is not"),
+            ("spiffe://cluster.local/ns/team-a/lm-eval/x", "the kind is not"),
+            ("spiffe://cluster.local/namespaces/team-a/lmevaljob/x", "does not start with ns/"),
+            ("spiffe://cluster.local/ns/team-a/lmevaljob/X", "the name is not"),
+        ];
+        for (uri, why) in cases {
+            let e = WorkloadIdentity::parse(uri).unwrap_err().to_string();
+            assert!(e.starts_with("SPIFFE ID \""), "{uri}: {e}");
+            assert!(e.contains(why), "{uri}: {e} (wanted {why:?})");
+        }
+    }
+
+    #[test]
+    fn a_long_uri_is_refused_and_shown_clipped() {
+        let long = format!("spiffe://td/ns/a/job/{}", "a".repeat(3000));
+        let e = WorkloadIdentity::parse(&long).unwrap_err().to_string();
+        assert!(e.contains("longer than 2048 bytes"), "{e}");
+        assert!(e.len() < 200, "{e}");
+        // A control character is escaped, never written raw into a log line.
+        let e = WorkloadIdentity::parse("spiffe://td/ns/a/job/x\nforged").unwrap_err().to_string();
+        assert!(e.contains("\\n") && !e.contains('\n'), "{e}");
+    }
+
+    #[test]
+    fn a_service_account_reads_from_a_tokenreview_username() {
+        let sa = ServiceAccount::parse("system:serviceaccount:kubeflow:ml-pipeline-persistenceagent").unwrap();
+        assert_eq!((sa.namespace.as_str(), sa.name.as_str()), ("kubeflow", "ml-pipeline-persistenceagent"));
+        assert_eq!(sa.to_string(), "system:serviceaccount:kubeflow:ml-pipeline-persistenceagent");
+        for (username, why) in [
+            ("alice", "is not a service account's"),
+            ("system:node:worker-1", "is not a service account's"),
+            ("system:serviceaccount:kubeflow", "has no NAMESPACE:NAME"),
+            ("system:serviceaccount:kubeflow:a:b", "the account's name is not"),
+            ("system:serviceaccount::runner", "the namespace is not"),
+            ("system:serviceaccount:KF:runner", "the namespace is not"),
+        ] {
+            let e = ServiceAccount::parse(username).unwrap_err().to_string();
+            assert!(e.contains(why), "{username}: {e}");
+        }
+    }
+
+    proptest! {
+        /// Whatever a certificate carries: no panic, and an identity only when writing it back
+        /// gives exactly what was read (nothing was decoded, dropped or normalised).
+        #[test]
+        fn any_uri_is_read_back_exactly_or_refused(uri in "spiffe://[a-z.%:/@?#\\-]{0,12}/ns/[a-z0-9.%/\\-]{0,12}/[a-zA-Z0-9.%/]{0,8}/[a-z0-9.%/\\-]{0,12}") {
+            if let Ok(id) = WorkloadIdentity::parse(&uri) {
+                prop_assert_eq!(id.to_string(), uri);
+            }
+        }
+    }
+}

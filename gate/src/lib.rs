@@ -1,0 +1,19 @@
+//! The pure core of `keyward gate`, the control plane's side of keyward: who is calling and
+//! what a request names, read strictly, so that a rule can let each job act only as itself.
+//! No I/O here: the gate's transport (TLS, HTTP/1.1 and HTTP/2, the upstream) lives in the
+//! binary, as `keyward serve` does; this crate is what it decides with, tested on its own.
+
+pub mod grpc;
+pub mod identity;
+
+/// Why a caller or a request cannot be read. Each message names what was wrong and, where the
+/// caller can fix it, how.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// Not an identity the gate accepts (a SPIFFE ID or a TokenReview username).
+    #[error("{0}")]
+    Identity(String),
+    /// A gRPC request the gate cannot read as the rule needs.
+    #[error("gRPC request: {0}")]
+    Grpc(String),
+}
