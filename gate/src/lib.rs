@@ -5,6 +5,7 @@
 
 pub mod grpc;
 pub mod identity;
+pub mod route;
 
 /// Why a caller or a request cannot be read. Each message names what was wrong and, where the
 /// caller can fix it, how.
@@ -16,4 +17,7 @@ pub enum Error {
     /// A gRPC request the gate cannot read as the rule needs.
     #[error("gRPC request: {0}")]
     Grpc(String),
+    /// A request path the gate will not judge: one the upstream could read another way.
+    #[error("{0}")]
+    Path(String),
 }
