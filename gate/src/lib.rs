@@ -3,9 +3,11 @@
 //! No I/O here: the gate's transport (TLS, HTTP/1.1 and HTTP/2, the upstream) lives in the
 //! binary, as `keyward serve` does; this crate is what it decides with, tested on its own.
 
+pub mod config;
 pub mod grpc;
 pub mod identity;
 pub mod route;
+pub mod rules;
 
 /// Why a caller or a request cannot be read. Each message names what was wrong and, where the
 /// caller can fix it, how.

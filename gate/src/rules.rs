@@ -1,0 +1,430 @@
+//! What a caller may do: rules, each a route (an HTTP method and path pattern, or a gRPC
+//! service and methods), the callers it admits, and conditions tying the caller to the request
+//! (its namespace or name equals a path segment, a header, a gRPC field, or a fixed value).
+//! Default deny: a request is allowed only by a rule whose route, callers and every condition
+//! hold. [`Gate::decide`] says which rule allowed it, or why each rule did not, as
+//! `keyward explain` does for profiles.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use crate::grpc;
+use crate::identity::{ServiceAccount, WorkloadIdentity};
+use crate::route::{PathPattern, RequestPath};
+
+// === the configuration, as written ===
+
+/// `spec` of a gate file (`kind: Gate`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GateSpec {
+    /// The trust domain of the workload identities the gate accepts (keyward's
+    /// `--trust-domain`); identities of any other are refused.
+    #[serde(default)]
+    pub trust_domain: Option<String>,
+    pub rules: Vec<RuleSpec>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RuleSpec {
+    pub name: String,
+    #[serde(default)]
+    pub http: Option<HttpRoute>,
+    #[serde(default)]
+    pub grpc: Option<GrpcRoute>,
+    pub callers: Callers,
+    #[serde(default)]
+    pub when: Vec<Condition>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct HttpRoute {
+    /// Upper case; none: any.
+    #[serde(default)]
+    pub methods: Vec<String>,
+    pub path: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GrpcRoute {
+    /// As in the request's path: `package.Service` (or `Service` for a proto without a package).
+    pub service: String,
+    /// None: any method of the service.
+    #[serde(default)]
+    pub methods: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Callers {
+    /// keyward workload identities (client certificates), by owner kind (lower case) and
+    /// namespace; an empty list admits any.
+    #[serde(default)]
+    pub workloads: Option<WorkloadCallers>,
+    /// Service accounts (bearer tokens checked with TokenReview).
+    #[serde(default)]
+    pub service_accounts: Vec<AccountRef>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct WorkloadCallers {
+    #[serde(default)]
+    pub kinds: Vec<String>,
+    #[serde(default)]
+    pub namespaces: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct AccountRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+/// `caller`'s field equals `equals`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Condition {
+    pub caller: CallerField,
+    pub equals: Operand,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum CallerField {
+    Namespace,
+    /// The owner's name (a workload) or the account's (a service account).
+    Name,
+    /// The owner's kind, lower case (workloads only).
+    Kind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub enum Operand {
+    /// A `{capture}` of the rule's path pattern.
+    PathSegment(String),
+    /// A request header (sent once; a header sent twice is refused).
+    Header(String),
+    /// A top-level string field of the gRPC request's first message, by number.
+    GrpcField(u32),
+    /// A fixed value.
+    Value(String),
+}
+
+// === the configuration, checked ===
+
+/// A gate's rules, checked: every pattern parsed, every reference resolved.
+#[derive(Debug, Clone)]
+pub struct Gate {
+    trust_domain: Option<String>,
+    rules: Vec<Rule>,
+}
+
+#[derive(Debug, Clone)]
+struct Rule {
+    name: String,
+    route: Route,
+    callers: Callers,
+    when: Vec<Condition>,
+}
+
+#[derive(Debug, Clone)]
+enum Route {
+    Http { methods: Vec<String>, path: PathPattern },
+    Grpc { service: String, methods: Vec<String> },
+}
+
+/// The largest field number protobuf allows.
+const MAX_FIELD_NUMBER: u32 = (1 << 29) - 1;
+
+impl Gate {
+    /// Checks a gate's spec; every problem at once, each with the rule it is in.
+    pub fn new(spec: GateSpec) -> Result<Self, Vec<String>> {
+        let mut problems = Vec::new();
+        if let Some(td) = &spec.trust_domain {
+            if td.is_empty() || !td.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+            {
+                problems.push(format!(
+                    "spec.trustDomain {td:?}: a SPIFFE trust domain is lower-case letters, digits, '.', '-' and '_'"
+                ));
+            }
+        }
+        if spec.rules.is_empty() {
+            problems.push("spec.rules is empty: the gate would refuse every request".into());
+        }
+        let mut rules = Vec::new();
+        let mut names = Vec::new();
+        for (i, r) in spec.rules.into_iter().enumerate() {
+            let at = format!("spec.rules[{i}] ({:?})", r.name);
+            if r.name.is_empty() {
+                problems.push(format!("spec.rules[{i}].name is empty: name each rule, for its log lines and metrics"));
+            } else if names.contains(&r.name) {
+                problems.push(format!("{at}: another rule has this name"));
+            }
+            names.push(r.name.clone());
+            let route = match (r.http, r.grpc) {
+                (Some(http), None) => {
+                    for m in &http.methods {
+                        if m.is_empty() || !m.bytes().all(|b| b.is_ascii_uppercase()) {
+                            problems.push(format!("{at}.http.methods: {m:?} is not an HTTP method in upper case"));
+                        }
+                    }
+                    match PathPattern::parse(&http.path) {
+                        Ok(path) => Some(Route::Http { methods: http.methods, path }),
+                        Err(e) => {
+                            problems.push(format!("{at}.http.path: {e}"));
+                            None
+                        }
+                    }
+                }
+                (None, Some(grpc)) => {
+                    let bad = |s: &str| s.is_empty() || s.contains(['/', '*', '{', '}', '%', '\\']);
+                    if bad(&grpc.service) {
+                        problems.push(format!(
+                            "{at}.grpc.service {:?} is not a service name (package.Service)",
+                            grpc.service
+                        ));
+                    }
+                    for m in grpc.methods.iter().filter(|m| bad(m) || m.contains('.')) {
+                        problems.push(format!("{at}.grpc.methods: {m:?} is not a method name"));
+                    }
+                    Some(Route::Grpc { service: grpc.service, methods: grpc.methods })
+                }
+                _ => {
+                    problems.push(format!("{at}: give exactly one of http and grpc"));
+                    None
+                }
+            };
+            let workloads = r.callers.workloads.is_some();
+            if !workloads && r.callers.service_accounts.is_empty() {
+                problems.push(format!(
+                    "{at}.callers admits no one: list workloads (client certificates) or serviceAccounts (tokens)"
+                ));
+            }
+            if workloads && spec.trust_domain.is_none() {
+                problems.push(format!(
+                    "{at}.callers.workloads needs spec.trustDomain: the gate accepts workload identities of one trust domain"
+                ));
+            }
+            for (j, c) in r.when.iter().enumerate() {
+                let at = format!("{at}.when[{j}]");
+                match (&c.equals, &route) {
+                    (Operand::PathSegment(name), Some(Route::Http { path, .. }))
+                        if !path.captures().any(|n| n == name) =>
+                    {
+                        problems.push(format!("{at}: path {:?} has no {{{name}}} to compare with", path.as_str()));
+                    }
+                    (Operand::PathSegment(_), Some(Route::Http { .. })) => {}
+                    (Operand::PathSegment(_), _) => {
+                        problems.push(format!("{at}: pathSegment needs an http route with a path pattern"))
+                    }
+                    (Operand::GrpcField(n), Some(Route::Http { .. })) => {
+                        problems.push(format!("{at}: grpcField {n} needs a grpc route"))
+                    }
+                    (Operand::GrpcField(n), _) if *n == 0 || *n > MAX_FIELD_NUMBER => problems
+                        .push(format!("{at}: grpcField {n} is not a protobuf field number (1 to {MAX_FIELD_NUMBER})")),
+                    (Operand::Header(h), _)
+                        if h.is_empty() || !h.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') =>
+                    {
+                        problems.push(format!("{at}: header {h:?} is not a header name"))
+                    }
+                    _ => {}
+                }
+                if c.caller == CallerField::Kind && !workloads {
+                    problems.push(format!("{at}: caller kind is a workload's; this rule admits only service accounts"));
+                }
+            }
+            if let Some(route) = route {
+                rules.push(Rule { name: r.name, route, callers: r.callers, when: r.when });
+            }
+        }
+        if problems.is_empty() {
+            Ok(Self { trust_domain: spec.trust_domain, rules })
+        } else {
+            Err(problems)
+        }
+    }
+}
+
+// === deciding ===
+
+/// Who is calling, as the transport verified it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Caller {
+    Workload(WorkloadIdentity),
+    ServiceAccount(ServiceAccount),
+}
+
+/// A request, as far as the rules read it.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'r> {
+    pub method: &'r str,
+    /// The request target's path, without the query.
+    pub path: &'r str,
+    /// Every header as received (names in any case; one entry per occurrence).
+    pub headers: &'r [(&'r str, &'r str)],
+    /// The body, for a gRPC field condition (a gRPC request's length-prefixed messages).
+    pub body: &'r [u8],
+}
+
+/// What the gate does with a request, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// The rule that allowed it; `None`: refused.
+    pub allowed_by: Option<String>,
+    /// Why each rule did not allow it (or, for the one that did, that it did), in order.
+    pub trace: Vec<(String, String)>,
+}
+
+impl Verdict {
+    /// The refusal's reason for the caller: the rules that fit its route and why none held.
+    pub fn reason(&self) -> String {
+        let relevant: Vec<String> = self
+            .trace
+            .iter()
+            .filter(|(_, why)| !why.starts_with("the route is"))
+            .map(|(rule, why)| if rule == "*" { why.clone() } else { format!("rule {rule:?}: {why}") })
+            .collect();
+        if relevant.is_empty() {
+            "no rule of this gate covers this method and path".into()
+        } else {
+            relevant.join("; ")
+        }
+    }
+}
+
+impl Gate {
+    /// Decides on a request from `caller`. Pure: the transport has verified the caller, and a
+    /// path the gate will not judge was refused before.
+    pub fn decide(&self, caller: &Caller, request: &Request<'_>, path: &RequestPath<'_>) -> Verdict {
+        let mut trace = Vec::new();
+        if let (Caller::Workload(id), Some(td)) = (caller, &self.trust_domain) {
+            if id.trust_domain != *td {
+                trace.push(("*".into(), format!("the identity's trust domain is {:?}, not {td:?}", id.trust_domain)));
+                return Verdict { allowed_by: None, trace };
+            }
+        }
+        for rule in &self.rules {
+            match rule.check(caller, request, path) {
+                Ok(()) => {
+                    trace.push((rule.name.clone(), "allows it".into()));
+                    return Verdict { allowed_by: Some(rule.name.clone()), trace };
+                }
+                Err(why) => trace.push((rule.name.clone(), why)),
+            }
+        }
+        Verdict { allowed_by: None, trace }
+    }
+}
+
+impl Rule {
+    fn check(&self, caller: &Caller, request: &Request<'_>, path: &RequestPath<'_>) -> Result<(), String> {
+        let captures = match &self.route {
+            Route::Http { methods, path: pattern } => {
+                if !methods.is_empty() && !methods.iter().any(|m| m == request.method) {
+                    return Err(format!("the route is {} only", methods.join(", ")));
+                }
+                pattern.matches(path).ok_or_else(|| format!("the route is {}", pattern.as_str()))?
+            }
+            Route::Grpc { service, methods } => {
+                let fits = request.method == "POST"
+                    && path.grpc_method().is_some_and(|m| {
+                        m.service == service && (methods.is_empty() || methods.iter().any(|x| x == m.method))
+                    });
+                if !fits {
+                    return Err(format!("the route is gRPC {service}/{}", methods.join("|")));
+                }
+                BTreeMap::new()
+            }
+        };
+        if !self.admits(caller) {
+            return Err(format!("it does not admit {}", describe(caller)));
+        }
+        for c in &self.when {
+            let have =
+                field_of(caller, c.caller).ok_or_else(|| "the caller has no kind (a service account)".to_string())?;
+            let want = match &c.equals {
+                Operand::PathSegment(name) => captures.get(name.as_str()).map(|s| s.to_string()),
+                Operand::Header(name) => {
+                    let mut values = request.headers.iter().filter(|(n, _)| n.eq_ignore_ascii_case(name));
+                    match (values.next(), values.next()) {
+                        (Some(_), Some(_)) => return Err(format!("header {name} is sent more than once")),
+                        (value, _) => value.map(|(_, v)| v.to_string()),
+                    }
+                }
+                Operand::GrpcField(n) => {
+                    let message = grpc::first_message(request.body).map_err(|e| e.to_string())?;
+                    grpc::string_field(message, *n).map_err(|e| e.to_string())?.map(str::to_string)
+                }
+                Operand::Value(v) => Some(v.clone()),
+            };
+            if want.as_deref() != Some(have) {
+                return Err(format!(
+                    "the caller's {} is {have:?}, and {} is {}",
+                    field_name(c.caller),
+                    operand_name(&c.equals),
+                    want.map_or("absent".into(), |w| format!("{:?}", clip(&w)))
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn admits(&self, caller: &Caller) -> bool {
+        match caller {
+            Caller::Workload(id) => self.callers.workloads.as_ref().is_some_and(|w| {
+                (w.kinds.is_empty() || w.kinds.contains(&id.kind))
+                    && (w.namespaces.is_empty() || w.namespaces.contains(&id.namespace))
+            }),
+            Caller::ServiceAccount(sa) => {
+                self.callers.service_accounts.iter().any(|a| a.namespace == sa.namespace && a.name == sa.name)
+            }
+        }
+    }
+}
+
+fn field_of(caller: &Caller, field: CallerField) -> Option<&str> {
+    match (caller, field) {
+        (Caller::Workload(id), CallerField::Namespace) => Some(&id.namespace),
+        (Caller::Workload(id), CallerField::Name) => Some(&id.name),
+        (Caller::Workload(id), CallerField::Kind) => Some(&id.kind),
+        (Caller::ServiceAccount(sa), CallerField::Namespace) => Some(&sa.namespace),
+        (Caller::ServiceAccount(sa), CallerField::Name) => Some(&sa.name),
+        (Caller::ServiceAccount(_), CallerField::Kind) => None,
+    }
+}
+
+fn field_name(field: CallerField) -> &'static str {
+    match field {
+        CallerField::Namespace => "namespace",
+        CallerField::Name => "name",
+        CallerField::Kind => "kind",
+    }
+}
+
+fn operand_name(operand: &Operand) -> String {
+    match operand {
+        Operand::PathSegment(name) => format!("path segment {{{name}}}"),
+        Operand::Header(name) => format!("header {name}"),
+        Operand::GrpcField(n) => format!("gRPC field {n}"),
+        Operand::Value(_) => "the rule's value".into(),
+    }
+}
+
+fn describe(caller: &Caller) -> String {
+    match caller {
+        Caller::Workload(id) => format!("workload {id}"),
+        Caller::ServiceAccount(sa) => format!("service account {sa}"),
+    }
+}
+
+/// A request-supplied value, at most 64 characters, for a reason that is logged.
+fn clip(s: &str) -> String {
+    s.chars().take(64).collect()
+}

@@ -1,0 +1,210 @@
+//! The gate's rules on the requests of the systems keyward serves: the LMEvalJob driver's gRPC
+//! status call (docs/research/lmeval-grpc-status.md: `/LMEvalJobUpdateService/UpdateStatus`,
+//! `JobStatus` field 1 `job_name`, field 2 `job_namespace`, fms-lm-eval-service 38689a3) and a
+//! KFP-style agent calling the API server with a token.
+#![allow(clippy::unwrap_used)] // a panic is the test failure report
+
+use keyward_gate::config::load;
+use keyward_gate::identity::{ServiceAccount, WorkloadIdentity};
+use keyward_gate::route::RequestPath;
+use keyward_gate::rules::{Caller, Request, Verdict};
+
+const LMEVAL: &str = r#"
+apiVersion: keyward.io/v1alpha1
+kind: Gate
+metadata:
+  name: lmeval-status
+spec:
+  trustDomain: cluster.local
+  rules:
+    - name: a driver updates only its own job
+      grpc:
+        service: LMEvalJobUpdateService
+        methods: [UpdateStatus]
+      callers:
+        workloads:
+          kinds: [lmevaljob]
+      when:
+        - caller: name
+          equals: {grpcField: 1}
+        - caller: namespace
+          equals: {grpcField: 2}
+    - name: agents report runs in their namespace
+      http:
+        methods: [POST]
+        path: /apis/v1/namespaces/{namespace}/runs/{run}/report
+      callers:
+        serviceAccounts:
+          - {namespace: kubeflow, name: ml-pipeline-persistenceagent}
+      when:
+        - caller: namespace
+          equals: {pathSegment: namespace}
+"#;
+
+/// `JobStatus` as the driver encodes it: fields 1 to 5, strings.
+fn job_status(name: &str, namespace: &str) -> Vec<u8> {
+    let mut message = Vec::new();
+    for (field, value) in [(1u8, name), (2, namespace), (3, "Running"), (4, "NoReason"), (5, "step 2 of 4")] {
+        message.push(field << 3 | 2);
+        message.push(u8::try_from(value.len()).unwrap());
+        message.extend_from_slice(value.as_bytes());
+    }
+    let mut body = vec![0];
+    body.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
+    body.extend_from_slice(&message);
+    body
+}
+
+fn driver(namespace: &str, name: &str) -> Caller {
+    Caller::Workload(
+        WorkloadIdentity::parse(&format!("spiffe://cluster.local/ns/{namespace}/lmevaljob/{name}")).unwrap(),
+    )
+}
+
+fn decide(caller: &Caller, method: &str, path: &str, body: &[u8]) -> Verdict {
+    let gate = load("lmeval.yaml", LMEVAL).unwrap().gate;
+    let request = Request { method, path, headers: &[], body };
+    gate.decide(caller, &request, &RequestPath::parse(path).unwrap())
+}
+
+const UPDATE: &str = "/LMEvalJobUpdateService/UpdateStatus";
+
+#[test]
+fn a_driver_updates_its_own_job_and_no_other() {
+    let mine = decide(&driver("team-a", "evaljob-sample"), "POST", UPDATE, &job_status("evaljob-sample", "team-a"));
+    assert_eq!(mine.allowed_by.as_deref(), Some("a driver updates only its own job"), "{mine:?}");
+
+    let other = decide(&driver("team-a", "evaljob-sample"), "POST", UPDATE, &job_status("someone-else", "team-a"));
+    assert_eq!(other.allowed_by, None);
+    assert_eq!(
+        other.reason(),
+        "rule \"a driver updates only its own job\": the caller's name is \"evaljob-sample\", and gRPC field 1 is \"someone-else\""
+    );
+    let other_ns = decide(&driver("team-a", "evaljob-sample"), "POST", UPDATE, &job_status("evaljob-sample", "team-b"));
+    assert!(
+        other_ns.reason().contains("the caller's namespace is \"team-a\", and gRPC field 2 is \"team-b\""),
+        "{}",
+        other_ns.reason()
+    );
+}
+
+#[test]
+fn a_job_named_twice_in_one_message_is_refused() {
+    let mut body = job_status("evaljob-sample", "team-a");
+    // A second job_name after the driver's own: the server would take it.
+    body.extend_from_slice(&[1 << 3 | 2, 3, b'v', b'i', b'c']);
+    let len = u32::try_from(body.len() - 5).unwrap().to_be_bytes();
+    body[1..5].copy_from_slice(&len);
+    let v = decide(&driver("team-a", "evaljob-sample"), "POST", UPDATE, &body);
+    assert_eq!(v.allowed_by, None);
+    assert!(v.reason().contains("field 1 appears more than once"), "{}", v.reason());
+}
+
+#[test]
+fn another_owner_kind_or_trust_domain_is_not_admitted() {
+    let job = Caller::Workload(WorkloadIdentity::parse("spiffe://cluster.local/ns/team-a/job/evaljob-sample").unwrap());
+    let v = decide(&job, "POST", UPDATE, &job_status("evaljob-sample", "team-a"));
+    assert!(
+        v.reason().contains("it does not admit workload spiffe://cluster.local/ns/team-a/job/evaljob-sample"),
+        "{}",
+        v.reason()
+    );
+    let foreign =
+        Caller::Workload(WorkloadIdentity::parse("spiffe://other.org/ns/team-a/lmevaljob/evaljob-sample").unwrap());
+    let v = decide(&foreign, "POST", UPDATE, &job_status("evaljob-sample", "team-a"));
+    assert_eq!(
+        v.trace,
+        [("*".to_string(), "the identity's trust domain is \"other.org\", not \"cluster.local\"".to_string())]
+    );
+    assert_eq!(v.reason(), "the identity's trust domain is \"other.org\", not \"cluster.local\"");
+}
+
+#[test]
+fn a_service_account_acts_in_its_own_namespace_only() {
+    let agent = Caller::ServiceAccount(
+        ServiceAccount::parse("system:serviceaccount:kubeflow:ml-pipeline-persistenceagent").unwrap(),
+    );
+    let path = "/apis/v1/namespaces/kubeflow/runs/r-1/report";
+    assert_eq!(
+        decide(&agent, "POST", path, b"{}").allowed_by.as_deref(),
+        Some("agents report runs in their namespace")
+    );
+    let v = decide(&agent, "POST", "/apis/v1/namespaces/team-a/runs/r-1/report", b"{}");
+    assert!(
+        v.reason().contains("the caller's namespace is \"kubeflow\", and path segment {namespace} is \"team-a\""),
+        "{}",
+        v.reason()
+    );
+    let v = decide(&agent, "GET", path, b"");
+    assert_eq!(v.reason(), "no rule of this gate covers this method and path");
+    // Not a rule's route at all, for anyone: default deny.
+    let v =
+        decide(&driver("team-a", "x"), "POST", "/LMEvalJobUpdateService/DeleteEverything", &job_status("x", "team-a"));
+    assert_eq!(
+        (v.allowed_by.clone(), v.reason()),
+        (None, "no rule of this gate covers this method and path".to_string())
+    );
+}
+
+#[test]
+fn a_gate_file_reports_every_problem_at_once() {
+    let bad = r#"
+apiVersion: keyward.io/v1alpha1
+kind: Gate
+metadata: {name: broken}
+spec:
+  rules:
+    - name: both routes
+      http: {path: /a}
+      grpc: {service: S}
+      callers: {serviceAccounts: [{namespace: a, name: b}]}
+    - name: nobody
+      http: {methods: [get], path: "/a/{x}/{x}"}
+      callers: {}
+      when:
+        - {caller: kind, equals: {grpcField: 0}}
+    - name: certificates without a trust domain
+      grpc: {service: S}
+      callers: {workloads: {}}
+      when:
+        - {caller: name, equals: {pathSegment: job}}
+        - {caller: name, equals: {grpcField: 0}}
+    - name: wrong operands
+      http: {path: "/jobs/{name}"}
+      callers: {serviceAccounts: [{namespace: a, name: b}]}
+      when:
+        - {caller: name, equals: {pathSegment: job}}
+        - {caller: name, equals: {pathSegment: name}}
+        - {caller: name, equals: {grpcField: 1}}
+        - {caller: name, equals: {header: "x job"}}
+"#;
+    let problems = load("bad.yaml", bad).unwrap_err();
+    assert_eq!(
+        problems,
+        [
+            "bad.yaml: spec.rules[0] (\"both routes\"): give exactly one of http and grpc",
+            "bad.yaml: spec.rules[1] (\"nobody\").http.methods: \"get\" is not an HTTP method in upper case",
+            "bad.yaml: spec.rules[1] (\"nobody\").http.path: path pattern \"/a/{x}/{x}\" captures {x} twice",
+            "bad.yaml: spec.rules[1] (\"nobody\").callers admits no one: list workloads (client certificates) or serviceAccounts (tokens)",
+            "bad.yaml: spec.rules[1] (\"nobody\").when[0]: grpcField 0 is not a protobuf field number (1 to 536870911)",
+            "bad.yaml: spec.rules[1] (\"nobody\").when[0]: caller kind is a workload's; this rule admits only service accounts",
+            "bad.yaml: spec.rules[2] (\"certificates without a trust domain\").callers.workloads needs spec.trustDomain: the gate accepts workload identities of one trust domain",
+            "bad.yaml: spec.rules[2] (\"certificates without a trust domain\").when[0]: pathSegment needs an http route with a path pattern",
+            "bad.yaml: spec.rules[2] (\"certificates without a trust domain\").when[1]: grpcField 0 is not a protobuf field number (1 to 536870911)",
+            "bad.yaml: spec.rules[3] (\"wrong operands\").when[0]: path \"/jobs/{name}\" has no {job} to compare with",
+            "bad.yaml: spec.rules[3] (\"wrong operands\").when[2]: grpcField 1 needs a grpc route",
+            "bad.yaml: spec.rules[3] (\"wrong operands\").when[3]: header \"x job\" is not a header name",
+        ]
+    );
+    let typo = LMEVAL.replace("callers:\n        workloads", "callers:\n        workload");
+    let problems = load("typo.yaml", &typo).unwrap_err();
+    assert!(
+        problems[0]
+            .starts_with("typo.yaml (line 14 column 9): spec.rules[0].callers.workload: unknown field `workload`"),
+        "{problems:?}"
+    );
+    assert_eq!(
+        load("two.yaml", &format!("{LMEVAL}---\n{LMEVAL}")).unwrap_err(),
+        ["two.yaml: holds 2 documents; a gate file holds one (kind: Gate)"]
+    );
+}
