@@ -52,6 +52,12 @@ enum Command {
     Audit(Box<crate::audit::AuditArgs>),
     /// Validate the profiles and list them; exits non-zero with every problem found.
     CheckProfiles(ProfileArgs),
+    /// Validate a gate file (keyward gate's rules), every problem at once; with --caller and
+    /// --request, say which rule allows the request, or why none does.
+    ///
+    /// Exits 0 when the file is valid (and the request allowed), 3 when the request is
+    /// refused, 1 on bad input.
+    CheckGate(crate::gate::CheckGateArgs),
     /// Print Kubernetes manifests generated from the profiles.
     #[command(subcommand)]
     Manifests(ManifestsCommand),
@@ -150,6 +156,7 @@ impl Cli {
             }
             Command::Certs(command) => crate::certs::run(command),
             Command::Audit(args) => crate::audit::run(*args),
+            Command::CheckGate(args) => crate::gate::check(&args),
             Command::Version => {
                 print!("{}", crate::build::describe());
                 Ok(ExitCode::SUCCESS)

@@ -7,6 +7,7 @@ mod certs;
 mod cli;
 mod controller;
 mod explain;
+mod gate;
 mod kubeconfig;
 mod logging;
 mod manifests;

@@ -1,4 +1,4 @@
-//! Black-box tests of `keyward explain` and `keyward check-profiles`: the real binary, real files.
+//! Black-box tests of `keyward explain`, `keyward check-profiles` and `keyward check-gate`: the real binary, real files.
 #![allow(clippy::unwrap_used)] // a panic is the test failure report
 
 use std::io::Write;
@@ -469,4 +469,63 @@ fn explain_several_documents_and_lists_one_report_each_and_exits_3_if_any_is_ref
     assert!(out.contains("subject:    Pod team-a/evaljob-sample"), "{out}");
     assert!(out.contains("decision:   DENIED (requester-denied)"), "{out}");
     assert!(out.contains("decision:   allowed (requester-skipped)"), "{out}");
+}
+
+#[test]
+fn check_gate_validates_the_recipe_and_decides_a_request_offline() {
+    let recipe = "gate/recipes/lmeval-status.yaml";
+    let o = keyward(&["check-gate", recipe], None);
+    assert_eq!((o.status.code(), stdout(&o)), (Some(0), format!("gate \"lmeval-status\" OK ({recipe})\n")));
+
+    let driver = "spiffe://cluster.local/ns/team-a/lmevaljob/evaljob-sample";
+    let update = "POST /LMEvalJobUpdateService/UpdateStatus";
+    let ask = |job: &str| {
+        let fields = [format!("1={job}"), "2=team-a".to_string(), "3=Running".to_string()];
+        let mut args = vec!["check-gate", recipe, "--caller", driver, "--request", update];
+        for f in &fields {
+            args.extend(["--grpc-field", f.as_str()]);
+        }
+        keyward(&args, None)
+    };
+    let o = ask("evaljob-sample");
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(
+        stdout(&o),
+        "  a driver updates only its own job: allows it\nallowed by rule \"a driver updates only its own job\"\n"
+    );
+    let o = ask("another-job");
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert!(
+        stdout(&o).ends_with("refused: rule \"a driver updates only its own job\": the caller's name is \"evaljob-sample\", and gRPC field 1 is \"another-job\"\n"),
+        "{}",
+        stdout(&o)
+    );
+    // A path the gate will not judge, a caller that is no identity: one clear line, exit 1.
+    let o = keyward(
+        &["check-gate", recipe, "--caller", driver, "--request", "POST /a/../LMEvalJobUpdateService/UpdateStatus"],
+        None,
+    );
+    assert_one_line_error(
+        &o,
+        "path \"/a/../LMEvalJobUpdateService/UpdateStatus\": has a '.' or '..' segment; send the path without it",
+    );
+    let o = keyward(
+        &["check-gate", recipe, "--caller", "spiffe://cluster.local/ns/team-a/lmevaljob/%2e%2e", "--request", update],
+        None,
+    );
+    assert_one_line_error(&o, "SPIFFE ID \"spiffe://cluster.local/ns/team-a/lmevaljob/%2e%2e\": holds '%': keyward's identities are plain Kubernetes names, never encoded, with no port, query or fragment");
+}
+
+#[test]
+fn check_gate_reports_every_problem_of_a_bad_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gate.yaml");
+    std::fs::write(&path, "apiVersion: keyward.io/v1alpha1\nkind: Gate\nmetadata: {name: g}\nspec:\n  rules:\n    - name: r\n      http: {path: /a}\n      callers: {}\n      when: [{caller: name, equals: {pathSegment: x}}]\n").unwrap();
+    let o = keyward(&["check-gate", path.to_str().unwrap()], None);
+    assert_eq!(o.status.code(), Some(1));
+    let file = path.display();
+    assert_eq!(
+        stderr(&o),
+        format!("keyward: error: gate file refused:\n  {file}: spec.rules[0] (\"r\").callers admits no one: list workloads (client certificates) or serviceAccounts (tokens)\n  {file}: spec.rules[0] (\"r\").when[0]: path \"/a\" has no {{x}} to compare with\n")
+    );
 }

@@ -102,6 +102,28 @@ pub fn string_field(message: &[u8], number: u32) -> Result<Option<&str>, Error> 
     Ok(found)
 }
 
+/// A gRPC request body of one message holding string `fields` in the order given, for a dry
+/// run (`keyward check-gate --grpc-field`) and for tests.
+pub fn encode_strings(fields: &[(u32, &str)]) -> Vec<u8> {
+    fn varint(out: &mut Vec<u8>, mut v: u64) {
+        while v >= 0x80 {
+            out.push((v & 0x7f) as u8 | 0x80);
+            v >>= 7;
+        }
+        out.push(v as u8);
+    }
+    let mut message = Vec::new();
+    for (number, value) in fields {
+        varint(&mut message, u64::from(*number) << 3 | 2);
+        varint(&mut message, value.len() as u64);
+        message.extend_from_slice(value.as_bytes());
+    }
+    let mut body = vec![0];
+    body.extend_from_slice(&u32::try_from(message.len()).unwrap_or(u32::MAX).to_be_bytes());
+    body.extend_from_slice(&message);
+    body
+}
+
 /// A base-128 varint at `*at`: at most 10 bytes, and no bits past 64.
 fn varint(bytes: &[u8], at: &mut usize) -> Result<u64, Error> {
     let mut value: u64 = 0;
@@ -254,6 +276,15 @@ mod tests {
             let e = text(first_message(body).unwrap_err());
             assert!(e.starts_with(&format!("gRPC request: {want}")), "{body:?}: {e}");
         }
+    }
+
+    #[test]
+    fn an_encoded_body_reads_back() {
+        let body = encode_strings(&[(1, "evaljob-sample"), (2, "team-a"), (300, &"x".repeat(200))]);
+        let message = first_message(&body).unwrap();
+        assert_eq!(string_field(message, 1).unwrap(), Some("evaljob-sample"));
+        assert_eq!(string_field(message, 2).unwrap(), Some("team-a"));
+        assert_eq!(string_field(message, 300).unwrap().map(str::len), Some(200));
     }
 
     proptest! {

@@ -1,0 +1,79 @@
+//! `keyward check-gate`: a gate file checked, and optionally a request decided offline, as
+//! `keyward gate` would decide it (the rules are `keyward-gate`'s; the transport comes next).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context as _};
+use clap::Args;
+use keyward_gate::identity::{ServiceAccount, WorkloadIdentity};
+use keyward_gate::route::RequestPath;
+use keyward_gate::rules::{Caller, Request};
+
+#[derive(Debug, Args)]
+pub struct CheckGateArgs {
+    /// The gate file (apiVersion keyward.io/v1alpha1, kind Gate).
+    file: PathBuf,
+    /// Who calls: a keyward workload identity (spiffe://TRUST-DOMAIN/ns/NAMESPACE/KIND/NAME)
+    /// or a service account (system:serviceaccount:NAMESPACE:NAME).
+    #[arg(long, requires = "request", value_name = "IDENTITY")]
+    caller: Option<String>,
+    /// The request: `METHOD PATH` (`POST /LMEvalJobUpdateService/UpdateStatus` for gRPC).
+    #[arg(long, requires = "caller", value_name = "METHOD PATH")]
+    request: Option<String>,
+    /// A request header, `NAME: VALUE` (repeat for more).
+    #[arg(long = "header", value_name = "NAME: VALUE")]
+    headers: Vec<String>,
+    /// A string field of the gRPC request's message, `NUMBER=VALUE` (repeat for more; in order).
+    #[arg(long = "grpc-field", value_name = "NUMBER=VALUE")]
+    grpc_fields: Vec<String>,
+}
+
+pub fn check(args: &CheckGateArgs) -> anyhow::Result<ExitCode> {
+    let source = args.file.display().to_string();
+    let text = std::fs::read_to_string(&args.file).with_context(|| format!("cannot read {source}"))?;
+    let loaded = match keyward_gate::config::load(&source, &text) {
+        Ok(loaded) => loaded,
+        Err(problems) => bail!("gate file refused:\n  {}", problems.join("\n  ")),
+    };
+    let (Some(caller), Some(request)) = (&args.caller, &args.request) else {
+        println!("gate {:?} OK ({source})", loaded.name);
+        return Ok(ExitCode::SUCCESS);
+    };
+    let caller = if caller.starts_with("spiffe://") {
+        Caller::Workload(WorkloadIdentity::parse(caller)?)
+    } else {
+        Caller::ServiceAccount(ServiceAccount::parse(caller)?)
+    };
+    let Some((method, path)) = request.split_once(' ') else {
+        bail!("--request {request:?}: write METHOD PATH, as `POST /LMEvalJobUpdateService/UpdateStatus`");
+    };
+    let path = path.split_once('?').map_or(path, |(p, _)| p);
+    let mut headers = Vec::new();
+    for h in &args.headers {
+        let Some((name, value)) = h.split_once(':') else { bail!("--header {h:?}: write NAME: VALUE") };
+        headers.push((name.trim(), value.trim()));
+    }
+    let mut fields = Vec::new();
+    for f in &args.grpc_fields {
+        let parsed = f.split_once('=').and_then(|(n, v)| Some((n.parse::<u32>().ok()?, v)));
+        let Some(field) = parsed else { bail!("--grpc-field {f:?}: write NUMBER=VALUE, as 1=evaljob-sample") };
+        fields.push(field);
+    }
+    let body = if fields.is_empty() { Vec::new() } else { keyward_gate::grpc::encode_strings(&fields) };
+    let checked = RequestPath::parse(path)?;
+    let verdict = loaded.gate.decide(&caller, &Request { method, path, headers: &headers, body: &body }, &checked);
+    for (rule, why) in &verdict.trace {
+        println!("  {rule}: {why}");
+    }
+    match &verdict.allowed_by {
+        Some(rule) => {
+            println!("allowed by rule {rule:?}");
+            Ok(ExitCode::SUCCESS)
+        }
+        None => {
+            println!("refused: {}", verdict.reason());
+            Ok(ExitCode::from(3))
+        }
+    }
+}
