@@ -5,9 +5,11 @@
 
 pub mod config;
 pub mod grpc;
+pub mod headers;
 pub mod identity;
 pub mod route;
 pub mod rules;
+pub mod token_cache;
 
 /// Why a caller or a request cannot be read. Each message names what was wrong and, where the
 /// caller can fix it, how.
