@@ -62,14 +62,33 @@ pub fn check(args: &CheckGateArgs) -> anyhow::Result<ExitCode> {
     }
     let body = if fields.is_empty() { Vec::new() } else { keyward_gate::grpc::encode_strings(&fields) };
     let checked = RequestPath::parse(path)?;
-    let verdict = loaded.gate.decide(&caller, &Request { method, path, headers: &headers, body: &body }, &checked);
+    let request = Request { method, path, headers: &headers, body: &body };
+    // Offline, no SubjectAccessReview can be asked: those a rule needs are printed.
+    let verdict = loaded.gate.decide(&caller, &request, &checked, &|_| None);
     for (rule, why) in &verdict.trace {
         println!("  {rule}: {why}");
+    }
+    for r in &verdict.pending {
+        println!(
+            "  would ask the API server: may {} {} {}{}{} (group {:?}, namespace {:?}, name {:?})",
+            r.user,
+            r.verb,
+            r.resource,
+            if r.subresource.is_empty() { "" } else { "/" },
+            r.subresource,
+            r.group,
+            r.namespace,
+            r.name
+        );
     }
     match &verdict.allowed_by {
         Some(rule) => {
             println!("allowed by rule {rule:?}");
             Ok(ExitCode::SUCCESS)
+        }
+        None if !verdict.pending.is_empty() => {
+            println!("not allowed offline: the API server's answer to the SubjectAccessReview above decides");
+            Ok(ExitCode::from(3))
         }
         None => {
             println!("refused: {}", verdict.reason());

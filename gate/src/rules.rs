@@ -37,6 +37,41 @@ pub struct RuleSpec {
     pub callers: Callers,
     #[serde(default)]
     pub when: Vec<Condition>,
+    /// Asked of the API server once the conditions hold, as kube-rbac-proxy's
+    /// `resourceAttributes` are: the rule allows only if it says yes.
+    #[serde(default)]
+    pub subject_access_review: Option<ReviewSpec>,
+}
+
+/// A SubjectAccessReview's resource attributes. Each value is a literal or one whole
+/// reference: `{caller.namespace}`, `{caller.name}`, `{path.NAME}`, `{header.NAME}`,
+/// `{grpc.NUMBER}` (never text around one, so nothing a request sends can splice a value).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ReviewSpec {
+    pub verb: String,
+    #[serde(default)]
+    pub group: String,
+    pub resource: String,
+    #[serde(default)]
+    pub subresource: String,
+    #[serde(default)]
+    pub namespace: String,
+    #[serde(default)]
+    pub name: String,
+}
+
+/// A SubjectAccessReview to ask: who (the caller's user, without groups, as the ODH router and
+/// KFP ask it) and what.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AccessReview {
+    pub user: String,
+    pub verb: String,
+    pub group: String,
+    pub resource: String,
+    pub subresource: String,
+    pub namespace: String,
+    pub name: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -68,6 +103,10 @@ pub struct Callers {
     /// Service accounts (bearer tokens checked with TokenReview).
     #[serde(default)]
     pub service_accounts: Vec<AccountRef>,
+    /// Any service account whose token the TokenReview accepts: for a rule whose
+    /// `subjectAccessReview` decides, as the ODH InferenceGraph router's does.
+    #[serde(default)]
+    pub any_service_account: bool,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -132,6 +171,7 @@ struct Rule {
     route: Route,
     callers: Callers,
     when: Vec<Condition>,
+    review: Option<ReviewSpec>,
 }
 
 #[derive(Debug, Clone)]
@@ -202,7 +242,12 @@ impl Gate {
                 }
             };
             let workloads = r.callers.workloads.is_some();
-            if !workloads && r.callers.service_accounts.is_empty() {
+            if r.callers.any_service_account && r.subject_access_review.is_none() {
+                problems.push(format!(
+                    "{at}.callers.anyServiceAccount admits every account in the cluster; give the rule a subjectAccessReview, or list serviceAccounts"
+                ));
+            }
+            if !workloads && r.callers.service_accounts.is_empty() && !r.callers.any_service_account {
                 problems.push(format!(
                     "{at}.callers admits no one: list workloads (client certificates) or serviceAccounts (tokens)"
                 ));
@@ -240,8 +285,32 @@ impl Gate {
                     problems.push(format!("{at}: caller kind is a workload's; this rule admits only service accounts"));
                 }
             }
+            if let Some(review) = &r.subject_access_review {
+                let values = [
+                    ("verb", &review.verb),
+                    ("group", &review.group),
+                    ("resource", &review.resource),
+                    ("subresource", &review.subresource),
+                    ("namespace", &review.namespace),
+                    ("name", &review.name),
+                ];
+                for (field, value) in values {
+                    if let Err(e) = Reference::parse(value).and_then(|reference| reference.fits(route.as_ref())) {
+                        problems.push(format!("{at}.subjectAccessReview.{field}: {e}"));
+                    }
+                }
+                if review.verb.is_empty() || review.resource.is_empty() {
+                    problems.push(format!("{at}.subjectAccessReview needs a verb and a resource"));
+                }
+            }
             if let Some(route) = route {
-                rules.push(Rule { name: r.name, route, callers: r.callers, when: r.when });
+                rules.push(Rule {
+                    name: r.name,
+                    route,
+                    callers: r.callers,
+                    when: r.when,
+                    review: r.subject_access_review,
+                });
             }
         }
         if problems.is_empty() {
@@ -276,10 +345,13 @@ pub struct Request<'r> {
 /// What the gate does with a request, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verdict {
-    /// The rule that allowed it; `None`: refused.
+    /// The rule that allowed it; `None`: refused, unless `pending` has reviews to ask.
     pub allowed_by: Option<String>,
     /// Why each rule did not allow it (or, for the one that did, that it did), in order.
     pub trace: Vec<(String, String)>,
+    /// SubjectAccessReviews whose answers the decision awaits: ask them (or the cache), then
+    /// decide again with the answers. Empty once the verdict is final.
+    pub pending: Vec<AccessReview>,
 }
 
 impl Verdict {
@@ -300,35 +372,65 @@ impl Verdict {
 }
 
 impl Gate {
-    /// Decides on a request from `caller`. Pure: the transport has verified the caller, and a
-    /// path the gate will not judge was refused before.
-    pub fn decide(&self, caller: &Caller, request: &Request<'_>, path: &RequestPath<'_>) -> Verdict {
+    /// Decides on a request from `caller`. Pure: the transport has verified the caller, a path
+    /// the gate will not judge was refused before, and `reviews` answers the SubjectAccessReviews
+    /// it knows (`None`: not asked yet; they come back in [`Verdict::pending`]).
+    pub fn decide(
+        &self,
+        caller: &Caller,
+        request: &Request<'_>,
+        path: &RequestPath<'_>,
+        reviews: &dyn Fn(&AccessReview) -> Option<bool>,
+    ) -> Verdict {
         let mut trace = Vec::new();
         if let (Caller::Workload(id), Some(td)) = (caller, &self.trust_domain) {
             if id.trust_domain != *td {
                 trace.push(("*".into(), format!("the identity's trust domain is {:?}, not {td:?}", id.trust_domain)));
-                return Verdict { allowed_by: None, trace };
+                return Verdict { allowed_by: None, trace, pending: Vec::new() };
             }
         }
+        let mut pending = Vec::new();
         for rule in &self.rules {
-            match rule.check(caller, request, path) {
+            match rule.check(caller, request, path, reviews) {
                 Ok(()) => {
                     trace.push((rule.name.clone(), "allows it".into()));
-                    return Verdict { allowed_by: Some(rule.name.clone()), trace };
+                    return Verdict { allowed_by: Some(rule.name.clone()), trace, pending: Vec::new() };
                 }
-                Err(why) => trace.push((rule.name.clone(), why)),
+                Err(Failed::Awaits(review)) => {
+                    trace.push((rule.name.clone(), "awaits the API server's SubjectAccessReview".into()));
+                    pending.push(*review);
+                }
+                Err(Failed::Because(why)) => trace.push((rule.name.clone(), why)),
             }
         }
-        Verdict { allowed_by: None, trace }
+        Verdict { allowed_by: None, trace, pending }
+    }
+}
+
+/// Why a rule did not allow a request.
+enum Failed {
+    Because(String),
+    Awaits(Box<AccessReview>),
+}
+
+impl From<String> for Failed {
+    fn from(why: String) -> Self {
+        Self::Because(why)
     }
 }
 
 impl Rule {
-    fn check(&self, caller: &Caller, request: &Request<'_>, path: &RequestPath<'_>) -> Result<(), String> {
+    fn check(
+        &self,
+        caller: &Caller,
+        request: &Request<'_>,
+        path: &RequestPath<'_>,
+        reviews: &dyn Fn(&AccessReview) -> Option<bool>,
+    ) -> Result<(), Failed> {
         let captures = match &self.route {
             Route::Http { methods, path: pattern } => {
                 if !methods.is_empty() && !methods.iter().any(|m| m == request.method) {
-                    return Err(format!("the route is {} only", methods.join(", ")));
+                    return Err(format!("the route is {} only", methods.join(", ")).into());
                 }
                 pattern.matches(path).ok_or_else(|| format!("the route is {}", pattern.as_str()))?
             }
@@ -338,42 +440,59 @@ impl Rule {
                         m.service == service && (methods.is_empty() || methods.iter().any(|x| x == m.method))
                     });
                 if !fits {
-                    return Err(format!("the route is gRPC {service}/{}", methods.join("|")));
+                    return Err(format!("the route is gRPC {service}/{}", methods.join("|")).into());
                 }
                 BTreeMap::new()
             }
         };
         if !self.admits(caller) {
-            return Err(format!("it does not admit {}", describe(caller)));
+            return Err(format!("it does not admit {}", describe(caller)).into());
         }
         for c in &self.when {
             let have =
                 field_of(caller, c.caller).ok_or_else(|| "the caller has no kind (a service account)".to_string())?;
-            let want = match &c.equals {
-                Operand::PathSegment(name) => captures.get(name.as_str()).map(|s| s.to_string()),
-                Operand::Header(name) => {
-                    let mut values = request.headers.iter().filter(|(n, _)| n.eq_ignore_ascii_case(name));
-                    match (values.next(), values.next()) {
-                        (Some(_), Some(_)) => return Err(format!("header {name} is sent more than once")),
-                        (value, _) => value.map(|(_, v)| v.to_string()),
-                    }
-                }
-                Operand::GrpcField(n) => {
-                    let message = grpc::first_message(request.body).map_err(|e| e.to_string())?;
-                    grpc::string_field(message, *n).map_err(|e| e.to_string())?.map(str::to_string)
-                }
-                Operand::Value(v) => Some(v.clone()),
-            };
+            let want = operand(&c.equals, request, &captures)?;
             if want.as_deref() != Some(have) {
                 return Err(format!(
                     "the caller's {} is {have:?}, and {} is {}",
                     field_name(c.caller),
                     operand_name(&c.equals),
                     want.map_or("absent".into(), |w| format!("{:?}", clip(&w)))
-                ));
+                )
+                .into());
             }
         }
-        Ok(())
+        let Some(spec) = &self.review else { return Ok(()) };
+        let value = |template: &str| -> Result<String, String> {
+            match Reference::parse(template)? {
+                Reference::Literal(s) => Ok(s.to_string()),
+                Reference::Caller(field) => Ok(field_of(caller, field).unwrap_or_default().to_string()),
+                Reference::Operand(o) => operand(&o, request, &captures)?
+                    .ok_or_else(|| format!("{} is absent, and the SubjectAccessReview needs it", operand_name(&o))),
+            }
+        };
+        let review = AccessReview {
+            user: match caller {
+                Caller::Workload(id) => id.to_string(),
+                Caller::ServiceAccount(sa) => sa.to_string(),
+            },
+            verb: value(&spec.verb)?,
+            group: value(&spec.group)?,
+            resource: value(&spec.resource)?,
+            subresource: value(&spec.subresource)?,
+            namespace: value(&spec.namespace)?,
+            name: value(&spec.name)?,
+        };
+        match reviews(&review) {
+            Some(true) => Ok(()),
+            Some(false) => Err(Failed::Because(format!(
+                "the API server does not allow {} to {} {}",
+                review.user,
+                review.verb,
+                describe_review(&review)
+            ))),
+            None => Err(Failed::Awaits(Box::new(review))),
+        }
     }
 
     fn admits(&self, caller: &Caller) -> bool {
@@ -383,10 +502,98 @@ impl Rule {
                     && (w.namespaces.is_empty() || w.namespaces.contains(&id.namespace))
             }),
             Caller::ServiceAccount(sa) => {
-                self.callers.service_accounts.iter().any(|a| a.namespace == sa.namespace && a.name == sa.name)
+                self.callers.any_service_account
+                    || self.callers.service_accounts.iter().any(|a| a.namespace == sa.namespace && a.name == sa.name)
             }
         }
     }
+}
+
+/// The value an operand names in this request (`None`: absent).
+fn operand(o: &Operand, request: &Request<'_>, captures: &BTreeMap<&str, &str>) -> Result<Option<String>, String> {
+    Ok(match o {
+        Operand::PathSegment(name) => captures.get(name.as_str()).map(|s| s.to_string()),
+        Operand::Header(name) => {
+            let mut values = request.headers.iter().filter(|(n, _)| n.eq_ignore_ascii_case(name));
+            match (values.next(), values.next()) {
+                (Some(_), Some(_)) => return Err(format!("header {name} is sent more than once")),
+                (value, _) => value.map(|(_, v)| v.to_string()),
+            }
+        }
+        Operand::GrpcField(n) => {
+            let message = grpc::first_message(request.body).map_err(|e| e.to_string())?;
+            grpc::string_field(message, *n).map_err(|e| e.to_string())?.map(str::to_string)
+        }
+        Operand::Value(v) => Some(v.clone()),
+    })
+}
+
+/// A SubjectAccessReview attribute as written: a literal, or one whole reference.
+enum Reference<'t> {
+    Literal(&'t str),
+    Caller(CallerField),
+    Operand(Operand),
+}
+
+impl<'t> Reference<'t> {
+    fn parse(template: &'t str) -> Result<Self, String> {
+        let Some(inner) = template.strip_prefix('{').and_then(|t| t.strip_suffix('}')) else {
+            if template.contains(['{', '}']) {
+                return Err(format!(
+                    "{template:?} mixes text with a reference; a value is a literal or one whole {{reference}}"
+                ));
+            }
+            return Ok(Self::Literal(template));
+        };
+        let (source, key) = inner.split_once('.').unwrap_or((inner, ""));
+        Ok(match (source, key) {
+            ("caller", "namespace") => Self::Caller(CallerField::Namespace),
+            ("caller", "name") => Self::Caller(CallerField::Name),
+            ("caller", "kind") => Self::Caller(CallerField::Kind),
+            ("path", k) if !k.is_empty() => Self::Operand(Operand::PathSegment(k.to_string())),
+            ("header", k) if !k.is_empty() => Self::Operand(Operand::Header(k.to_string())),
+            ("grpc", k) => match k.parse::<u32>() {
+                Ok(n) if n > 0 && n <= MAX_FIELD_NUMBER => Self::Operand(Operand::GrpcField(n)),
+                _ => return Err(format!("{template:?}: {{grpc.N}} takes a protobuf field number")),
+            },
+            _ => {
+                return Err(format!(
+                    "{template:?} is not a reference; use {{caller.namespace}}, {{caller.name}}, {{path.NAME}}, {{header.NAME}} or {{grpc.N}}"
+                ))
+            }
+        })
+    }
+
+    /// Whether the route can give what the reference names.
+    fn fits(&self, route: Option<&Route>) -> Result<(), String> {
+        match (self, route) {
+            (Self::Operand(Operand::PathSegment(name)), Some(Route::Http { path, .. })) => {
+                if path.captures().any(|n| n == name) {
+                    Ok(())
+                } else {
+                    Err(format!("path {:?} has no {{{name}}}", path.as_str()))
+                }
+            }
+            (Self::Operand(Operand::PathSegment(_)), _) => Err("{path.…} needs an http route".into()),
+            (Self::Operand(Operand::GrpcField(_)), Some(Route::Http { .. })) => {
+                Err("{grpc.…} needs a grpc route".into())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+fn describe_review(r: &AccessReview) -> String {
+    let resource = match (r.group.as_str(), r.subresource.as_str()) {
+        ("", "") => r.resource.clone(),
+        ("", sub) => format!("{}/{sub}", r.resource),
+        (group, "") => format!("{}.{group}", r.resource),
+        (group, sub) => format!("{}.{group}/{sub}", r.resource),
+    };
+    let name = if r.name.is_empty() { String::new() } else { format!(" {:?}", clip(&r.name)) };
+    let namespace =
+        if r.namespace.is_empty() { String::new() } else { format!(" in namespace {:?}", clip(&r.namespace)) };
+    format!("{resource}{name}{namespace}")
 }
 
 fn field_of(caller: &Caller, field: CallerField) -> Option<&str> {

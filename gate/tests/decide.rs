@@ -7,7 +7,7 @@
 use keyward_gate::config::load;
 use keyward_gate::identity::{ServiceAccount, WorkloadIdentity};
 use keyward_gate::route::RequestPath;
-use keyward_gate::rules::{Caller, Request, Verdict};
+use keyward_gate::rules::{AccessReview, Caller, Request, Verdict};
 
 const LMEVAL: &str = r#"
 apiVersion: keyward.io/v1alpha1
@@ -64,7 +64,7 @@ fn driver(namespace: &str, name: &str) -> Caller {
 fn decide(caller: &Caller, method: &str, path: &str, body: &[u8]) -> Verdict {
     let gate = load("lmeval.yaml", LMEVAL).unwrap().gate;
     let request = Request { method, path, headers: &[], body };
-    gate.decide(caller, &request, &RequestPath::parse(path).unwrap())
+    gate.decide(caller, &request, &RequestPath::parse(path).unwrap(), &|_| None)
 }
 
 const UPDATE: &str = "/LMEvalJobUpdateService/UpdateStatus";
@@ -206,5 +206,78 @@ spec:
     assert_eq!(
         load("two.yaml", &format!("{LMEVAL}---\n{LMEVAL}")).unwrap_err(),
         ["two.yaml: holds 2 documents; a gate file holds one (kind: Gate)"]
+    );
+}
+
+/// The ODH InferenceGraph router's check (docs/research/token-endpoints.md: opendatahub-io/kserve
+/// 3cf0a04, cmd/router/main.go): any token the TokenReview accepts, then a SubjectAccessReview
+/// for `get` on the graph in its namespace, the caller's user only.
+const ROUTER: &str = r#"
+apiVersion: keyward.io/v1alpha1
+kind: Gate
+metadata: {name: inference-graph}
+spec:
+  rules:
+    - name: callers who may get the graph
+      http: {path: "/graphs/{graph}/**"}
+      callers: {anyServiceAccount: true}
+      subjectAccessReview:
+        verb: get
+        group: serving.kserve.io
+        resource: inferencegraphs
+        namespace: "{caller.namespace}"
+        name: "{path.graph}"
+"#;
+
+#[test]
+fn a_subject_access_review_is_asked_then_decides() {
+    let gate = load("router.yaml", ROUTER).unwrap().gate;
+    let client = Caller::ServiceAccount(ServiceAccount::parse("system:serviceaccount:team-a:client").unwrap());
+    let path = "/graphs/my-graph/v1/predict";
+    let request = Request { method: "POST", path, headers: &[], body: b"{}" };
+    let checked = RequestPath::parse(path).unwrap();
+    let review = AccessReview {
+        user: "system:serviceaccount:team-a:client".into(),
+        verb: "get".into(),
+        group: "serving.kserve.io".into(),
+        resource: "inferencegraphs".into(),
+        subresource: String::new(),
+        namespace: "team-a".into(),
+        name: "my-graph".into(),
+    };
+    // Not asked yet: the verdict says what to ask.
+    let v = gate.decide(&client, &request, &checked, &|_| None);
+    assert_eq!((v.allowed_by.as_deref(), v.pending.clone()), (None, vec![review.clone()]));
+    // Asked: yes allows, no refuses saying what the API server would not allow.
+    let v = gate.decide(&client, &request, &checked, &|r| Some(*r == review));
+    assert_eq!(v.allowed_by.as_deref(), Some("callers who may get the graph"));
+    let v = gate.decide(&client, &request, &checked, &|_| Some(false));
+    assert!(v.pending.is_empty());
+    assert_eq!(
+        v.reason(),
+        "rule \"callers who may get the graph\": the API server does not allow system:serviceaccount:team-a:client to get inferencegraphs.serving.kserve.io \"my-graph\" in namespace \"team-a\""
+    );
+}
+
+#[test]
+fn a_review_is_written_of_whole_references_only() {
+    let bad = ROUTER
+        .replace("\"{caller.namespace}\"", "\"ns-{caller.namespace}\"")
+        .replace("\"{path.graph}\"", "\"{path.grpah}\"")
+        .replace("verb: get", "verb: \"{nope}\"");
+    assert_eq!(
+        load("bad.yaml", &bad).unwrap_err(),
+        [
+            "bad.yaml: spec.rules[0] (\"callers who may get the graph\").subjectAccessReview.verb: \"{nope}\" is not a reference; use {caller.namespace}, {caller.name}, {path.NAME}, {header.NAME} or {grpc.N}",
+            "bad.yaml: spec.rules[0] (\"callers who may get the graph\").subjectAccessReview.namespace: \"ns-{caller.namespace}\" mixes text with a reference; a value is a literal or one whole {reference}",
+            "bad.yaml: spec.rules[0] (\"callers who may get the graph\").subjectAccessReview.name: path \"/graphs/{graph}/**\" has no {grpah}",
+        ]
+    );
+    let open = ROUTER.replace("      subjectAccessReview:", "      x-subjectAccessReview:");
+    assert!(load("open.yaml", &open).unwrap_err().iter().any(|p| p.contains("unknown field `x-subjectAccessReview`")));
+    let no_review = ROUTER.split("      subjectAccessReview:").next().unwrap().to_string();
+    assert_eq!(
+        load("open.yaml", &no_review).unwrap_err(),
+        ["open.yaml: spec.rules[0] (\"callers who may get the graph\").callers.anyServiceAccount admits every account in the cluster; give the rule a subjectAccessReview, or list serviceAccounts"]
     );
 }
