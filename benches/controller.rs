@@ -40,7 +40,9 @@ fn memory(pid: u32) -> (f64, f64) {
 /// The controller container's environment variable `name` in deploy/base/controller.yaml (the
 /// benchmark runs the controller as the Deployment does).
 fn deployed_env(name: &str) -> String {
-    let manifest = include_str!("../deploy/base/controller.yaml");
+    // Read when run, not included at build: the image's build context leaves deploy/ out.
+    let manifest =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/base/controller.yaml")).unwrap();
     let mut lines = manifest.lines().skip_while(|l| l.trim() != format!("- name: {name}"));
     lines
         .nth(1)
