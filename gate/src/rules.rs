@@ -23,6 +23,11 @@ pub struct GateSpec {
     /// `--trust-domain`); identities of any other are refused.
     #[serde(default)]
     pub trust_domain: Option<String>,
+    /// Headers the upstream reads as an identity, beyond those the gate always strips
+    /// ([`crate::headers::claims_identity`]): KFP's API server trusts `kubeflow-userid` before
+    /// any token, so a gate in front of it strips that (its name is the server's setting).
+    #[serde(default)]
+    pub strip_headers: Vec<String>,
     pub rules: Vec<RuleSpec>,
 }
 
@@ -162,6 +167,8 @@ pub enum Operand {
 #[derive(Debug, Clone)]
 pub struct Gate {
     trust_domain: Option<String>,
+    /// Lower case.
+    strip_headers: Vec<String>,
     rules: Vec<Rule>,
 }
 
@@ -197,6 +204,11 @@ impl Gate {
         }
         if spec.rules.is_empty() {
             problems.push("spec.rules is empty: the gate would refuse every request".into());
+        }
+        for h in &spec.strip_headers {
+            if h.is_empty() || !h.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
+                problems.push(format!("spec.stripHeaders: {h:?} is not a header name"));
+            }
         }
         let mut rules = Vec::new();
         let mut names = Vec::new();
@@ -314,7 +326,8 @@ impl Gate {
             }
         }
         if problems.is_empty() {
-            Ok(Self { trust_domain: spec.trust_domain, rules })
+            let strip_headers = spec.strip_headers.iter().map(|h| h.to_ascii_lowercase()).collect();
+            Ok(Self { trust_domain: spec.trust_domain, strip_headers, rules })
         } else {
             Err(problems)
         }
@@ -372,6 +385,12 @@ impl Verdict {
 }
 
 impl Gate {
+    /// Whether a client-sent header must not reach the upstream: one that claims an identity
+    /// ([`crate::headers::claims_identity`]) or one this gate's file lists.
+    pub fn strips(&self, name: &str) -> bool {
+        crate::headers::claims_identity(name) || self.strip_headers.iter().any(|h| h.eq_ignore_ascii_case(name))
+    }
+
     /// Decides on a request from `caller`. Pure: the transport has verified the caller, a path
     /// the gate will not judge was refused before, and `reviews` answers the SubjectAccessReviews
     /// it knows (`None`: not asked yet; they come back in [`Verdict::pending`]).

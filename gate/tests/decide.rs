@@ -16,6 +16,7 @@ metadata:
   name: lmeval-status
 spec:
   trustDomain: cluster.local
+  stripHeaders: [kubeflow-userid]
   rules:
     - name: a driver updates only its own job
       grpc:
@@ -200,7 +201,7 @@ spec:
     let problems = load("typo.yaml", &typo).unwrap_err();
     assert!(
         problems[0]
-            .starts_with("typo.yaml (line 14 column 9): spec.rules[0].callers.workload: unknown field `workload`"),
+            .starts_with("typo.yaml (line 15 column 9): spec.rules[0].callers.workload: unknown field `workload`"),
         "{problems:?}"
     );
     assert_eq!(
@@ -279,5 +280,19 @@ fn a_review_is_written_of_whole_references_only() {
     assert_eq!(
         load("open.yaml", &no_review).unwrap_err(),
         ["open.yaml: spec.rules[0] (\"callers who may get the graph\").callers.anyServiceAccount admits every account in the cluster; give the rule a subjectAccessReview, or list serviceAccounts"]
+    );
+}
+
+#[test]
+fn the_headers_the_upstream_trusts_are_stripped_with_those_the_gate_always_strips() {
+    let gate = load("lmeval.yaml", LMEVAL).unwrap().gate;
+    for name in ["kubeflow-userid", "Kubeflow-UserID", "X-Remote-User", "x-forwarded-client-cert"] {
+        assert!(gate.strips(name), "{name}");
+    }
+    assert!(!gate.strips("authorization") && !gate.strips("content-type"));
+    let bad = LMEVAL.replace("stripHeaders: [kubeflow-userid]", "stripHeaders: [\"bad header\"]");
+    assert_eq!(
+        load("bad.yaml", &bad).unwrap_err(),
+        ["bad.yaml: spec.stripHeaders: \"bad header\" is not a header name"]
     );
 }
