@@ -1,4 +1,4 @@
-//! TokenReview answers, cached so that a caller's every request does not cost the API server
+//! TokenReview and SubjectAccessReview answers, cached so that a caller's every request does not cost the API server
 //! a review: an accepted token until shortly before it expires (its `exp`, read once the API
 //! server has vouched for it) and never past a ceiling; a rejected one briefly, so that a
 //! client retrying a bad token cannot make the gate ask again each time. The cache is bounded
@@ -46,70 +46,60 @@ impl Default for Limits {
 
 type Key = [u8; 32];
 
+/// Values kept until a time, at most `max_entries`, the oldest written first to go. The
+/// store behind [`TokenCache`] and [`ReviewCache`].
 #[derive(Debug)]
-struct Entry {
-    review: Review,
-    until: SystemTime,
-    generation: u64,
-}
-
-#[derive(Debug)]
-pub struct TokenCache {
-    limits: Limits,
-    entries: HashMap<Key, Entry>,
+pub struct TtlCache<K, V> {
+    max_entries: usize,
+    entries: HashMap<K, Entry<V>>,
     /// Keys in the order they were written, with the write's generation (a later write of the
     /// same key leaves a stale mark here, skipped when it comes up).
-    order: VecDeque<(Key, u64)>,
+    order: VecDeque<(K, u64)>,
     generation: u64,
     hits: u64,
     misses: u64,
 }
 
-impl TokenCache {
-    pub fn new(limits: Limits) -> Self {
-        Self { limits, entries: HashMap::new(), order: VecDeque::new(), generation: 0, hits: 0, misses: 0 }
+#[derive(Debug)]
+struct Entry<V> {
+    value: V,
+    until: SystemTime,
+    generation: u64,
+}
+
+impl<K: std::hash::Hash + Eq + Clone, V> TtlCache<K, V> {
+    pub fn new(max_entries: usize) -> Self {
+        Self { max_entries, entries: HashMap::new(), order: VecDeque::new(), generation: 0, hits: 0, misses: 0 }
     }
 
-    /// The cached review of `token`, if it is still good at `now`.
-    pub fn get(&mut self, token: &str, now: SystemTime) -> Option<&Review> {
-        let key = key(token);
-        let fresh = self.entries.get(&key).is_some_and(|e| now < e.until);
+    /// The value of `key`, if it is still good at `now`.
+    pub fn get(&mut self, key: &K, now: SystemTime) -> Option<&V> {
+        let fresh = self.entries.get(key).is_some_and(|e| now < e.until);
         if !fresh {
-            self.entries.remove(&key);
+            self.entries.remove(key);
             self.misses += 1;
             return None;
         }
         self.hits += 1;
-        self.entries.get(&key).map(|e| &e.review)
+        self.entries.get(key).map(|e| &e.value)
     }
 
-    /// Remembers what the API server said of `token` at `now`.
-    pub fn put(&mut self, token: &str, review: Review, now: SystemTime) {
-        let until = match &review {
-            Review::Authenticated { .. } => {
-                let ceiling = now + self.limits.max_age;
-                match expiry(token) {
-                    Some(exp) => ceiling.min(exp.checked_sub(self.limits.early).unwrap_or(UNIX_EPOCH)),
-                    None => ceiling,
-                }
-            }
-            Review::Rejected(_) => now + self.limits.rejected_for,
-        };
-        if until <= now || self.limits.max_entries == 0 {
+    /// Keeps `value` under `key` until `until` (nothing, if that is not after `now`).
+    pub fn put(&mut self, key: K, value: V, until: SystemTime, now: SystemTime) {
+        if until <= now || self.max_entries == 0 {
             return;
         }
-        let key = key(token);
-        while self.entries.len() >= self.limits.max_entries && !self.entries.contains_key(&key) {
+        while self.entries.len() >= self.max_entries && !self.entries.contains_key(&key) {
             let Some((old, generation)) = self.order.pop_front() else { break };
             if self.entries.get(&old).is_some_and(|e| e.generation == generation) {
                 self.entries.remove(&old);
             }
         }
         self.generation += 1;
-        self.entries.insert(key, Entry { review, until, generation: self.generation });
+        self.entries.insert(key.clone(), Entry { value, until, generation: self.generation });
         self.order.push_back((key, self.generation));
         // Stale marks can outnumber the entries only by so much before they are dropped.
-        if self.order.len() > 2 * self.limits.max_entries {
+        if self.order.len() > 2 * self.max_entries {
             let entries = &self.entries;
             self.order.retain(|(k, g)| entries.get(k).is_some_and(|e| e.generation == *g));
         }
@@ -126,6 +116,80 @@ impl TokenCache {
 
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+}
+
+/// TokenReview answers, by the SHA-256 of their token.
+#[derive(Debug)]
+pub struct TokenCache {
+    limits: Limits,
+    cache: TtlCache<Key, Review>,
+}
+
+impl TokenCache {
+    pub fn new(limits: Limits) -> Self {
+        Self { limits, cache: TtlCache::new(limits.max_entries) }
+    }
+
+    /// The cached review of `token`, if it is still good at `now`.
+    pub fn get(&mut self, token: &str, now: SystemTime) -> Option<&Review> {
+        self.cache.get(&key(token), now)
+    }
+
+    /// Remembers what the API server said of `token` at `now`.
+    pub fn put(&mut self, token: &str, review: Review, now: SystemTime) {
+        let until = match &review {
+            Review::Authenticated { .. } => {
+                let ceiling = now + self.limits.max_age;
+                match expiry(token) {
+                    Some(exp) => ceiling.min(exp.checked_sub(self.limits.early).unwrap_or(UNIX_EPOCH)),
+                    None => ceiling,
+                }
+            }
+            Review::Rejected(_) => now + self.limits.rejected_for,
+        };
+        self.cache.put(key(token), review, until, now);
+    }
+
+    pub fn stats(&self) -> (u64, u64) {
+        self.cache.stats()
+    }
+
+    pub fn len(&self) -> usize {
+        self.cache.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.cache.is_empty()
+    }
+}
+
+/// SubjectAccessReview answers: an allowed review for `allowed_for`, a denied one for
+/// `denied_for` (as Kubernetes' delegating authorizer caches them), at most `max_entries`.
+#[derive(Debug)]
+pub struct ReviewCache {
+    allowed_for: Duration,
+    denied_for: Duration,
+    cache: TtlCache<crate::rules::AccessReview, bool>,
+}
+
+impl ReviewCache {
+    pub fn new(max_entries: usize, allowed_for: Duration, denied_for: Duration) -> Self {
+        Self { allowed_for, denied_for, cache: TtlCache::new(max_entries) }
+    }
+
+    /// The cached answer, if still good at `now`.
+    pub fn get(&mut self, review: &crate::rules::AccessReview, now: SystemTime) -> Option<bool> {
+        self.cache.get(review, now).copied()
+    }
+
+    pub fn put(&mut self, review: crate::rules::AccessReview, allowed: bool, now: SystemTime) {
+        let until = now + if allowed { self.allowed_for } else { self.denied_for };
+        self.cache.put(review, allowed, until, now);
+    }
+
+    pub fn stats(&self) -> (u64, u64) {
+        self.cache.stats()
     }
 }
 
@@ -213,8 +277,30 @@ mod tests {
             cache.put(&tokens[4], ok(), at(T0));
         }
         assert_eq!(cache.len(), 3);
-        assert!(cache.order.len() <= 6, "{}", cache.order.len());
+        assert!(cache.cache.order.len() <= 6, "{}", cache.cache.order.len());
         assert!(tokens[2..].iter().all(|t| cache.get(t, at(T0)).is_some()));
+    }
+
+    #[test]
+    fn review_answers_are_kept_as_long_as_their_verdict_earns() {
+        let review = |name: &str| crate::rules::AccessReview {
+            user: "system:serviceaccount:team-a:client".into(),
+            verb: "get".into(),
+            group: "serving.kserve.io".into(),
+            resource: "inferencegraphs".into(),
+            subresource: String::new(),
+            namespace: "team-a".into(),
+            name: name.into(),
+        };
+        let mut cache = ReviewCache::new(100, Duration::from_secs(60), Duration::from_secs(10));
+        cache.put(review("mine"), true, at(T0));
+        cache.put(review("theirs"), false, at(T0));
+        assert_eq!(cache.get(&review("mine"), at(T0 + 59)), Some(true));
+        assert_eq!(cache.get(&review("theirs"), at(T0 + 9)), Some(false));
+        assert_eq!(cache.get(&review("theirs"), at(T0 + 10)), None, "a denial is asked again soon");
+        assert_eq!(cache.get(&review("mine"), at(T0 + 60)), None);
+        assert_eq!(cache.get(&review("unasked"), at(T0)), None);
+        assert_eq!(cache.stats(), (2, 3));
     }
 
     #[test]
