@@ -9,7 +9,7 @@
 
 use std::fmt;
 
-use keyward_engine::names::{is_dns1123_label, is_dns1123_subdomain};
+use keyward_engine::names::{is_dns1123_label, is_dns1123_subdomain, trust_domain_problem};
 
 use crate::Error;
 
@@ -119,18 +119,6 @@ impl fmt::Display for ServiceAccount {
 }
 
 // === rules ===
-
-/// A SPIFFE trust domain as keyward writes one: 1 to 255 lower-case letters, digits, `.`, `-`
-/// and `_`.
-fn trust_domain_problem(td: &str) -> Option<&'static str> {
-    if td.is_empty() || td.len() > 255 {
-        return Some("must have 1 to 255 characters");
-    }
-    if !td.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'-' | b'_')) {
-        return Some("may hold only lower-case letters, digits, '.', '-' and '_'");
-    }
-    None
-}
 
 /// A Kubernetes kind, lower-cased as keyward writes it in an identity: a letter, then letters
 /// and digits, at most 63.

@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 
+use keyward_engine::names::trust_domain_problem;
 use serde::Deserialize;
 
 use crate::grpc;
@@ -195,11 +196,8 @@ impl Gate {
     pub fn new(spec: GateSpec) -> Result<Self, Vec<String>> {
         let mut problems = Vec::new();
         if let Some(td) = &spec.trust_domain {
-            if td.is_empty() || !td.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
-            {
-                problems.push(format!(
-                    "spec.trustDomain {td:?}: a SPIFFE trust domain is lower-case letters, digits, '.', '-' and '_'"
-                ));
+            if let Some(problem) = trust_domain_problem(td) {
+                problems.push(format!("spec.trustDomain {td:?} {problem}"));
             }
         }
         if spec.rules.is_empty() {

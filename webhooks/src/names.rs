@@ -45,6 +45,19 @@ pub fn is_dns1123_subdomain(s: &str) -> bool {
     s.len() <= DNS1123_SUBDOMAIN_MAX && s.split('.').all(|part| is_dns1123_part(part.as_bytes()))
 }
 
+/// What is wrong with a SPIFFE trust domain as keyward writes one (lower-case letters, digits,
+/// `.`, `-` and `_`, 1 to 255), if anything. The controller checks its `--trust-domain` with it
+/// and the gate the trust domain of every identity it reads: the two must agree.
+pub fn trust_domain_problem(td: &str) -> Option<&'static str> {
+    if td.is_empty() || td.len() > 255 {
+        return Some("must have 1 to 255 characters");
+    }
+    if !td.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'-' | b'_')) {
+        return Some("may hold only lower-case letters, digits, '.', '-' and '_' (a SPIFFE trust domain)");
+    }
+    None
+}
+
 /// What a DNS-1123 subdomain is, for messages.
 pub const DNS1123_SUBDOMAIN_RULE: &str =
     "lowercase letters, digits, '-' and '.', starting and ending with a letter or digit, at most 253 characters";
