@@ -10,6 +10,7 @@
 use std::fmt;
 
 use keyward_engine::names::{is_dns1123_label, is_dns1123_subdomain, trust_domain_problem};
+use keyward_engine::text::quoted;
 
 use crate::Error;
 
@@ -42,7 +43,7 @@ impl WorkloadIdentity {
     /// Reads a SPIFFE URI as keyward writes it. The error says which part is wrong, with at
     /// most the first 64 characters of what was given (a certificate is the caller's input).
     pub fn parse(uri: &str) -> Result<Self, Error> {
-        let refuse = |why: &str| Error::Identity(format!("SPIFFE ID {}: {why}", shown(uri)));
+        let refuse = |why: &str| Error::Identity(format!("SPIFFE ID {}: {why}", quoted(uri, 64)));
         if uri.len() > MAX_SPIFFE_ID_BYTES {
             return Err(refuse(&format!("longer than {MAX_SPIFFE_ID_BYTES} bytes")));
         }
@@ -95,7 +96,7 @@ impl ServiceAccount {
     /// Reads a TokenReview's `status.user.username`. Any other user (a person, a node, a
     /// username with more or fewer parts) is not a service account.
     pub fn parse(username: &str) -> Result<Self, Error> {
-        let refuse = |why: &str| Error::Identity(format!("username {}: {why}", shown(username)));
+        let refuse = |why: &str| Error::Identity(format!("username {}: {why}", quoted(username, 64)));
         let Some(rest) = username.strip_prefix("system:serviceaccount:") else {
             return Err(refuse("is not a service account's (system:serviceaccount:NAMESPACE:NAME)"));
         };
@@ -127,16 +128,6 @@ fn is_lower_kind(kind: &str) -> bool {
         && kind.len() <= 63
         && kind.starts_with(|c: char| c.is_ascii_lowercase())
         && kind.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-}
-
-/// The start of what a caller sent, quoted and escaped for an error or a log line.
-fn shown(s: &str) -> String {
-    let head: String = s.chars().take(64).collect();
-    if head.len() < s.len() {
-        format!("{head:?}…")
-    } else {
-        format!("{head:?}")
-    }
 }
 
 #[cfg(test)]

@@ -3,6 +3,8 @@
 //! `grpc-message` is percent-encoded as the gRPC protocol requires, so that any reason reaches
 //! the client intact and none can break the header block.
 
+use keyward_engine::text::prefix;
+
 /// gRPC's PERMISSION_DENIED.
 pub const GRPC_PERMISSION_DENIED: u8 = 7;
 /// gRPC's UNAUTHENTICATED: no identity could be read at all.
@@ -39,7 +41,7 @@ pub fn unauthenticated(grpc: bool, reason: &str) -> Refusal {
 }
 
 fn refuse(grpc: bool, http_status: u16, grpc_status: u8, reason: &str) -> Refusal {
-    let reason = clip(reason);
+    let reason = prefix(reason, MAX_REASON_BYTES);
     let line = format!("keyward gate: {reason}");
     if grpc {
         Refusal {
@@ -58,18 +60,6 @@ fn refuse(grpc: bool, http_status: u16, grpc_status: u8, reason: &str) -> Refusa
             body: format!("{}\n", line.replace(['\r', '\n'], " ")),
         }
     }
-}
-
-/// `s` cut to [`MAX_REASON_BYTES`] at a character boundary.
-fn clip(s: &str) -> &str {
-    if s.len() <= MAX_REASON_BYTES {
-        return s;
-    }
-    let mut end = MAX_REASON_BYTES;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
 }
 
 /// gRPC's percent-encoding of `grpc-message`: every byte outside printable ASCII, and `%`,

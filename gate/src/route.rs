@@ -9,6 +9,8 @@
 
 use std::collections::BTreeMap;
 
+use keyward_engine::text::quoted;
+
 use crate::Error;
 
 /// The most segments a pattern or a checked path may have.
@@ -50,7 +52,7 @@ impl<'p> RequestPath<'p> {
     /// Checks a request's path (the request target without its query). The error is for the
     /// caller: what is wrong, and that the path must be sent as the upstream reads it.
     pub fn parse(path: &'p str) -> Result<Self, Error> {
-        let refuse = |why: &str| Error::Path(format!("{}: {why}; send the path without it", shown(path)));
+        let refuse = |why: &str| Error::Path(format!("path {}: {why}; send the path without it", quoted(path, 96)));
         let Some(rest) = path.strip_prefix('/') else {
             return Err(refuse("does not start with '/'"));
         };
@@ -164,16 +166,6 @@ impl PathPattern {
 
     pub fn as_str(&self) -> &str {
         &self.source
-    }
-}
-
-/// The start of what a caller sent, quoted and escaped for an error or a log line.
-fn shown(s: &str) -> String {
-    let head: String = s.chars().take(96).collect();
-    if head.len() < s.len() {
-        format!("path {head:?}…")
-    } else {
-        format!("path {head:?}")
     }
 }
 

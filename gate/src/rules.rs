@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 
 use keyward_engine::names::trust_domain_problem;
+use keyward_engine::text::quoted;
 use serde::Deserialize;
 
 use crate::grpc;
@@ -474,7 +475,7 @@ impl Rule {
                     "the caller's {} is {have:?}, and {} is {}",
                     field_name(c.caller),
                     operand_name(&c.equals),
-                    want.map_or("absent".into(), |w| format!("{:?}", clip(&w)))
+                    want.map_or("absent".into(), |w| quoted(&w, 64))
                 )
                 .into());
             }
@@ -607,9 +608,9 @@ fn describe_review(r: &AccessReview) -> String {
         (group, "") => format!("{}.{group}", r.resource),
         (group, sub) => format!("{}.{group}/{sub}", r.resource),
     };
-    let name = if r.name.is_empty() { String::new() } else { format!(" {:?}", clip(&r.name)) };
+    let name = if r.name.is_empty() { String::new() } else { format!(" {}", quoted(&r.name, 64)) };
     let namespace =
-        if r.namespace.is_empty() { String::new() } else { format!(" in namespace {:?}", clip(&r.namespace)) };
+        if r.namespace.is_empty() { String::new() } else { format!(" in namespace {}", quoted(&r.namespace, 64)) };
     format!("{resource}{name}{namespace}")
 }
 
@@ -646,9 +647,4 @@ fn describe(caller: &Caller) -> String {
         Caller::Workload(id) => format!("workload {id}"),
         Caller::ServiceAccount(sa) => format!("service account {sa}"),
     }
-}
-
-/// A request-supplied value, at most 64 characters, for a reason that is logged.
-fn clip(s: &str) -> String {
-    s.chars().take(64).collect()
 }
