@@ -5,6 +5,7 @@
 //! reach an upstream that trusts them; the gate removes those too.
 
 use crate::rules::Caller;
+use crate::starts_with_ignore_case;
 
 pub const REMOTE_USER: &str = "x-remote-user";
 pub const REMOTE_GROUPS: &str = "x-remote-groups";
@@ -15,13 +16,10 @@ pub const KEYWARD_IDENTITY: &str = "x-keyward-identity";
 /// `X-Keyward-*`, and the client-certificate headers proxies forward (Envoy's
 /// `X-Forwarded-Client-Cert`, nginx's `Ssl-Client-*`).
 pub fn claims_identity(name: &str) -> bool {
-    let name = name.to_ascii_lowercase();
-    name.starts_with("x-remote-")
-        || name.starts_with("x-keyward-")
-        || name == "x-forwarded-client-cert"
-        || name.starts_with("ssl-client")
-        || name == "x-forwarded-user"
-        || name == "x-auth-request-user"
+    ["x-remote-", "x-keyward-", "ssl-client"].iter().any(|p| starts_with_ignore_case(name, p))
+        || ["x-forwarded-client-cert", "x-forwarded-user", "x-auth-request-user"]
+            .iter()
+            .any(|n| name.eq_ignore_ascii_case(n))
 }
 
 /// The headers the gate adds for `caller`. `groups` are a service account's groups as its

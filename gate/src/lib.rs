@@ -26,3 +26,9 @@ pub enum Error {
     #[error("{0}")]
     Path(String),
 }
+
+/// Whether `s` starts with `prefix`, ASCII case ignored, without a lower-cased copy (header
+/// names and content types are read on every request).
+pub(crate) fn starts_with_ignore_case(s: &str, prefix: &str) -> bool {
+    s.len() >= prefix.len() && s.as_bytes()[..prefix.len()].eq_ignore_ascii_case(prefix.as_bytes())
+}

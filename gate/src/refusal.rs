@@ -5,6 +5,8 @@
 
 use keyward_engine::text::prefix;
 
+use crate::starts_with_ignore_case;
+
 /// gRPC's PERMISSION_DENIED.
 pub const GRPC_PERMISSION_DENIED: u8 = 7;
 /// gRPC's UNAUTHENTICATED: no identity could be read at all.
@@ -24,8 +26,10 @@ pub struct Refusal {
 /// subtype (`application/grpc+proto`).
 pub fn is_grpc(content_type: Option<&str>) -> bool {
     content_type.is_some_and(|t| {
-        let t = t.trim().to_ascii_lowercase();
-        t == "application/grpc" || t.starts_with("application/grpc+") || t.starts_with("application/grpc;")
+        let t = t.trim();
+        t.eq_ignore_ascii_case("application/grpc")
+            || starts_with_ignore_case(t, "application/grpc+")
+            || starts_with_ignore_case(t, "application/grpc;")
     })
 }
 

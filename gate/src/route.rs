@@ -59,8 +59,8 @@ impl<'p> RequestPath<'p> {
         if path.contains('\\') {
             return Err(refuse("holds a '\\'"));
         }
-        let lower = path.to_ascii_lowercase();
-        if let Some(encoded) = ["%2f", "%5c", "%2e", "%00"].iter().find(|e| lower.contains(**e)) {
+        let holds = |e: &str| path.as_bytes().windows(3).any(|w| w.eq_ignore_ascii_case(e.as_bytes()));
+        if let Some(encoded) = ["%2f", "%5c", "%2e", "%00"].into_iter().find(|e| holds(e)) {
             return Err(refuse(&format!("holds {encoded}, an encoded separator, dot or NUL")));
         }
         let segments: Vec<&str> = if rest.is_empty() { Vec::new() } else { rest.split('/').collect() };

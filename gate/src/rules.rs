@@ -169,7 +169,7 @@ pub enum Operand {
 #[derive(Debug, Clone)]
 pub struct Gate {
     trust_domain: Option<String>,
-    /// Lower case.
+    /// Compared ignoring case.
     strip_headers: Vec<String>,
     rules: Vec<Rule>,
 }
@@ -325,8 +325,7 @@ impl Gate {
             }
         }
         if problems.is_empty() {
-            let strip_headers = spec.strip_headers.iter().map(|h| h.to_ascii_lowercase()).collect();
-            Ok(Self { trust_domain: spec.trust_domain, strip_headers, rules })
+            Ok(Self { trust_domain: spec.trust_domain, strip_headers: spec.strip_headers, rules })
         } else {
             Err(problems)
         }
