@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used)] // a panic is the test failure report
 
 use keyward_gate::config::load;
+use keyward_gate::grpc::encode_strings;
 use keyward_gate::identity::{ServiceAccount, WorkloadIdentity};
 use keyward_gate::route::RequestPath;
 use keyward_gate::rules::{AccessReview, Caller, Request, Verdict};
@@ -44,16 +45,7 @@ spec:
 
 /// `JobStatus` as the driver encodes it: fields 1 to 5, strings.
 fn job_status(name: &str, namespace: &str) -> Vec<u8> {
-    let mut message = Vec::new();
-    for (field, value) in [(1u8, name), (2, namespace), (3, "Running"), (4, "NoReason"), (5, "step 2 of 4")] {
-        message.push(field << 3 | 2);
-        message.push(u8::try_from(value.len()).unwrap());
-        message.extend_from_slice(value.as_bytes());
-    }
-    let mut body = vec![0];
-    body.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
-    body.extend_from_slice(&message);
-    body
+    encode_strings(&[(1, name), (2, namespace), (3, "Running"), (4, "NoReason"), (5, "step 2 of 4")])
 }
 
 fn driver(namespace: &str, name: &str) -> Caller {
