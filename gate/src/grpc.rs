@@ -46,6 +46,21 @@ pub fn first_message(body: &[u8]) -> Result<&[u8], Error> {
     })
 }
 
+/// The body of a call whose one message the rules read: exactly one message, nothing after it.
+/// A field condition is checked on that message, so a body of two (a client stream, or a
+/// unary call with a second message the server might read instead) is refused: the gate
+/// cannot tell which one the server acts on.
+pub fn only_message(body: &[u8]) -> Result<&[u8], Error> {
+    let message = first_message(body)?;
+    let rest = body.len() - PREFIX - message.len();
+    if rest > 0 {
+        return Err(Error::Grpc(format!(
+            "the request holds more than one message ({rest} bytes after the first); a method whose rule reads a field must be called with exactly one (unary or server-streaming)"
+        )));
+    }
+    Ok(message)
+}
+
 /// The value of top-level string field `number` in a protobuf `message`: `None` when the
 /// message does not carry it (proto3 reads that as `""`).
 pub fn string_field(message: &[u8], number: u32) -> Result<Option<&str>, Error> {
@@ -211,6 +226,22 @@ mod tests {
         assert_eq!(string_field(message, 1).unwrap(), Some("evaljob-sample"));
         assert_eq!(string_field(message, 2).unwrap(), Some("team-a"));
         assert_eq!(string_field(message, 5).unwrap(), None);
+    }
+
+    #[test]
+    fn only_one_message_is_read_as_the_call_and_a_second_refuses_it() {
+        let first = Message::default().string(1, b"mine").framed();
+        assert_eq!(only_message(&first).unwrap(), &first[5..]);
+        let mut two = first.clone();
+        two.extend_from_slice(&Message::default().string(1, b"theirs").framed());
+        assert_eq!(
+            text(only_message(&two).unwrap_err()),
+            "gRPC request: the request holds more than one message (13 bytes after the first); a method whose rule reads a field must be called with exactly one (unary or server-streaming)"
+        );
+        let mut trailing = first.clone();
+        trailing.push(0);
+        assert!(text(only_message(&trailing).unwrap_err()).contains("(1 bytes after the first)"));
+        assert!(text(only_message(&first[..first.len() - 1]).unwrap_err()).contains("the body holds"));
     }
 
     #[test]

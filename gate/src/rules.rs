@@ -30,7 +30,18 @@ pub struct GateSpec {
     /// any token, so a gate in front of it strips that (its name is the server's setting).
     #[serde(default)]
     pub strip_headers: Vec<String>,
+    /// Bearer tokens: accepted only when this is given, each checked with a TokenReview for
+    /// these audiences (none: the API server's own, as the ODH router asks).
+    #[serde(default)]
+    pub token_review: Option<TokenReviewSpec>,
     pub rules: Vec<RuleSpec>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TokenReviewSpec {
+    #[serde(default)]
+    pub audiences: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -171,6 +182,7 @@ pub struct Gate {
     trust_domain: Option<String>,
     /// Compared ignoring case.
     strip_headers: Vec<String>,
+    token_review: Option<TokenReviewSpec>,
     rules: Vec<Rule>,
 }
 
@@ -204,6 +216,12 @@ impl Gate {
         if spec.rules.is_empty() {
             problems.push("spec.rules is empty: the gate would refuse every request".into());
         }
+        if let Some(tr) = &spec.token_review {
+            for a in tr.audiences.iter().filter(|a| a.is_empty() || a.len() > 253 || a.contains(char::is_whitespace)) {
+                problems.push(format!("spec.tokenReview.audiences: {a:?} is not an audience (a non-empty word, as in a projected token's audience)"));
+            }
+        }
+        let tokens = spec.token_review.is_some();
         for h in &spec.strip_headers {
             if h.is_empty() || !h.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
                 problems.push(format!("spec.stripHeaders: {h:?} is not a header name"));
@@ -256,6 +274,11 @@ impl Gate {
             if r.callers.any_service_account && r.subject_access_review.is_none() {
                 problems.push(format!(
                     "{at}.callers.anyServiceAccount admits every account in the cluster; give the rule a subjectAccessReview, or list serviceAccounts"
+                ));
+            }
+            if !tokens && (r.callers.any_service_account || !r.callers.service_accounts.is_empty()) {
+                problems.push(format!(
+                    "{at}.callers admits service accounts, whose tokens the gate checks only with spec.tokenReview: add it (with the audiences the tokens are bound to)"
                 ));
             }
             if !workloads && r.callers.service_accounts.is_empty() && !r.callers.any_service_account {
@@ -325,7 +348,12 @@ impl Gate {
             }
         }
         if problems.is_empty() {
-            Ok(Self { trust_domain: spec.trust_domain, strip_headers: spec.strip_headers, rules })
+            Ok(Self {
+                trust_domain: spec.trust_domain,
+                strip_headers: spec.strip_headers,
+                token_review: spec.token_review,
+                rules,
+            })
         } else {
             Err(problems)
         }
@@ -383,6 +411,18 @@ impl Verdict {
 }
 
 impl Gate {
+    /// The audiences bearer tokens are reviewed for; `None`: the gate accepts no tokens.
+    pub fn token_audiences(&self) -> Option<&[String]> {
+        self.token_review.as_ref().map(|t| t.audiences.as_slice())
+    }
+
+    /// Whether a rule that could decide `method` `path` reads the gRPC request's message (a
+    /// `grpcField` condition or `{grpc.N}` reference): only then does the transport hold the
+    /// body back to read it.
+    pub fn reads_message(&self, method: &str, path: &RequestPath<'_>) -> bool {
+        self.rules.iter().any(|rule| rule.reads_message() && rule.route.fits(method, path).is_ok())
+    }
+
     /// Whether a client-sent header must not reach the upstream: one that claims an identity
     /// ([`crate::headers::claims_identity`]) or one this gate's file lists.
     pub fn strips(&self, name: &str) -> bool {
@@ -424,6 +464,31 @@ impl Gate {
     }
 }
 
+impl Route {
+    /// The path's captures when `method` `path` is this route's; else why not.
+    fn fits<'p>(&self, method: &str, path: &RequestPath<'p>) -> Result<BTreeMap<&str, &'p str>, String> {
+        match self {
+            Route::Http { methods, path: pattern } => {
+                if !methods.is_empty() && !methods.iter().any(|m| m == method) {
+                    return Err(format!("the route is {} only", methods.join(", ")));
+                }
+                pattern.matches(path).ok_or_else(|| format!("the route is {}", pattern.as_str()))
+            }
+            Route::Grpc { service, methods } => {
+                let fits = method == "POST"
+                    && path.grpc_method().is_some_and(|m| {
+                        m.service == service && (methods.is_empty() || methods.iter().any(|x| x == m.method))
+                    });
+                if fits {
+                    Ok(BTreeMap::new())
+                } else {
+                    Err(format!("the route is gRPC {service}/{}", methods.join("|")))
+                }
+            }
+        }
+    }
+}
+
 /// Why a rule did not allow a request.
 enum Failed {
     Because(String),
@@ -444,24 +509,7 @@ impl Rule {
         path: &RequestPath<'_>,
         reviews: &dyn Fn(&AccessReview) -> Option<bool>,
     ) -> Result<(), Failed> {
-        let captures = match &self.route {
-            Route::Http { methods, path: pattern } => {
-                if !methods.is_empty() && !methods.iter().any(|m| m == request.method) {
-                    return Err(format!("the route is {} only", methods.join(", ")).into());
-                }
-                pattern.matches(path).ok_or_else(|| format!("the route is {}", pattern.as_str()))?
-            }
-            Route::Grpc { service, methods } => {
-                let fits = request.method == "POST"
-                    && path.grpc_method().is_some_and(|m| {
-                        m.service == service && (methods.is_empty() || methods.iter().any(|x| x == m.method))
-                    });
-                if !fits {
-                    return Err(format!("the route is gRPC {service}/{}", methods.join("|")).into());
-                }
-                BTreeMap::new()
-            }
-        };
+        let captures = self.route.fits(request.method, path)?;
         if !self.admits(caller) {
             return Err(format!("it does not admit {}", describe(caller)).into());
         }
@@ -510,6 +558,14 @@ impl Rule {
             ))),
             None => Err(Failed::Awaits(Box::new(review))),
         }
+    }
+
+    fn reads_message(&self) -> bool {
+        let grpc = |template: &str| matches!(Reference::parse(template), Ok(Reference::Operand(Operand::GrpcField(_))));
+        self.when.iter().any(|c| matches!(c.equals, Operand::GrpcField(_)))
+            || self.review.as_ref().is_some_and(|r| {
+                [&r.verb, &r.group, &r.resource, &r.subresource, &r.namespace, &r.name].into_iter().any(|t| grpc(t))
+            })
     }
 
     fn admits(&self, caller: &Caller) -> bool {

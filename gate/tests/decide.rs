@@ -18,6 +18,7 @@ metadata:
 spec:
   trustDomain: cluster.local
   stripHeaders: [kubeflow-userid]
+  tokenReview: {audiences: [pipelines.kubeflow.org]}
   rules:
     - name: a driver updates only its own job
       grpc:
@@ -146,6 +147,7 @@ apiVersion: keyward.io/v1alpha1
 kind: Gate
 metadata: {name: broken}
 spec:
+  tokenReview: {}
   rules:
     - name: both routes
       http: {path: /a}
@@ -193,7 +195,7 @@ spec:
     let problems = load("typo.yaml", &typo).unwrap_err();
     assert!(
         problems[0]
-            .starts_with("typo.yaml (line 15 column 9): spec.rules[0].callers.workload: unknown field `workload`"),
+            .starts_with("typo.yaml (line 16 column 9): spec.rules[0].callers.workload: unknown field `workload`"),
         "{problems:?}"
     );
     assert_eq!(
@@ -210,6 +212,8 @@ apiVersion: keyward.io/v1alpha1
 kind: Gate
 metadata: {name: inference-graph}
 spec:
+  # The router's TokenReview names no audience: the API server's own.
+  tokenReview: {}
   rules:
     - name: callers who may get the graph
       http: {path: "/graphs/{graph}/**"}
@@ -287,4 +291,37 @@ fn the_headers_the_upstream_trusts_are_stripped_with_those_the_gate_always_strip
         load("bad.yaml", &bad).unwrap_err(),
         ["bad.yaml: spec.stripHeaders: \"bad header\" is not a header name"]
     );
+}
+
+#[test]
+fn tokens_are_accepted_only_with_a_token_review_and_its_audiences_are_words() {
+    let gate = load("lmeval.yaml", LMEVAL).unwrap().gate;
+    assert_eq!(gate.token_audiences(), Some(&["pipelines.kubeflow.org".to_string()][..]));
+    assert_eq!(load("router.yaml", ROUTER).unwrap().gate.token_audiences(), Some(&[][..]));
+    let without = LMEVAL.replace("  tokenReview: {audiences: [pipelines.kubeflow.org]}\n", "");
+    assert_eq!(
+        load("lmeval.yaml", &without).unwrap_err(),
+        ["lmeval.yaml: spec.rules[1] (\"agents report runs in their namespace\").callers admits service accounts, whose tokens the gate checks only with spec.tokenReview: add it (with the audiences the tokens are bound to)"]
+    );
+    let bad = LMEVAL.replace("[pipelines.kubeflow.org]", "[\"\", \"two words\"]");
+    assert_eq!(
+        load("lmeval.yaml", &bad).unwrap_err(),
+        [
+            "lmeval.yaml: spec.tokenReview.audiences: \"\" is not an audience (a non-empty word, as in a projected token's audience)",
+            "lmeval.yaml: spec.tokenReview.audiences: \"two words\" is not an audience (a non-empty word, as in a projected token's audience)",
+        ]
+    );
+}
+
+#[test]
+fn the_body_is_held_back_only_for_a_route_whose_rule_reads_a_grpc_field() {
+    let gate = load("lmeval.yaml", LMEVAL).unwrap().gate;
+    let reads = |method: &str, path: &str| gate.reads_message(method, &RequestPath::parse(path).unwrap());
+    assert!(reads("POST", "/LMEvalJobUpdateService/UpdateStatus"));
+    assert!(!reads("GET", "/LMEvalJobUpdateService/UpdateStatus"), "gRPC is POST");
+    assert!(!reads("POST", "/LMEvalJobUpdateService/Other"));
+    assert!(!reads("POST", "/apis/v1/namespaces/team-a/runs/r1/report"), "an HTTP rule without a field");
+    let by_review = ROUTER.replace("\"{path.graph}\"", "\"{header.x-graph}\"");
+    let gate = load("router.yaml", &by_review).unwrap().gate;
+    assert!(!gate.reads_message("POST", &RequestPath::parse("/graphs/g/x").unwrap()));
 }
