@@ -21,6 +21,37 @@ pub struct ServeArgs {
     /// IPv4 (`localhost` resolves to either); where IPv6 is off, keyward listens on 0.0.0.0.
     #[arg(long, env = "KEYWARD_LISTEN", default_value = "[::]:8443")]
     listen: SocketAddr,
+    /// Plain-HTTP address for GET /metrics (Prometheus text format); `off` disables it.
+    #[arg(long, env = "KEYWARD_METRICS_LISTEN", default_value = "[::]:9090")]
+    metrics_listen: String,
+    #[command(flatten)]
+    listener: ListenerArgs,
+    /// The admission attestation's keys (files `current` and `previous`): the Secret
+    /// keyward-attestation, which `keyward controller` creates and rotates, mounted as a
+    /// directory; reloaded when it changes. Needed when a profile issues per-owner credentials;
+    /// without --tls-dir, a development key is kept in --dev-cert-dir instead.
+    #[arg(long, env = "KEYWARD_ATTESTATION_KEY_DIR", value_name = "DIR")]
+    attestation_key_dir: Option<PathBuf>,
+    #[command(flatten)]
+    profiles: ProfileArgs,
+    /// Bytes of admission request bodies held at once, all requests together (read, or being
+    /// decided on): the bound on memory. Accepts Ki, Mi, Gi. At least the 7 MiB body limit.
+    #[arg(long, env = "KEYWARD_REQUEST_BYTES_IN_FLIGHT", default_value = "32Mi", value_parser = parse_size)]
+    request_bytes_in_flight: usize,
+    /// Admission decisions running at once (default: the number of CPUs).
+    #[arg(long, env = "KEYWARD_MAX_CONCURRENT_DECISIONS")]
+    max_concurrent_decisions: Option<usize>,
+    /// Also offer HTTP/2 (ALPN h2) on the webhook port. Off by default: the kube-apiserver
+    /// speaks only HTTP/1.1 to webhooks, and HTTP/2's many streams per connection give other
+    /// clients more ways to hold connections.
+    #[arg(long, env = "KEYWARD_HTTP2")]
+    http2: bool,
+}
+
+/// The flags of an HTTPS server of keyward's (`serve`, `gate`): its certificate, its log, and
+/// the rules its connections follow (see `connections`).
+#[derive(Debug, Args)]
+pub struct ListenerArgs {
     /// A directory holding tls.crt (leaf first, chain allowed) and tls.key (PKCS#8, PKCS#1 or
     /// SEC1): a cert-manager Secret mounted as a volume. Without it, keyward mints a
     /// development CA and certificate into --dev-cert-dir.
@@ -32,17 +63,6 @@ pub struct ServeArgs {
     /// Extra DNS names (or IPs) for the development certificate; repeat or comma-separate.
     #[arg(long = "dns-name", env = "KEYWARD_DNS_NAMES", value_delimiter = ',', value_name = "NAME")]
     dns_names: Vec<String>,
-    /// The admission attestation's keys (files `current` and `previous`): the Secret
-    /// keyward-attestation, which `keyward controller` creates and rotates, mounted as a
-    /// directory; reloaded when it changes. Needed when a profile issues per-owner credentials;
-    /// without --tls-dir, a development key is kept in --dev-cert-dir instead.
-    #[arg(long, env = "KEYWARD_ATTESTATION_KEY_DIR", value_name = "DIR")]
-    attestation_key_dir: Option<PathBuf>,
-    #[command(flatten)]
-    profiles: ProfileArgs,
-    /// Plain-HTTP address for GET /metrics (Prometheus text format); `off` disables it.
-    #[arg(long, env = "KEYWARD_METRICS_LISTEN", default_value = "[::]:9090")]
-    metrics_listen: String,
     /// Log format.
     #[arg(long, env = "KEYWARD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -61,23 +81,11 @@ pub struct ServeArgs {
     /// How long a TLS handshake may take.
     #[arg(long, env = "KEYWARD_TLS_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     tls_handshake_timeout: Duration,
-    /// Most connections open at once on the webhook port. At the cap a new connection closes
+    /// Most connections open at once on the HTTPS port. At the cap a new connection closes
     /// the longest-idle one; it is refused only when every connection has a request in flight.
     /// Lowered at start-up to fit the open-files limit.
     #[arg(long, env = "KEYWARD_MAX_CONNECTIONS", default_value_t = 256)]
     max_connections: usize,
-    /// Bytes of admission request bodies held at once, all requests together (read, or being
-    /// decided on): the bound on memory. Accepts Ki, Mi, Gi. At least the 7 MiB body limit.
-    #[arg(long, env = "KEYWARD_REQUEST_BYTES_IN_FLIGHT", default_value = "32Mi", value_parser = parse_size)]
-    request_bytes_in_flight: usize,
-    /// Admission decisions running at once (default: the number of CPUs).
-    #[arg(long, env = "KEYWARD_MAX_CONCURRENT_DECISIONS")]
-    max_concurrent_decisions: Option<usize>,
-    /// Also offer HTTP/2 (ALPN h2) on the webhook port. Off by default: the kube-apiserver
-    /// speaks only HTTP/1.1 to webhooks, and HTTP/2's many streams per connection give other
-    /// clients more ways to hold connections.
-    #[arg(long, env = "KEYWARD_HTTP2")]
-    http2: bool,
     /// Most connections open at once on the metrics port (same rules).
     #[arg(long, env = "KEYWARD_METRICS_MAX_CONNECTIONS", default_value_t = 16)]
     metrics_max_connections: usize,
@@ -101,40 +109,82 @@ pub enum TlsSource {
     Dev { dir: PathBuf, extra_names: Vec<String> },
 }
 
+/// An HTTPS server's settings, checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServeConfig {
-    pub listen: SocketAddr,
-    pub metrics_listen: Option<SocketAddr>,
+pub struct ListenerConfig {
     pub tls: TlsSource,
-    /// Where the attestation keys are mounted (`None`: a development key beside the dev
-    /// certificate, or none when no profile needs one).
-    pub attestation_key_dir: Option<PathBuf>,
-    pub profiles: ProfileSource,
     pub log_format: LogFormat,
     pub cert_poll_interval: Duration,
     pub request_read_timeout: Duration,
     pub idle_timeout: Duration,
     pub tls_handshake_timeout: Duration,
     pub max_connections: usize,
-    /// Offer HTTP/2 on the webhook port as well as HTTP/1.1.
-    pub http2: bool,
     pub metrics_max_connections: usize,
-    pub request_bytes_in_flight: usize,
-    pub max_concurrent_decisions: usize,
     pub shutdown_delay: Duration,
     pub shutdown_grace: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServeConfig {
+    pub listen: SocketAddr,
+    pub metrics_listen: Option<SocketAddr>,
+    pub listener: ListenerConfig,
+    /// Where the attestation keys are mounted (`None`: a development key beside the dev
+    /// certificate, or none when no profile needs one).
+    pub attestation_key_dir: Option<PathBuf>,
+    pub profiles: ProfileSource,
+    /// Offer HTTP/2 on the webhook port as well as HTTP/1.1.
+    pub http2: bool,
+    pub request_bytes_in_flight: usize,
+    pub max_concurrent_decisions: usize,
     pub max_body_bytes: usize,
 }
 
 impl ServeArgs {
     pub fn into_config(self) -> anyhow::Result<ServeConfig> {
-        let metrics_listen =
-            match self.metrics_listen.as_str() {
-                "off" | "" => None,
-                addr => Some(addr.parse().with_context(|| {
-                    format!("--metrics-listen {addr:?}: not an address like 0.0.0.0:9090 (or `off`)")
-                })?),
-            };
+        let metrics_listen = parse_metrics_listen(&self.metrics_listen)?;
+        let listener = self.listener.into_config()?;
+        if metrics_listen.is_some_and(|m: SocketAddr| m == self.listen && m.port() != 0) {
+            bail!("--metrics-listen {}: must differ from --listen", self.listen);
+        }
+        if self.request_bytes_in_flight < MAX_BODY_BYTES {
+            bail!(
+                "--request-bytes-in-flight {}: must be at least the {MAX_BODY_BYTES}-byte body limit, or a large pod could never be read",
+                self.request_bytes_in_flight
+            );
+        }
+        let max_concurrent_decisions = match self.max_concurrent_decisions {
+            Some(0) => bail!("--max-concurrent-decisions: must be at least 1"),
+            Some(n) => n,
+            None => std::thread::available_parallelism().map_or(2, usize::from),
+        };
+        Ok(ServeConfig {
+            listen: self.listen,
+            metrics_listen,
+            listener,
+            attestation_key_dir: self.attestation_key_dir,
+            profiles: self.profiles.source(),
+            http2: self.http2,
+            request_bytes_in_flight: self.request_bytes_in_flight,
+            max_concurrent_decisions,
+            max_body_bytes: MAX_BODY_BYTES,
+        })
+    }
+}
+
+/// `--metrics-listen`: an address, or `off`.
+pub fn parse_metrics_listen(value: &str) -> anyhow::Result<Option<SocketAddr>> {
+    match value {
+        "off" | "" => Ok(None),
+        addr => Ok(Some(
+            addr.parse()
+                .with_context(|| format!("--metrics-listen {addr:?}: not an address like 0.0.0.0:9090 (or `off`)"))?,
+        )),
+    }
+}
+
+impl ListenerArgs {
+    pub fn into_config(self) -> anyhow::Result<ListenerConfig> {
         if self.cert_poll_interval < Duration::from_secs(1) {
             bail!("--cert-poll-interval {:?}: must be at least 1s", self.cert_poll_interval);
         }
@@ -154,20 +204,6 @@ impl ServeArgs {
                 bail!("{flag}: must be at least 1");
             }
         }
-        if metrics_listen.is_some_and(|m: SocketAddr| m == self.listen && m.port() != 0) {
-            bail!("--metrics-listen {}: must differ from --listen", self.listen);
-        }
-        if self.request_bytes_in_flight < MAX_BODY_BYTES {
-            bail!(
-                "--request-bytes-in-flight {}: must be at least the {MAX_BODY_BYTES}-byte body limit, or a large pod could never be read",
-                self.request_bytes_in_flight
-            );
-        }
-        let max_concurrent_decisions = match self.max_concurrent_decisions {
-            Some(0) => bail!("--max-concurrent-decisions: must be at least 1"),
-            Some(n) => n,
-            None => std::thread::available_parallelism().map_or(2, usize::from),
-        };
         let tls = match self.tls_dir {
             Some(dir) => {
                 if !self.dns_names.is_empty() {
@@ -177,25 +213,17 @@ impl ServeArgs {
             }
             None => TlsSource::Dev { dir: self.dev_cert_dir, extra_names: self.dns_names },
         };
-        Ok(ServeConfig {
-            listen: self.listen,
-            metrics_listen,
+        Ok(ListenerConfig {
             tls,
-            attestation_key_dir: self.attestation_key_dir,
-            profiles: self.profiles.source(),
             log_format: self.log_format,
             cert_poll_interval: self.cert_poll_interval,
             request_read_timeout: self.request_read_timeout,
             idle_timeout: self.idle_timeout,
             tls_handshake_timeout: self.tls_handshake_timeout,
             max_connections: self.max_connections,
-            http2: self.http2,
             metrics_max_connections: self.metrics_max_connections,
-            request_bytes_in_flight: self.request_bytes_in_flight,
-            max_concurrent_decisions,
             shutdown_delay: self.shutdown_delay,
             shutdown_grace: self.shutdown_grace,
-            max_body_bytes: MAX_BODY_BYTES,
         })
     }
 }
@@ -248,12 +276,18 @@ mod tests {
         let c = config(&[]).unwrap();
         assert_eq!(c.listen, "[::]:8443".parse().unwrap());
         assert_eq!(c.metrics_listen, Some("[::]:9090".parse().unwrap()));
-        assert_eq!(c.tls, TlsSource::Dev { dir: ".keyward-dev".into(), extra_names: vec![] });
-        assert_eq!(c.cert_poll_interval, Duration::from_secs(10));
-        assert_eq!((c.shutdown_delay, c.shutdown_grace), (Duration::from_secs(5), Duration::from_secs(20)));
+        assert_eq!(c.listener.tls, TlsSource::Dev { dir: ".keyward-dev".into(), extra_names: vec![] });
+        assert_eq!(c.listener.cert_poll_interval, Duration::from_secs(10));
+        assert_eq!(
+            (c.listener.shutdown_delay, c.listener.shutdown_grace),
+            (Duration::from_secs(5), Duration::from_secs(20))
+        );
         assert_eq!(c.max_body_bytes, 7 * 1024 * 1024);
-        assert_eq!((c.request_read_timeout, c.idle_timeout), (Duration::from_secs(10), Duration::from_secs(120)));
-        assert_eq!((c.max_connections, c.metrics_max_connections), (256, 16));
+        assert_eq!(
+            (c.listener.request_read_timeout, c.listener.idle_timeout),
+            (Duration::from_secs(10), Duration::from_secs(120))
+        );
+        assert_eq!((c.listener.max_connections, c.listener.metrics_max_connections), (256, 16));
         assert_eq!(c.request_bytes_in_flight, 32 * 1024 * 1024);
         assert!(c.max_concurrent_decisions >= 1);
         assert_eq!(
@@ -270,9 +304,9 @@ mod tests {
     #[test]
     fn flags_are_validated_with_clear_errors() {
         let c = config(&["--tls-dir", "/tls", "--metrics-listen", "off", "--cert-poll-interval", "30s"]).unwrap();
-        assert_eq!(c.tls, TlsSource::Dir("/tls".into()));
+        assert_eq!(c.listener.tls, TlsSource::Dir("/tls".into()));
         assert_eq!(c.metrics_listen, None);
-        assert_eq!(c.cert_poll_interval, Duration::from_secs(30));
+        assert_eq!(c.listener.cert_poll_interval, Duration::from_secs(30));
         let err = config(&["--metrics-listen", "nine"]).unwrap_err().to_string();
         assert_eq!(err, "--metrics-listen \"nine\": not an address like 0.0.0.0:9090 (or `off`)");
         let err = config(&["--tls-dir", "/tls", "--dns-name", "x"]).unwrap_err().to_string();

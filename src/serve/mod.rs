@@ -23,7 +23,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
-pub use config::{ServeArgs, ServeConfig, TlsSource};
+pub use config::{ListenerConfig, ServeArgs, ServeConfig, TlsSource};
 
 use crate::metrics::Metrics;
 use crate::profiles::ProfileStore;
@@ -31,7 +31,7 @@ use connections::{ConnectionLimits, Connections, Transport};
 use routes::AppState;
 
 pub fn run(config: ServeConfig) -> anyhow::Result<()> {
-    crate::logging::init(config.log_format);
+    crate::logging::init(config.listener.log_format);
     let runtime =
         tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the runtime")?;
     let result = runtime.block_on(serve(config));
@@ -40,7 +40,7 @@ pub fn run(config: ServeConfig) -> anyhow::Result<()> {
 }
 
 async fn serve(config: ServeConfig) -> anyhow::Result<()> {
-    if let TlsSource::Dir(dir) = &config.tls {
+    if let TlsSource::Dir(dir) = &config.listener.tls {
         if !dir.is_dir() {
             anyhow::bail!(
                 "--tls-dir {}: no such directory; mount the serving certificate Secret there (tls.crt, tls.key)",
@@ -53,7 +53,7 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::default());
     // What every set must allow here, at start and on each reload: a profile that issues
     // per-owner credentials needs the attestation key this process was started with.
-    let attests = config.attestation_key_dir.is_some() || matches!(config.tls, TlsSource::Dev { .. });
+    let attests = config.attestation_key_dir.is_some() || matches!(config.listener.tls, TlsSource::Dev { .. });
     let observer = metrics.clone();
     let store = ProfileStore::load(config.profiles.clone(), move |set| attestable(set, attests))?
         .with_observer(move |outcome| observer.observe_profile_reload(outcome));
@@ -69,7 +69,59 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         "profiles loaded"
     );
 
-    let tls_dir = match &config.tls {
+    let tls_dir = serving_dir(&config.listener.tls, config.listen.port())?;
+
+    let attestation_keys = attestation(&config)?;
+    let _attestation_watch = match &attestation_keys {
+        Some(keys) => Some(keyward_certs::watch(keys.clone(), config.listener.cert_poll_interval)?),
+        None => None,
+    };
+
+    let _profile_watches = store.watch(config.listener.cert_poll_interval)?;
+    let observer = metrics.clone();
+    let certs = Arc::new(CertStore::new(&tls_dir).with_observer(move |o| observer.observe_reload(o)));
+    certs.reload(Trigger::Startup);
+    let _watch = keyward_certs::watch(certs.clone(), config.listener.cert_poll_interval)?;
+
+    let (draining, stop_rx) = shutdown_on_signal(config.listener.shutdown_delay);
+
+    let state = AppState {
+        profiles: store.profiles(),
+        certs: certs.clone(),
+        metrics: metrics.clone(),
+        draining,
+        read_timeout: config.listener.request_read_timeout,
+        max_body_bytes: config.max_body_bytes,
+        body_budget: Arc::new(tokio::sync::Semaphore::new(config.request_bytes_in_flight)),
+        decisions: Arc::new(tokio::sync::Semaphore::new(config.max_concurrent_decisions)),
+        attestation_keys,
+    };
+    let listener = bind(config.listen, "--listen").await?;
+    let (webhook_limits, metrics_limits) = connection_limits(&config.listener);
+    let metrics_task = match config.metrics_listen {
+        Some(addr) => Some(tokio::spawn(serve_metrics(addr, state.clone(), metrics_limits, stop_rx.clone()).await?)),
+        None => None,
+    };
+    let acceptor = TlsAcceptor::from(Arc::new(tls_config(certs, config.http2, None)?));
+    tracing::info!(
+        role = "webhook",
+        addr = %listener.local_addr()?,
+        max_connections = webhook_limits.max_connections,
+        "listening (HTTPS: POST /mutate, GET /healthz, GET /readyz)"
+    );
+    let connections = Connections::new("webhook", webhook_limits, metrics);
+    connections::serve(listener, Transport::Tls(acceptor), routes::router(state), connections, stop_rx).await;
+    if let Some(task) = metrics_task {
+        let _ = task.await;
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// The directory the serving certificate is read from: `--tls-dir`, or the development
+/// certificate minted (or reused) in `--dev-cert-dir`. `port` is for the hint to try it.
+pub(crate) fn serving_dir(tls: &TlsSource, port: u16) -> anyhow::Result<std::path::PathBuf> {
+    Ok(match tls {
         TlsSource::Dir(dir) => dir.clone(),
         TlsSource::Dev { dir, extra_names } => {
             // Said first, and again in any error: in a container, a missing --tls-dir is the
@@ -90,77 +142,13 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
                 names = ?dev.info.dns_names,
                 "development certificate: trust this CA to call keyward (not for production; use --tls-dir)"
             );
-            let port = config.listen.port();
             tracing::info!(
                 "try: curl --cacert {} -H 'Content-Type: application/json' --data @tests/fixtures/admissionreview-lmeval.json https://localhost:{port}/mutate",
                 dev.ca_file.display()
             );
             dir.clone()
         }
-    };
-
-    let attestation_keys = attestation(&config)?;
-    let _attestation_watch = match &attestation_keys {
-        Some(keys) => Some(keyward_certs::watch(keys.clone(), config.cert_poll_interval)?),
-        None => None,
-    };
-
-    let _profile_watches = store.watch(config.cert_poll_interval)?;
-    let observer = metrics.clone();
-    let certs = Arc::new(CertStore::new(&tls_dir).with_observer(move |o| observer.observe_reload(o)));
-    certs.reload(Trigger::Startup);
-    let _watch = keyward_certs::watch(certs.clone(), config.cert_poll_interval)?;
-
-    // SIGTERM: first report not ready while still serving (endpoints drop this pod), then
-    // stop accepting and let requests in flight finish.
-    let draining = Arc::new(AtomicBool::new(false));
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let delay = config.shutdown_delay;
-    let flag = draining.clone();
-    tokio::spawn(async move {
-        wait_for_signal().await;
-        flag.store(true, Ordering::Relaxed);
-        tracing::info!(delay = ?delay, "shutting down: reporting not ready; still accepting connections for the delay");
-        // A second signal (a developer pressing Ctrl-C again) skips the wait.
-        tokio::select! {
-            _ = tokio::time::sleep(delay) => {}
-            _ = wait_for_signal() => {}
-        }
-        tracing::info!("shutting down: no new connections; finishing requests in flight");
-        let _ = stop_tx.send(true);
-    });
-
-    let state = AppState {
-        profiles: store.profiles(),
-        certs: certs.clone(),
-        metrics: metrics.clone(),
-        draining,
-        read_timeout: config.request_read_timeout,
-        max_body_bytes: config.max_body_bytes,
-        body_budget: Arc::new(tokio::sync::Semaphore::new(config.request_bytes_in_flight)),
-        decisions: Arc::new(tokio::sync::Semaphore::new(config.max_concurrent_decisions)),
-        attestation_keys,
-    };
-    let listener = bind(config.listen, "--listen").await?;
-    let (webhook_limits, metrics_limits) = connection_limits(&config);
-    let metrics_task = match config.metrics_listen {
-        Some(addr) => Some(tokio::spawn(serve_metrics(addr, state.clone(), metrics_limits, stop_rx.clone()).await?)),
-        None => None,
-    };
-    let acceptor = TlsAcceptor::from(Arc::new(tls_config(certs, config.http2)?));
-    tracing::info!(
-        role = "webhook",
-        addr = %listener.local_addr()?,
-        max_connections = webhook_limits.max_connections,
-        "listening (HTTPS: POST /mutate, GET /healthz, GET /readyz)"
-    );
-    let connections = Connections::new("webhook", webhook_limits, metrics);
-    connections::serve(listener, Transport::Tls(acceptor), routes::router(state), connections, stop_rx).await;
-    if let Some(task) = metrics_task {
-        let _ = task.await;
-    }
-    tracing::info!("stopped");
-    Ok(())
+    })
 }
 
 /// Whether `set` can be served: its profiles that issue per-owner credentials need the
@@ -182,7 +170,7 @@ fn attestable(set: &ProfileSet, attests: bool) -> Result<(), String> {
 /// that a reload may add one that issues per-owner credentials). Without either, a set that
 /// needs them is refused (`attestable`).
 fn attestation(config: &ServeConfig) -> anyhow::Result<Option<Arc<KeyStore>>> {
-    let dir = match (&config.attestation_key_dir, &config.tls) {
+    let dir = match (&config.attestation_key_dir, &config.listener.tls) {
         (Some(dir), _) => {
             if !dir.is_dir() {
                 anyhow::bail!(
@@ -206,7 +194,7 @@ fn attestation(config: &ServeConfig) -> anyhow::Result<Option<Arc<KeyStore>>> {
 
 /// The limits of both listeners. The connection caps are lowered, if need be, so that every
 /// connection fits in the open-files limit with room for everything else.
-fn connection_limits(config: &ServeConfig) -> (ConnectionLimits, ConnectionLimits) {
+pub(crate) fn connection_limits(config: &ListenerConfig) -> (ConnectionLimits, ConnectionLimits) {
     let open_files = connections::raise_open_files_limit();
     let wanted = config.max_connections + config.metrics_max_connections;
     let fits = connections::cap_for_open_files(wanted, open_files);
@@ -280,16 +268,46 @@ pub(crate) fn serve_plain(
     connections::serve(listener, Transport::Plain, app, connections, stop)
 }
 
-fn tls_config(certs: Arc<CertStore>, http2: bool) -> anyhow::Result<rustls::ServerConfig> {
+/// The TLS server configuration of a listener: its certificate from `certs`, client
+/// certificates verified by `clients` when given (the gate), else none asked for.
+pub(crate) fn tls_config(
+    certs: Arc<CertStore>,
+    http2: bool,
+    clients: Option<Arc<dyn rustls::server::danger::ClientCertVerifier>>,
+) -> anyhow::Result<rustls::ServerConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+    let builder = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-        .context("TLS configuration")?
-        .with_no_client_auth()
-        .with_cert_resolver(certs);
+        .context("TLS configuration")?;
+    let mut tls = match clients {
+        Some(verifier) => builder.with_client_cert_verifier(verifier).with_cert_resolver(certs),
+        None => builder.with_no_client_auth().with_cert_resolver(certs),
+    };
     // The apiserver offers only http/1.1; h2 only when asked for (--http2).
     tls.alpn_protocols = if http2 { vec![b"h2".to_vec(), b"http/1.1".to_vec()] } else { vec![b"http/1.1".to_vec()] };
     Ok(tls)
+}
+
+/// On SIGTERM or SIGINT: first report not ready (the flag) while still serving, so endpoints
+/// drop this pod, then, after `delay`, stop accepting (the channel) and let requests in flight
+/// finish.
+pub(crate) fn shutdown_on_signal(delay: std::time::Duration) -> (Arc<AtomicBool>, watch::Receiver<bool>) {
+    let draining = Arc::new(AtomicBool::new(false));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let flag = draining.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        flag.store(true, Ordering::Relaxed);
+        tracing::info!(delay = ?delay, "shutting down: reporting not ready; still accepting connections for the delay");
+        // A second signal (a developer pressing Ctrl-C again) skips the wait.
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = wait_for_signal() => {}
+        }
+        tracing::info!("shutting down: no new connections; finishing requests in flight");
+        let _ = stop_tx.send(true);
+    });
+    (draining, stop_rx)
 }
 
 pub(crate) async fn wait_for_signal() {
