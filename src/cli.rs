@@ -58,6 +58,12 @@ enum Command {
     /// Exits 0 when the file is valid (and the request allowed), 3 when the request is
     /// refused, 1 on bad input.
     CheckGate(crate::gate::CheckGateArgs),
+    /// Serve the gate: an HTTPS reverse proxy in front of a control plane's endpoint that lets
+    /// each caller (a keyward client certificate, or a service account token) do only what
+    /// the gate file's rules allow, and tells the upstream who called.
+    ///
+    /// Without --tls-dir it mints a development CA and certificate into --dev-cert-dir.
+    Gate(Box<crate::gate::GateArgs>),
     /// Print Kubernetes manifests generated from the profiles.
     #[command(subcommand)]
     Manifests(ManifestsCommand),
@@ -157,6 +163,10 @@ impl Cli {
             Command::Certs(command) => crate::certs::run(command),
             Command::Audit(args) => crate::audit::run(*args),
             Command::CheckGate(args) => crate::gate::check(&args),
+            Command::Gate(args) => {
+                crate::gate::run(args.into_config()?)?;
+                Ok(ExitCode::SUCCESS)
+            }
             Command::Version => {
                 print!("{}", crate::build::describe());
                 Ok(ExitCode::SUCCESS)

@@ -401,7 +401,7 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
 
 /// The Kubernetes client (in a pod: its ServiceAccount; elsewhere: KUBECONFIG), with every
 /// request bounded by `timeout` until its answer starts.
-async fn kube_client(timeout: Duration) -> anyhow::Result<kube::Client> {
+pub(crate) async fn kube_client(timeout: Duration) -> anyhow::Result<kube::Client> {
     let hint = "in a pod, its ServiceAccount token must be mounted; elsewhere, set KUBECONFIG";
     let config = kube::Config::infer()
         .await

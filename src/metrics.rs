@@ -168,7 +168,9 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    fn intern(&self, name: &str) -> &'static str {
+    /// `name` as a `&'static str` label value, leaked once per distinct name: only for names
+    /// from configuration (profiles, gate rules), never from requests.
+    pub fn intern(&self, name: &str) -> &'static str {
         if let Some(interned) = self.profile_names.read().unwrap_or_else(|p| p.into_inner()).get(name) {
             return interned;
         }
@@ -225,6 +227,11 @@ impl Metrics {
     /// The gauge of requests in flight on `listener`, for the connection layer to move.
     pub fn requests_in_flight(&self, listener: &'static str) -> Gauge {
         self.in_flight.get_or_create(&ListenerLabels { listener }).clone()
+    }
+
+    /// Registers `metric` beside keyward's own (the gate's), under the `keyward_` prefix.
+    pub fn register(&self, name: &str, help: &str, metric: impl prometheus_client::registry::Metric) {
+        self.registry.lock().unwrap_or_else(|p| p.into_inner()).register(name, help, metric);
     }
 
     /// The Prometheus text exposition.

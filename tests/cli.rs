@@ -516,6 +516,45 @@ fn check_gate_validates_the_recipe_and_decides_a_request_offline() {
     assert_one_line_error(&o, "SPIFFE ID \"spiffe://cluster.local/ns/team-a/lmevaljob/%2e%2e\": holds '%': keyward's identities are plain Kubernetes names, never encoded, with no port, query or fragment");
 }
 
+/// Each recipe's header says how to try it: the requests it names decide as it says.
+#[test]
+fn the_kfp_and_inference_graph_recipes_decide_their_systems_requests() {
+    let kfp = "gate/recipes/kfp-api.yaml";
+    let agent = "system:serviceaccount:kubeflow:ml-pipeline-persistenceagent";
+    let scheduler = "system:serviceaccount:kubeflow:ml-pipeline-scheduledworkflow";
+    let decide = |recipe: &str, caller: &str, request: &str| {
+        keyward(&["check-gate", recipe, "--caller", caller, "--request", request], None)
+    };
+    for (caller, request, code) in [
+        (agent, "POST /api.ReportService/ReportWorkflowV1", 0),
+        (agent, "POST /api.ReportService/ReportScheduledWorkflowV1", 0),
+        (agent, "POST /api.RunService/ReportRunMetricsV1", 0),
+        (scheduler, "POST /kubeflow.pipelines.backend.api.v2beta1.RunService/CreateRun", 0),
+        // Each agent only what its ClusterRole names; nobody else anything.
+        (scheduler, "POST /api.ReportService/ReportWorkflowV1", 3),
+        (agent, "POST /kubeflow.pipelines.backend.api.v2beta1.RunService/CreateRun", 3),
+        ("system:serviceaccount:team-a:pipeline-runner", "POST /api.RunService/ReportRunMetricsV1", 3),
+        (agent, "POST /kubeflow.pipelines.backend.api.v2beta1.RunService/DeleteRun", 3),
+    ] {
+        let o = decide(kfp, caller, request);
+        assert_eq!(o.status.code(), Some(code), "{caller} {request}: {}{}", stdout(&o), stderr(&o));
+    }
+    let graph = "gate/recipes/inference-graph.yaml";
+    let o = decide(graph, "system:serviceaccount:team-a:client", "POST /v1/models/x:predict");
+    assert_eq!(o.status.code(), Some(3));
+    assert!(
+        stdout(&o).contains("would ask the API server: may system:serviceaccount:team-a:client get inferencegraphs (group \"serving.kserve.io\", namespace \"team-a\", name \"my-graph\")"),
+        "{}",
+        stdout(&o)
+    );
+    let o = decide(graph, "spiffe://cluster.local/ns/team-a/lmevaljob/j", "POST /v1/models/x:predict");
+    assert!(
+        stdout(&o).ends_with("it does not admit workload spiffe://cluster.local/ns/team-a/lmevaljob/j\n"),
+        "{}",
+        stdout(&o)
+    );
+}
+
 #[test]
 fn check_gate_reports_every_problem_of_a_bad_file() {
     let dir = tempfile::tempdir().unwrap();

@@ -11,6 +11,9 @@ use crate::starts_with_ignore_case;
 pub const GRPC_PERMISSION_DENIED: u8 = 7;
 /// gRPC's UNAUTHENTICATED: no identity could be read at all.
 pub const GRPC_UNAUTHENTICATED: u8 = 16;
+/// gRPC's UNAVAILABLE: the gate could not decide now (the API server did not answer) or the
+/// upstream could not be reached; clients retry it.
+pub const GRPC_UNAVAILABLE: u8 = 14;
 /// The longest reason sent (a refusal names rules and values; the log line has it whole).
 pub const MAX_REASON_BYTES: usize = 1024;
 
@@ -42,6 +45,12 @@ pub fn forbidden(grpc: bool, reason: &str) -> Refusal {
 /// one the gate or the API server rejected).
 pub fn unauthenticated(grpc: bool, reason: &str) -> Refusal {
     refuse(grpc, 401, GRPC_UNAUTHENTICATED, reason)
+}
+
+/// The answer when the gate cannot decide now (a review the API server did not answer in
+/// time) or cannot reach the upstream: it fails closed, and says so as a retryable error.
+pub fn unavailable(grpc: bool, http_status: u16, reason: &str) -> Refusal {
+    refuse(grpc, http_status, GRPC_UNAVAILABLE, reason)
 }
 
 fn refuse(grpc: bool, http_status: u16, grpc_status: u8, reason: &str) -> Refusal {
@@ -109,6 +118,9 @@ mod tests {
         assert_eq!(r.status, 403);
         assert_eq!(r.body, "keyward gate: no rule covers this  X-Injected: 1\n");
         assert_eq!(unauthenticated(false, "no token").status, 401);
+        assert_eq!(unavailable(false, 503, "the API server did not answer").status, 503);
+        let r = unavailable(true, 503, "the API server did not answer");
+        assert_eq!((r.status, r.headers[1].1.as_str()), (200, "14"));
     }
 
     #[test]

@@ -416,6 +416,12 @@ impl Gate {
         self.token_review.as_ref().map(|t| t.audiences.as_slice())
     }
 
+    /// Whether deciding may need the API server: tokens to review, or a rule's
+    /// SubjectAccessReview.
+    pub fn asks_api_server(&self) -> bool {
+        self.token_review.is_some() || self.rules.iter().any(|r| r.review.is_some())
+    }
+
     /// Whether a rule that could decide `method` `path` reads the gRPC request's message (a
     /// `grpcField` condition or `{grpc.N}` reference): only then does the transport hold the
     /// body back to read it.

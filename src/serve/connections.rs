@@ -216,6 +216,46 @@ impl Drop for Answering {
     }
 }
 
+/// The certificate the client presented in the TLS handshake (its end entity), verified by
+/// the listener's client verifier: a request extension on every request of the connection.
+/// Absent when the client sent none (and on listeners that ask for none).
+#[derive(Debug, Clone)]
+pub struct PeerCertificate(pub Arc<rustls::pki_types::CertificateDer<'static>>);
+
+/// A response body that holds `guard` until the body is written whole (or dropped): a request
+/// stays in flight, and an answer being streamed stays spared eviction, for as long as its
+/// response is being sent, not only until its headers are.
+pub struct Guarded<G> {
+    body: axum::body::Body,
+    _guard: G,
+}
+
+impl<G: Send + Unpin + 'static> Guarded<G> {
+    pub fn wrap(body: axum::body::Body, guard: G) -> axum::body::Body {
+        axum::body::Body::new(Self { body, _guard: guard })
+    }
+}
+
+impl<G: Unpin> http_body::Body for Guarded<G> {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
 /// Marks a request in flight for as long as it lives.
 struct InFlight {
     state: Arc<ConnState>,
@@ -530,7 +570,7 @@ async fn connection(
     match transport {
         Transport::Plain => {
             state.idle_since.store(clock.now_ms(), Ordering::Release);
-            http1(tcp, app, connections, state, stop).await
+            http1(tcp, app, connections, state, stop, None).await
         }
         Transport::Tls(acceptor) => {
             let handshake = tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp));
@@ -550,11 +590,16 @@ async fn connection(
             };
             // The first request is timed from the end of the handshake.
             state.idle_since.store(clock.now_ms(), Ordering::Release);
-            let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+            let session = tls.get_ref().1;
+            let h2 = session.alpn_protocol() == Some(b"h2");
+            let peer = session
+                .peer_certificates()
+                .and_then(|chain| chain.first())
+                .map(|leaf| PeerCertificate(Arc::new(leaf.clone().into_owned())));
             if h2 {
-                http2(tls, app, connections, state, stop).await
+                http2(tls, app, connections, state, stop, peer).await
             } else {
-                http1(tls, app, connections, state, stop).await
+                http1(tls, app, connections, state, stop, peer).await
             }
         }
     }
@@ -566,6 +611,7 @@ fn tracked_service(
     state: &Arc<ConnState>,
     clock: Clock,
     gauge: Gauge,
+    peer: Option<PeerCertificate>,
 ) -> impl Service<
     hyper::Request<Incoming>,
     Response = hyper::Response<axum::body::Body>,
@@ -577,11 +623,13 @@ fn tracked_service(
     service_fn(move |mut req: hyper::Request<Incoming>| {
         let guard = InFlight::begin(&state, clock, Some(gauge.clone()));
         req.extensions_mut().insert(RequestProgress { state: state.clone() });
+        if let Some(peer) = &peer {
+            req.extensions_mut().insert(peer.clone());
+        }
         let response = inner.call(req);
         async move {
-            let response = response.await;
-            drop(guard);
-            response
+            // In flight until the response is written whole.
+            response.await.map(|r| r.map(|body| Guarded::wrap(body, guard)))
         }
     })
 }
@@ -592,6 +640,7 @@ async fn http1<I>(
     connections: &Connections,
     state: &Arc<ConnState>,
     stop: watch::Receiver<bool>,
+    peer: Option<PeerCertificate>,
 ) -> Option<CloseReason>
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -604,7 +653,7 @@ where
     builder.timer(TokioTimer::new()).header_read_timeout(None).keep_alive(true);
     let conn = builder.serve_connection(
         io,
-        tracked_service(app, state, clock, connections.metrics.requests_in_flight(connections.role)),
+        tracked_service(app, state, clock, connections.metrics.requests_in_flight(connections.role), peer),
     );
     let conn = std::pin::pin!(conn);
     watch_connection(conn, |c| c.graceful_shutdown(), connections, state, stop).await
@@ -616,6 +665,7 @@ async fn http2<I>(
     connections: &Connections,
     state: &Arc<ConnState>,
     stop: watch::Receiver<bool>,
+    peer: Option<PeerCertificate>,
 ) -> Option<CloseReason>
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -626,7 +676,7 @@ where
     builder.timer(TokioTimer::new()).max_concurrent_streams(H2_MAX_STREAMS);
     let conn = builder.serve_connection(
         io,
-        tracked_service(app, state, clock, connections.metrics.requests_in_flight(connections.role)),
+        tracked_service(app, state, clock, connections.metrics.requests_in_flight(connections.role), peer),
     );
     let conn = std::pin::pin!(conn);
     watch_connection(conn, |c| c.graceful_shutdown(), connections, state, stop).await

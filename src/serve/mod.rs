@@ -7,7 +7,7 @@
 //! still serving, then stop accepting and let in-flight requests finish.
 
 pub(crate) mod config;
-mod connections;
+pub(crate) mod connections;
 mod routes;
 
 use std::net::SocketAddr;
@@ -236,7 +236,7 @@ async fn serve_metrics(
 
 /// Binds `addr`. `[::]` (the default) takes IPv6 and IPv4 alike; on a host or pod with IPv6
 /// turned off it cannot be bound, and 0.0.0.0 (IPv4) is, with a warning.
-async fn bind(addr: SocketAddr, flag: &str) -> anyhow::Result<TcpListener> {
+pub(crate) async fn bind(addr: SocketAddr, flag: &str) -> anyhow::Result<TcpListener> {
     match TcpListener::bind(addr).await {
         Ok(listener) => Ok(listener),
         Err(e) if addr.ip() == std::net::Ipv6Addr::UNSPECIFIED => {

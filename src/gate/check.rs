@@ -1,5 +1,6 @@
 //! `keyward check-gate`: a gate file checked, and optionally a request decided offline, as
-//! `keyward gate` would decide it (the rules are `keyward-gate`'s; the transport comes next).
+//! `keyward gate` would decide it, with the same rules (`keyward-gate`'s); the SubjectAccessReviews
+//! a rule would ask are printed, not asked.
 
 use std::path::PathBuf;
 use std::process::ExitCode;

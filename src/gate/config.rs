@@ -1,0 +1,135 @@
+//! `keyward gate` settings: the flags (each with a `KEYWARD_GATE_…` or the shared `KEYWARD_…`
+//! env var) and the checked [`GateConfig`] the gate runs on.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::bail;
+use clap::Args;
+
+use crate::serve::config::{parse_duration, parse_metrics_listen, parse_size, ListenerArgs};
+use crate::serve::ListenerConfig;
+
+#[derive(Debug, Args)]
+pub struct GateArgs {
+    /// The gate file (apiVersion keyward.io/v1alpha1, kind Gate): the rules. Reloaded when it
+    /// changes; a file that is refused keeps the rules in force.
+    #[arg(long, env = "KEYWARD_GATE_CONFIG", value_name = "FILE")]
+    config: PathBuf,
+    /// Where allowed requests go: `http://127.0.0.1:PORT` (the control plane in the same pod)
+    /// or `https://HOST:PORT` with --upstream-ca.
+    #[arg(long, env = "KEYWARD_GATE_UPSTREAM", value_name = "URL")]
+    upstream: String,
+    /// The CA that signed an https:// upstream's certificate (PEM).
+    #[arg(long, env = "KEYWARD_GATE_UPSTREAM_CA", value_name = "FILE")]
+    upstream_ca: Option<PathBuf>,
+    /// The client CA bundle keyward's client certificates chain to (PEM): the ConfigMap
+    /// keyward-client-ca's ca.crt, or a ClusterTrustBundle projected into a volume. Reloaded
+    /// when it changes. Without it the gate accepts no client certificates (tokens only).
+    #[arg(long, env = "KEYWARD_GATE_CLIENT_CA", value_name = "FILE")]
+    client_ca: Option<PathBuf>,
+    /// HTTPS address the gate listens on (HTTP/1.1 and HTTP/2, so gRPC too).
+    #[arg(long, env = "KEYWARD_GATE_LISTEN", default_value = "[::]:8444")]
+    listen: SocketAddr,
+    /// Plain-HTTP address for GET /metrics, /healthz, /readyz; `off` disables it.
+    #[arg(long, env = "KEYWARD_GATE_METRICS_LISTEN", default_value = "[::]:9091")]
+    metrics_listen: String,
+    #[command(flatten)]
+    listener: ListenerArgs,
+    /// How long a TokenReview or SubjectAccessReview may take; past it the request is refused
+    /// as unavailable (the gate fails closed).
+    #[arg(long, env = "KEYWARD_GATE_REVIEW_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    review_timeout: Duration,
+    /// Bytes of gRPC messages held to be read by a rule, all requests together. Accepts Ki, Mi,
+    /// Gi; at least one message (4 MiB and its prefix).
+    #[arg(long, env = "KEYWARD_GATE_MESSAGE_BYTES_IN_FLIGHT", default_value = "64Mi", value_parser = parse_size)]
+    message_bytes_in_flight: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GateConfig {
+    pub config: PathBuf,
+    pub upstream: String,
+    pub upstream_ca: Option<PathBuf>,
+    pub client_ca: Option<PathBuf>,
+    pub listen: SocketAddr,
+    pub metrics_listen: Option<SocketAddr>,
+    pub listener: ListenerConfig,
+    pub review_timeout: Duration,
+    pub message_bytes_in_flight: usize,
+}
+
+impl GateArgs {
+    pub fn into_config(self) -> anyhow::Result<GateConfig> {
+        let metrics_listen = parse_metrics_listen(&self.metrics_listen)?;
+        let listener = self.listener.into_config()?;
+        if metrics_listen.is_some_and(|m: SocketAddr| m == self.listen && m.port() != 0) {
+            bail!("--metrics-listen {}: must differ from --listen", self.listen);
+        }
+        if self.review_timeout.is_zero() {
+            bail!("--review-timeout: must be more than 0s");
+        }
+        let one_message = keyward_gate::grpc::MAX_MESSAGE_BYTES + 5;
+        if self.message_bytes_in_flight < one_message {
+            bail!(
+                "--message-bytes-in-flight {}: must be at least one gRPC message the gate reads ({one_message} bytes)",
+                self.message_bytes_in_flight
+            );
+        }
+        if u32::try_from(self.message_bytes_in_flight).is_err() {
+            bail!("--message-bytes-in-flight {}: at most 4Gi", self.message_bytes_in_flight);
+        }
+        Ok(GateConfig {
+            config: self.config,
+            upstream: self.upstream,
+            upstream_ca: self.upstream_ca,
+            client_ca: self.client_ca,
+            listen: self.listen,
+            metrics_listen,
+            listener,
+            review_timeout: self.review_timeout,
+            message_bytes_in_flight: self.message_bytes_in_flight,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Wrapper {
+        #[command(flatten)]
+        gate: GateArgs,
+    }
+
+    fn config(args: &[&str]) -> anyhow::Result<GateConfig> {
+        let mut argv = vec!["keyward", "--config", "gate.yaml", "--upstream", "http://127.0.0.1:8082"];
+        argv.extend_from_slice(args);
+        Wrapper::try_parse_from(argv)?.gate.into_config()
+    }
+
+    #[test]
+    fn defaults_and_refusals() {
+        let c = config(&[]).unwrap();
+        assert_eq!(c.listen, "[::]:8444".parse().unwrap());
+        assert_eq!(c.metrics_listen, Some("[::]:9091".parse().unwrap()));
+        assert_eq!(c.review_timeout, Duration::from_secs(5));
+        assert_eq!((c.client_ca, c.upstream_ca), (None, None));
+        assert_eq!(c.message_bytes_in_flight, 64 << 20);
+        assert_eq!(
+            config(&["--review-timeout", "0s"]).unwrap_err().to_string(),
+            "--review-timeout: must be more than 0s"
+        );
+        assert_eq!(
+            config(&["--message-bytes-in-flight", "1Mi"]).unwrap_err().to_string(),
+            "--message-bytes-in-flight 1048576: must be at least one gRPC message the gate reads (4194309 bytes)"
+        );
+        assert_eq!(
+            config(&["--listen", "127.0.0.1:9", "--metrics-listen", "127.0.0.1:9"]).unwrap_err().to_string(),
+            "--metrics-listen 127.0.0.1:9: must differ from --listen"
+        );
+    }
+}

@@ -1,0 +1,228 @@
+//! `keyward gate`: the control plane's side. An HTTPS reverse proxy in front of a control
+//! plane's endpoint that lets each caller act only as itself: a keyward client certificate
+//! (its workload identity) or a service account token (TokenReview), the gate file's rules,
+//! the API server's SubjectAccessReviews where a rule asks one; then the request, with the
+//! verified identity in headers, to the upstream. The rules are `keyward-gate`'s (pure); this
+//! module is the transport, on the webhook's certificate store and connection rules.
+//!
+//! Start-up: the gate file (refused: the gate does not start), the serving certificate, the
+//! client CA, the upstream's address, the API client when the file needs one; then listen.
+//! Reloads: the gate file and the client CA bundle, each keeping the last good.
+
+mod caller;
+mod check;
+mod client_ca;
+pub(crate) mod config;
+mod metrics;
+mod proxy;
+mod reviews;
+mod store;
+#[cfg(test)]
+mod tests;
+mod upstream;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use anyhow::Context as _;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use keyward_certs::{CertStore, Trigger};
+use tokio_rustls::TlsAcceptor;
+
+pub use check::{check, CheckGateArgs};
+pub use config::{GateArgs, GateConfig};
+
+use crate::metrics::Metrics;
+use crate::serve::connections::{self, Connections, Transport};
+use client_ca::ClientCa;
+use metrics::GateMetrics;
+use proxy::GateState;
+use store::GateStore;
+use upstream::Upstream;
+
+/// What a reload of the gate file or the client CA bundle did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reload {
+    /// Read and in force (the number of CAs, for the bundle).
+    Loaded(usize),
+    Unchanged,
+    /// Refused; the last good one stays.
+    Failed(String),
+}
+
+impl Reload {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Loaded(_) => "loaded",
+            Self::Unchanged => "unchanged",
+            Self::Failed(_) => "failed",
+        }
+    }
+}
+
+pub fn run(config: GateConfig) -> anyhow::Result<()> {
+    crate::logging::init(config.listener.log_format);
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the runtime")?;
+    let result = runtime.block_on(gate(config));
+    crate::logging::flush();
+    result
+}
+
+/// Everything the gate serves with, built from its configuration (the tests build it too).
+struct Gate {
+    state: GateState,
+    certs: Arc<CertStore>,
+    client_ca: Option<Arc<ClientCa>>,
+    shared: Arc<Metrics>,
+}
+
+impl Gate {
+    async fn build(config: &GateConfig, reviews_client: Option<kube::Client>) -> anyhow::Result<Self> {
+        let shared = Arc::new(Metrics::default());
+        let metrics = Arc::new(GateMetrics::new(shared.clone()));
+        let observer = metrics.clone();
+        let store = GateStore::load(&config.config)?
+            .with_observer(move |outcome| observer.observe_reload("gate", outcome.as_str()));
+        let store = Arc::new(store);
+        let loaded = store.current();
+        let client = match reviews_client {
+            Some(client) => Some(client),
+            None if loaded.gate.asks_api_server() => {
+                Some(crate::controller::kube_client(config.review_timeout).await.context(
+                    "the gate file reviews tokens or asks SubjectAccessReviews, so the gate needs the API server",
+                )?)
+            }
+            None => None,
+        };
+        let reviews = client.map(|c| Arc::new(reviews::Reviews::new(c, config.review_timeout, metrics.clone())));
+        let client_ca = match &config.client_ca {
+            Some(file) => {
+                let observer = metrics.clone();
+                let ca = ClientCa::load(file)
+                    .map_err(anyhow::Error::msg)?
+                    .with_observer(move |outcome| observer.observe_reload("client-ca", outcome.as_str()));
+                Some(Arc::new(ca))
+            }
+            None => None,
+        };
+        let upstream = Upstream::new(&config.upstream, config.upstream_ca.as_deref()).map_err(anyhow::Error::msg)?;
+        let tls_dir = crate::serve::serving_dir(&config.listener.tls, config.listen.port())?;
+        let observer = shared.clone();
+        let certs = Arc::new(CertStore::new(&tls_dir).with_observer(move |o| observer.observe_reload(o)));
+        certs.reload(Trigger::Startup);
+        tracing::info!(
+            gate = %loaded.name,
+            file = %config.config.display(),
+            upstream = ?upstream,
+            client_ca = config.client_ca.as_ref().map(|f| f.display().to_string()),
+            tokens = loaded.gate.token_audiences().is_some(),
+            "gate file loaded"
+        );
+        let state = GateState {
+            gate: store,
+            reviews,
+            upstream: Arc::new(upstream),
+            metrics,
+            read_timeout: config.listener.request_read_timeout,
+            body_budget: Arc::new(tokio::sync::Semaphore::new(config.message_bytes_in_flight)),
+        };
+        Ok(Self { state, certs, client_ca, shared })
+    }
+
+    fn acceptor(&self) -> anyhow::Result<TlsAcceptor> {
+        let clients = self.client_ca.clone().map(|ca| ca as Arc<dyn rustls::server::danger::ClientCertVerifier>);
+        // HTTP/2 always: gRPC needs it.
+        Ok(TlsAcceptor::from(Arc::new(crate::serve::tls_config(self.certs.clone(), true, clients)?)))
+    }
+
+    fn app(&self) -> Router {
+        Router::new().fallback(proxy::handle).with_state(self.state.clone())
+    }
+}
+
+async fn gate(config: GateConfig) -> anyhow::Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let gate = Gate::build(&config, None).await?;
+    let poll = config.listener.cert_poll_interval;
+    let _cert_watch = keyward_certs::watch(gate.certs.clone(), poll)?;
+    let _gate_watch = keyward_certs::watch(gate.state.gate.clone(), poll)?;
+    let _ca_watch = match &gate.client_ca {
+        Some(ca) => Some(keyward_certs::watch(ca.clone(), poll)?),
+        None => None,
+    };
+    let (draining, stop) = crate::serve::shutdown_on_signal(config.listener.shutdown_delay);
+    let (limits, metrics_limits) = crate::serve::connection_limits(&config.listener);
+    let listener = crate::serve::bind(config.listen, "--listen").await?;
+    let metrics_task = match config.metrics_listen {
+        Some(addr) => {
+            let health = Health { certs: gate.certs.clone(), metrics: gate.shared.clone(), draining };
+            let listener = crate::serve::bind(addr, "--metrics-listen").await?;
+            tracing::info!(role = "metrics", addr = %listener.local_addr()?, "listening (plain HTTP: GET /metrics, /healthz, /readyz)");
+            let connections = Connections::new("metrics", metrics_limits, gate.shared.clone());
+            Some(tokio::spawn(connections::serve(
+                listener,
+                Transport::Plain,
+                health.router(),
+                connections,
+                stop.clone(),
+            )))
+        }
+        None => None,
+    };
+    tracing::info!(
+        role = "gate",
+        addr = %listener.local_addr()?,
+        max_connections = limits.max_connections,
+        "listening (HTTPS, HTTP/1.1 and HTTP/2: every request is decided by the gate file, then forwarded)"
+    );
+    let connections = Connections::new("gate", limits, gate.shared.clone());
+    connections::serve(listener, Transport::Tls(gate.acceptor()?), gate.app(), connections, stop).await;
+    if let Some(task) = metrics_task {
+        let _ = task.await;
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// The gate's metrics port: /metrics, /healthz, /readyz (ready while a valid serving
+/// certificate is served and the gate is not shutting down).
+#[derive(Clone)]
+struct Health {
+    certs: Arc<CertStore>,
+    metrics: Arc<Metrics>,
+    draining: Arc<AtomicBool>,
+}
+
+impl Health {
+    fn router(self) -> Router {
+        Router::new()
+            .route(
+                "/metrics",
+                get(|State(h): State<Health>| async move {
+                    ([("content-type", "text/plain; version=0.0.4; charset=utf-8")], h.metrics.encode())
+                }),
+            )
+            .route("/healthz", get(|| async { "ok\n" }))
+            .route("/readyz", get(ready))
+            .fallback(|| async {
+                (StatusCode::NOT_FOUND, "not found: the metrics port serves GET /metrics, /healthz and /readyz\n")
+            })
+            .with_state(self)
+    }
+}
+
+async fn ready(State(h): State<Health>) -> Response {
+    if h.draining.load(Ordering::Relaxed) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "not ready: shutting down\n").into_response();
+    }
+    match h.certs.ready(SystemTime::now()) {
+        Ok(()) => (StatusCode::OK, "ok\n").into_response(),
+        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {reason}\n")).into_response(),
+    }
+}

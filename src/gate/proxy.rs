@@ -1,0 +1,263 @@
+//! One request through the gate: who is calling, whether the path can be judged, the gRPC
+//! message when a rule reads it, the rules (and the API server's answers they await), then the
+//! request forwarded with the client's identity headers replaced by the gate's. Each refusal
+//! is answered in the caller's protocol (`keyward_gate::refusal`), logged and counted.
+//!
+//! Time: the request's headers have arrived (the connection layer timed them); a held gRPC
+//! message must arrive whole within the read timeout; reviews have their own deadline. Once
+//! allowed, the request is being answered: its body and the response stream for as long as
+//! the upstream keeps them (a gRPC stream may last), spared eviction.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::Response;
+use bytes::{Bytes, BytesMut};
+use http::{HeaderName, HeaderValue};
+use http_body_util::BodyExt;
+use keyward_engine::text::clip;
+use keyward_gate::grpc;
+use keyward_gate::headers::identity_headers;
+use keyward_gate::refusal::{self, Refusal};
+use keyward_gate::route::RequestPath;
+use keyward_gate::rules::{AccessReview, Caller};
+use tokio::sync::Semaphore;
+
+use super::caller::{bearer_token, workload_of};
+use super::metrics::{Decision, GateMetrics};
+use super::reviews::{Reviews, TokenRefused};
+use super::store::GateStore;
+use super::upstream::Upstream;
+use crate::serve::connections::{Guarded, PeerCertificate, RequestProgress};
+
+/// The most of a request path written into a log line.
+const LOG_PATH_MAX: usize = 256;
+
+#[derive(Clone)]
+pub struct GateState {
+    pub gate: Arc<GateStore>,
+    /// `None`: no API server to ask (the gate file accepts no tokens and asks no reviews).
+    pub reviews: Option<Arc<Reviews>>,
+    pub upstream: Arc<Upstream>,
+    pub metrics: Arc<GateMetrics>,
+    pub read_timeout: Duration,
+    /// Bytes of held gRPC messages, all requests together: the bound on the gate's memory.
+    pub body_budget: Arc<Semaphore>,
+}
+
+/// Why a request is not forwarded.
+struct Stop {
+    decision: Decision,
+    refusal: Refusal,
+    /// For the log line: the reason in full (the answer's is clipped).
+    reason: String,
+}
+
+impl Stop {
+    fn new(decision: Decision, grpc: bool, reason: String) -> Self {
+        let refusal = match decision {
+            Decision::Unauthenticated => refusal::unauthenticated(grpc, &reason),
+            Decision::Unavailable => refusal::unavailable(grpc, 503, &reason),
+            Decision::Refused | Decision::Allowed => refusal::forbidden(grpc, &reason),
+        };
+        Self { decision, refusal, reason }
+    }
+}
+
+pub async fn handle(State(state): State<GateState>, request: Request) -> Response {
+    let started = Instant::now();
+    let (mut parts, body) = request.into_parts();
+    let grpc = refusal::is_grpc(parts.headers.get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()));
+    let loaded = state.gate.current();
+    let gate = &loaded.gate;
+
+    let decided = decide(&state, gate, &parts, body, grpc).await;
+    let (caller, groups, rule, body, permit) = match decided {
+        Ok(allowed) => allowed,
+        Err((stop, caller)) => {
+            state.metrics.observe_request(None, stop.decision, started.elapsed());
+            tracing::warn!(
+                decision = stop.decision.as_str(),
+                caller = caller.as_deref().unwrap_or(""),
+                method = %parts.method,
+                path = ?clip(parts.uri.path(), LOG_PATH_MAX),
+                reason = ?stop.reason,
+                "gate refused a request"
+            );
+            return into_response(stop.refusal);
+        }
+    };
+    state.metrics.observe_request(Some(&rule), Decision::Allowed, started.elapsed());
+    tracing::debug!(caller = %describe(&caller), rule = %rule, method = %parts.method, path = ?clip(parts.uri.path(), LOG_PATH_MAX), "gate allowed a request");
+
+    // The upstream learns the caller from the gate alone.
+    let stripped: Vec<HeaderName> = parts.headers.keys().filter(|n| gate.strips(n.as_str())).cloned().collect();
+    for name in stripped {
+        parts.headers.remove(name);
+    }
+    for (name, value) in identity_headers(&caller, &groups) {
+        // Printable ASCII by construction (identity_headers checks each value).
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            parts.headers.insert(name, value);
+        }
+    }
+    let answering = parts.extensions.get::<RequestProgress>().map(RequestProgress::read_whole);
+    let sent = state.upstream.send(http::Request::from_parts(parts, body)).await;
+    drop(permit);
+    match sent {
+        Ok(response) => response.map(|incoming| Guarded::wrap(Body::new(incoming), answering)),
+        Err(e) => {
+            state.metrics.observe_upstream_error();
+            tracing::warn!(upstream = ?state.upstream, error = %e, "gate could not reach the upstream");
+            into_response(refusal::unavailable(grpc, 502, "the upstream could not be reached"))
+        }
+    }
+}
+
+type Allowed = (Caller, Vec<String>, String, Body, Option<tokio::sync::OwnedSemaphorePermit>);
+
+/// Everything before forwarding: the caller, the path, the held message, the rules.
+async fn decide(
+    state: &GateState,
+    gate: &keyward_gate::rules::Gate,
+    parts: &http::request::Parts,
+    body: Body,
+    grpc: bool,
+) -> Result<Allowed, (Stop, Option<String>)> {
+    let (caller, groups) = authenticate(state, gate, parts, grpc).await.map_err(|stop| (stop, None))?;
+    let who = Some(describe(&caller));
+    let fail = |decision, reason: String| (Stop::new(decision, grpc, reason), who.clone());
+    let path = parts.uri.path();
+    let checked = RequestPath::parse(path).map_err(|e| fail(Decision::Refused, e.to_string()))?;
+    let method = parts.method.as_str();
+    let (message, body, permit) = if gate.reads_message(method, &checked) {
+        let (bytes, permit) = hold_message(state, body).await.map_err(|why| fail(Decision::Refused, why))?;
+        grpc::only_message(&bytes).map_err(|e| fail(Decision::Refused, e.to_string()))?;
+        (bytes.clone(), Body::from(bytes), Some(permit))
+    } else {
+        (Bytes::new(), body, None)
+    };
+    let headers: Vec<(&str, &str)> =
+        parts.headers.iter().filter_map(|(n, v)| Some((n.as_str(), v.to_str().ok()?))).collect();
+    let request = keyward_gate::rules::Request { method, path, headers: &headers, body: &message };
+    let mut verdict = gate.decide(&caller, &request, &checked, &|_| None);
+    if verdict.allowed_by.is_none() && !verdict.pending.is_empty() {
+        let Some(reviews) = &state.reviews else {
+            return Err(fail(Decision::Unavailable, "the gate has no API server to ask".into()));
+        };
+        let mut answers: Vec<(AccessReview, bool)> = Vec::with_capacity(verdict.pending.len());
+        for review in &verdict.pending {
+            let allowed = reviews.access(review).await.map_err(|e| fail(Decision::Unavailable, e))?;
+            answers.push((review.clone(), allowed));
+            if allowed {
+                // The first rule that awaited it and now holds decides; later ones need no asking.
+                break;
+            }
+        }
+        verdict =
+            gate.decide(&caller, &request, &checked, &|r| answers.iter().find(|(a, _)| a == r).map(|(_, ok)| *ok));
+    }
+    match verdict.allowed_by {
+        Some(rule) => Ok((caller, groups, rule, body, permit)),
+        None if !verdict.pending.is_empty() => {
+            Err(fail(Decision::Unavailable, "the API server's answers did not decide the request".into()))
+        }
+        None => Err(fail(Decision::Refused, verdict.reason())),
+    }
+}
+
+/// The caller: the client certificate's workload identity, else a bearer token's account.
+async fn authenticate(
+    state: &GateState,
+    gate: &keyward_gate::rules::Gate,
+    parts: &http::request::Parts,
+    grpc: bool,
+) -> Result<(Caller, Vec<String>), Stop> {
+    let unauthenticated = |why: String| Stop::new(Decision::Unauthenticated, grpc, why);
+    if let Some(PeerCertificate(der)) = parts.extensions.get::<PeerCertificate>() {
+        return workload_of(der).map(|id| (Caller::Workload(id), Vec::new())).map_err(unauthenticated);
+    }
+    let token = bearer_token(&parts.headers).map_err(unauthenticated)?;
+    let Some(token) = token else {
+        return Err(unauthenticated(
+            "no client certificate and no bearer token: present the keyward client certificate of your workload, or a service account token".into(),
+        ));
+    };
+    let (Some(audiences), Some(reviews)) = (gate.token_audiences(), &state.reviews) else {
+        return Err(unauthenticated("this gate accepts client certificates only, not bearer tokens".into()));
+    };
+    match reviews.token(token, audiences).await {
+        Ok(account) => Ok((Caller::ServiceAccount(account.account), account.groups)),
+        Err(TokenRefused::Rejected(why)) => Err(unauthenticated(why)),
+        Err(TokenRefused::Unavailable(why)) => Err(Stop::new(Decision::Unavailable, grpc, why)),
+    }
+}
+
+/// Reads the whole request body (a call whose one message a rule reads), within the read
+/// timeout and the body budget: at most a message's 5-byte prefix and `MAX_MESSAGE_BYTES`.
+async fn hold_message(state: &GateState, mut body: Body) -> Result<(Bytes, tokio::sync::OwnedSemaphorePermit), String> {
+    const LIMIT: usize = grpc::MAX_MESSAGE_BYTES + 5;
+    let read = async {
+        let mut held = BytesMut::new();
+        let mut permit: Option<tokio::sync::OwnedSemaphorePermit> = None;
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| format!("the request body could not be read: {e}"))?;
+            let Ok(data) = frame.into_data() else { continue };
+            if held.len() + data.len() > LIMIT {
+                return Err(format!(
+                    "the request body is more than {LIMIT} bytes: a gRPC message the gate reads is at most {} bytes, and a call whose rule reads a field carries one",
+                    grpc::MAX_MESSAGE_BYTES
+                ));
+            }
+            let more = u32::try_from(data.len()).unwrap_or(u32::MAX);
+            let got = state
+                .body_budget
+                .clone()
+                .acquire_many_owned(more)
+                .await
+                .map_err(|_| "the gate is shutting down".to_string())?;
+            match &mut permit {
+                Some(p) => p.merge(got),
+                None => permit = Some(got),
+            }
+            held.extend_from_slice(&data);
+        }
+        let permit = match permit {
+            Some(p) => p,
+            None => state
+                .body_budget
+                .clone()
+                .acquire_many_owned(0)
+                .await
+                .map_err(|_| "the gate is shutting down".to_string())?,
+        };
+        Ok((held.freeze(), permit))
+    };
+    match tokio::time::timeout(state.read_timeout, read).await {
+        Ok(result) => result,
+        Err(_) => Err(format!(
+            "the request's message did not arrive whole within {:?}: a call whose rule reads a field must send one message and end its stream (unary or server-streaming)",
+            state.read_timeout
+        )),
+    }
+}
+
+fn describe(caller: &Caller) -> String {
+    match caller {
+        Caller::Workload(id) => id.to_string(),
+        Caller::ServiceAccount(sa) => sa.to_string(),
+    }
+}
+
+fn into_response(refusal: Refusal) -> Response {
+    let mut response = Response::new(Body::from(refusal.body));
+    *response.status_mut() = http::StatusCode::from_u16(refusal.status).unwrap_or(http::StatusCode::FORBIDDEN);
+    for (name, value) in refusal.headers {
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            response.headers_mut().insert(name, value);
+        }
+    }
+    response
+}

@@ -1,0 +1,216 @@
+//! The API server's answers the gate asks for: a TokenReview of each bearer token (for the gate
+//! file's audiences) and a SubjectAccessReview where a rule asks one, each through its cache
+//! (`keyward_gate::token_cache`) and within a deadline. When the API server does not answer in
+//! time, or answers with an error, the gate fails closed: the request is refused as
+//! unavailable (retryable), and nothing is cached, so the next request asks again.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
+use keyward_gate::identity::ServiceAccount;
+use keyward_gate::rules::AccessReview;
+use keyward_gate::token_cache::{Limits, Review, ReviewCache, TokenCache};
+use kube::api::PostParams;
+use kube::Api;
+
+use super::metrics::GateMetrics;
+
+/// How long a SubjectAccessReview's answer is kept: allowed, denied (as the apiserver's own
+/// delegating authorizer caches them, a little shorter).
+const ALLOWED_FOR: Duration = Duration::from_secs(60);
+const DENIED_FOR: Duration = Duration::from_secs(10);
+const MAX_REVIEWS: usize = 10_000;
+
+/// Why a caller's token names no one the gate accepts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenRefused {
+    /// The API server (or the gate, reading its answer) rejected it: 401.
+    Rejected(String),
+    /// The API server could not be asked: the gate fails closed, 503.
+    Unavailable(String),
+}
+
+/// A verified token's account and the groups the API server gave it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Account {
+    pub account: ServiceAccount,
+    pub groups: Vec<String>,
+}
+
+pub struct Reviews {
+    client: kube::Client,
+    deadline: Duration,
+    /// The audiences the cached answers were asked for: a reload that changes them empties
+    /// the cache.
+    tokens: Mutex<(Vec<String>, TokenCache)>,
+    access: Mutex<ReviewCache>,
+    metrics: Arc<GateMetrics>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Reviews {
+    pub fn new(client: kube::Client, deadline: Duration, metrics: Arc<GateMetrics>) -> Self {
+        Self {
+            client,
+            deadline,
+            tokens: Mutex::new((Vec::new(), TokenCache::new(Limits::default()))),
+            access: Mutex::new(ReviewCache::new(MAX_REVIEWS, ALLOWED_FOR, DENIED_FOR)),
+            metrics,
+        }
+    }
+
+    /// The account `token` belongs to, for `audiences`: from the cache, or a TokenReview.
+    pub async fn token(&self, token: &str, audiences: &[String]) -> Result<Account, TokenRefused> {
+        let cached = {
+            let mut guard = lock(&self.tokens);
+            let (asked_for, cache) = &mut *guard;
+            if asked_for.as_slice() != audiences {
+                *asked_for = audiences.to_vec();
+                *cache = TokenCache::new(Limits::default());
+            }
+            cache.get(token, SystemTime::now()).cloned()
+        };
+        let review = match cached {
+            Some(review) => {
+                self.metrics.observe_review("token", "cached");
+                review
+            }
+            None => {
+                let review = self.ask_token(token, audiences).await?;
+                self.metrics.observe_review(
+                    "token",
+                    if matches!(review, Review::Authenticated { .. }) { "allowed" } else { "denied" },
+                );
+                let mut guard = lock(&self.tokens);
+                if guard.0.as_slice() == audiences {
+                    guard.1.put(token, review.clone(), SystemTime::now());
+                }
+                review
+            }
+        };
+        match review {
+            Review::Authenticated { username, groups } => match ServiceAccount::parse(&username) {
+                Ok(account) => Ok(Account { account, groups }),
+                Err(e) => Err(TokenRefused::Rejected(format!("the token's user: {e}"))),
+            },
+            Review::Rejected(why) => Err(TokenRefused::Rejected(why)),
+        }
+    }
+
+    async fn ask_token(&self, token: &str, audiences: &[String]) -> Result<Review, TokenRefused> {
+        let review = TokenReview {
+            spec: TokenReviewSpec {
+                token: Some(token.to_string()),
+                audiences: if audiences.is_empty() { None } else { Some(audiences.to_vec()) },
+            },
+            ..Default::default()
+        };
+        let api = Api::<TokenReview>::all(self.client.clone());
+        let answer = match tokio::time::timeout(self.deadline, api.create(&PostParams::default(), &review)).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(e)) => {
+                self.metrics.observe_review("token", "error");
+                tracing::warn!(error = %e, "TokenReview failed; refusing the request (fail closed)");
+                return Err(TokenRefused::Unavailable(format!(
+                    "the API server did not review the token: {}",
+                    api_error(&e)
+                )));
+            }
+            Err(_) => {
+                self.metrics.observe_review("token", "error");
+                tracing::warn!(deadline = ?self.deadline, "TokenReview not answered in time; refusing the request (fail closed)");
+                return Err(TokenRefused::Unavailable(format!(
+                    "the API server did not answer the TokenReview within {:?}",
+                    self.deadline
+                )));
+            }
+        };
+        Ok(read_token_review(answer, audiences))
+    }
+
+    /// Whether the API server allows `review`: from the cache, or a SubjectAccessReview.
+    /// `Err` when it cannot be asked now (the gate refuses, unavailable).
+    pub async fn access(&self, review: &AccessReview) -> Result<bool, String> {
+        if let Some(allowed) = lock(&self.access).get(review, SystemTime::now()) {
+            self.metrics.observe_review("access", "cached");
+            return Ok(allowed);
+        }
+        let attributes = ResourceAttributes {
+            verb: Some(review.verb.clone()),
+            group: Some(review.group.clone()),
+            resource: Some(review.resource.clone()),
+            subresource: (!review.subresource.is_empty()).then(|| review.subresource.clone()),
+            namespace: (!review.namespace.is_empty()).then(|| review.namespace.clone()),
+            name: (!review.name.is_empty()).then(|| review.name.clone()),
+            ..Default::default()
+        };
+        let sar = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: Some(review.user.clone()),
+                resource_attributes: Some(attributes),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let api = Api::<SubjectAccessReview>::all(self.client.clone());
+        let answer = match tokio::time::timeout(self.deadline, api.create(&PostParams::default(), &sar)).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(e)) => {
+                self.metrics.observe_review("access", "error");
+                tracing::warn!(error = %e, "SubjectAccessReview failed; refusing the request (fail closed)");
+                return Err(format!("the API server did not answer the SubjectAccessReview: {}", api_error(&e)));
+            }
+            Err(_) => {
+                self.metrics.observe_review("access", "error");
+                tracing::warn!(deadline = ?self.deadline, "SubjectAccessReview not answered in time; refusing the request (fail closed)");
+                return Err(format!(
+                    "the API server did not answer the SubjectAccessReview within {:?}",
+                    self.deadline
+                ));
+            }
+        };
+        let allowed = answer.status.is_some_and(|s| s.allowed && s.denied != Some(true));
+        self.metrics.observe_review("access", if allowed { "allowed" } else { "denied" });
+        lock(&self.access).put(review.clone(), allowed, SystemTime::now());
+        Ok(allowed)
+    }
+}
+
+/// The API server's TokenReview answer, read as the gate trusts it: authenticated, with a
+/// username, and, when audiences were asked for, valid for one of them (the API server returns
+/// the audiences the token is good for; an answer that names none of those asked is not one).
+fn read_token_review(answer: TokenReview, audiences: &[String]) -> Review {
+    let Some(status) = answer.status else {
+        return Review::Rejected("the API server's TokenReview has no status".into());
+    };
+    if status.authenticated != Some(true) {
+        let why = status.error.filter(|e| !e.is_empty()).unwrap_or_else(|| "not authenticated".into());
+        // The API server's own words, cut short: they never hold the token.
+        return Review::Rejected(format!("the token is not accepted: {}", keyward_engine::text::clip(&why, 256)));
+    }
+    if !audiences.is_empty() {
+        let granted = status.audiences.unwrap_or_default();
+        if !granted.iter().any(|a| audiences.contains(a)) {
+            return Review::Rejected(format!(
+                "the token is not for this gate's audiences ({}); request one with a projected token's audience",
+                audiences.join(", ")
+            ));
+        }
+    }
+    match status.user.and_then(|u| u.username.map(|name| (name, u.groups.unwrap_or_default()))) {
+        Some((username, groups)) if !username.is_empty() => Review::Authenticated { username, groups },
+        _ => Review::Rejected("the API server's TokenReview names no user".into()),
+    }
+}
+
+fn api_error(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(status) => format!("{} {}", status.code, keyward_engine::text::clip(&status.message, 200)),
+        other => keyward_engine::text::clip(&other.to_string(), 200).into_owned(),
+    }
+}

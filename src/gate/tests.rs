@@ -1,0 +1,753 @@
+//! The gate end to end, in process: its own TLS listener and connection rules on loopback, a
+//! real upstream speaking HTTP/1.1 and HTTP/2 on one port (gRPC unary and server streaming,
+//! with trailers), and a fake API server behind a real `kube::Client` that checks each
+//! TokenReview's and SubjectAccessReview's method, path and body. Every wait is on an event
+//! (a response, a closed socket) bounded only to turn a hang into a failure.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic is the test failure report
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use keyward_certs::pki::{Ca, Minted};
+use keyward_certs::DnType;
+use keyward_gate::grpc::encode_strings;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use serde_json::{json, Value};
+use tokio::io::AsyncReadExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Notify};
+use tokio_rustls::TlsConnector;
+
+use super::*;
+use crate::logging::LogFormat;
+use crate::serve::{ListenerConfig, TlsSource};
+
+const DAY: Duration = Duration::from_secs(86_400);
+/// Only turns a hang into a failure.
+const EVENT_TIMEOUT: Duration = Duration::from_secs(30);
+const REVIEW_TIMEOUT: Duration = Duration::from_millis(500);
+const READ_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// LMEvalJob drivers (fms-lm-eval-service 38689a3, docs/research/lmeval-grpc-status.md: unary
+/// `/LMEvalJobUpdateService/UpdateStatus`, JobStatus field 1 job_name, 2 job_namespace), a
+/// KFP-style HTTP API with tokens for `pipelines.kubeflow.org`, an InferenceGraph-style route
+/// decided by a SubjectAccessReview.
+const GATE: &str = r#"
+apiVersion: keyward.io/v1alpha1
+kind: Gate
+metadata: {name: test}
+spec:
+  trustDomain: cluster.local
+  stripHeaders: [kubeflow-userid]
+  tokenReview: {audiences: [pipelines.kubeflow.org]}
+  rules:
+    - name: a driver updates only its own job
+      grpc: {service: LMEvalJobUpdateService, methods: [UpdateStatus]}
+      callers: {workloads: {kinds: [lmevaljob]}}
+      when:
+        - {caller: name, equals: {grpcField: 1}}
+        - {caller: namespace, equals: {grpcField: 2}}
+    - name: a driver watches its own job
+      grpc: {service: LMEvalJobUpdateService, methods: [WatchStatus]}
+      callers: {workloads: {kinds: [lmevaljob]}}
+      when:
+        - {caller: name, equals: {grpcField: 1}}
+    - name: runs in the caller's namespace
+      http: {methods: [GET, POST], path: "/apis/v1/namespaces/{namespace}/runs/{run}"}
+      callers:
+        workloads: {kinds: [lmevaljob]}
+        serviceAccounts: [{namespace: team-a, name: pipeline-runner}]
+      when:
+        - {caller: namespace, equals: {pathSegment: namespace}}
+    - name: graph callers
+      http: {path: "/graphs/{graph}/**"}
+      callers: {anyServiceAccount: true}
+      subjectAccessReview:
+        verb: get
+        group: serving.kserve.io
+        resource: inferencegraphs
+        namespace: "{caller.namespace}"
+        name: "{path.graph}"
+"#;
+
+// === the fake API server ===
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Answer,
+    Hang,
+    Fail,
+}
+
+struct ApiState {
+    /// token → (username, the audiences it is good for)
+    tokens: HashMap<String, (String, Vec<String>)>,
+    /// (user, namespace, name) allowed to get an inferencegraph
+    graphs: Vec<(String, String, String)>,
+    token_reviews: usize,
+    access_reviews: usize,
+    mode: Mode,
+}
+
+#[derive(Clone)]
+struct FakeApi {
+    state: Arc<Mutex<ApiState>>,
+    changed: Arc<Notify>,
+}
+
+impl FakeApi {
+    fn new() -> Self {
+        let state = ApiState {
+            tokens: HashMap::new(),
+            graphs: Vec::new(),
+            token_reviews: 0,
+            access_reviews: 0,
+            mode: Mode::Answer,
+        };
+        Self { state: Arc::new(Mutex::new(state)), changed: Arc::new(Notify::new()) }
+    }
+
+    fn client(&self) -> kube::Client {
+        let api = self.clone();
+        let service = tower::service_fn(move |req: Request<kube::client::Body>| {
+            let api = api.clone();
+            async move { Ok::<_, Infallible>(api.handle(req).await) }
+        });
+        kube::client::ClientBuilder::new(service, "default").build()
+    }
+
+    fn set_mode(&self, mode: Mode) {
+        self.state.lock().unwrap().mode = mode;
+        self.changed.notify_waiters();
+    }
+
+    fn counts(&self) -> (usize, usize) {
+        let s = self.state.lock().unwrap();
+        (s.token_reviews, s.access_reviews)
+    }
+
+    async fn handle(&self, req: Request<kube::client::Body>) -> Response<Full<Bytes>> {
+        let (parts, body) = req.into_parts();
+        let body: Value = serde_json::from_slice(&body.collect_bytes().await.unwrap()).unwrap();
+        assert_eq!(parts.method, http::Method::POST, "reviews are created");
+        let path = parts.uri.path().to_string();
+        {
+            let mut s = self.state.lock().unwrap();
+            match path.as_str() {
+                "/apis/authentication.k8s.io/v1/tokenreviews" => s.token_reviews += 1,
+                "/apis/authorization.k8s.io/v1/subjectaccessreviews" => s.access_reviews += 1,
+                other => panic!("the gate asked the API server for {other}"),
+            }
+        }
+        loop {
+            let changed = self.changed.notified();
+            match self.state.lock().unwrap().mode {
+                Mode::Answer => break,
+                Mode::Fail => {
+                    let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": "etcdserver: request timed out", "reason": "InternalError", "code": 500});
+                    return Response::builder().status(500).body(Full::new(Bytes::from(status.to_string()))).unwrap();
+                }
+                Mode::Hang => {}
+            }
+            changed.await;
+        }
+        let s = self.state.lock().unwrap();
+        let answer = if path.ends_with("tokenreviews") {
+            assert_eq!(body["kind"], "TokenReview");
+            let token = body["spec"]["token"].as_str().unwrap();
+            let asked: Vec<String> = serde_json::from_value(body["spec"]["audiences"].clone()).unwrap();
+            assert_eq!(asked, ["pipelines.kubeflow.org"], "the gate file's audiences");
+            match s.tokens.get(token) {
+                // As the apiserver answers: the audiences asked for that the token is good for.
+                Some((user, good_for)) => {
+                    let both: Vec<&String> = good_for.iter().filter(|a| asked.contains(a)).collect();
+                    if both.is_empty() {
+                        json!({"status": {"authenticated": false, "error": "token audiences [\"other\"] is invalid for the target audiences"}})
+                    } else {
+                        json!({"status": {"authenticated": true, "audiences": both, "user": {"username": user, "groups": ["system:serviceaccounts", "system:authenticated"]}}})
+                    }
+                }
+                None => json!({"status": {"authenticated": false, "error": "invalid bearer token"}}),
+            }
+        } else {
+            assert_eq!(body["kind"], "SubjectAccessReview");
+            let spec = &body["spec"];
+            let attrs = &spec["resourceAttributes"];
+            assert_eq!(
+                (attrs["verb"].as_str(), attrs["group"].as_str(), attrs["resource"].as_str()),
+                (Some("get"), Some("serving.kserve.io"), Some("inferencegraphs"))
+            );
+            assert!(spec["groups"].is_null(), "the user only, as the ODH router asks");
+            let key = (
+                spec["user"].as_str().unwrap().to_string(),
+                attrs["namespace"].as_str().unwrap().to_string(),
+                attrs["name"].as_str().unwrap().to_string(),
+            );
+            json!({"status": {"allowed": s.graphs.contains(&key)}})
+        };
+        let mut answer = answer;
+        answer["apiVersion"] = body["apiVersion"].clone();
+        answer["kind"] = body["kind"].clone();
+        answer["spec"] = body["spec"].clone();
+        Response::builder()
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(answer.to_string())))
+            .unwrap()
+    }
+}
+
+// === the upstream ===
+
+type UpBody = BoxBody<Bytes, Infallible>;
+
+/// Says what it saw: method, path, protocol, the identity headers, the body; gRPC calls get
+/// that as their message (three messages for WatchStatus) and `grpc-status: 0` in trailers.
+async fn upstream(req: Request<Incoming>, calls: Arc<Mutex<Vec<String>>>) -> Result<Response<UpBody>, Infallible> {
+    let (parts, body) = req.into_parts();
+    let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+    let header = |name: &str| {
+        parts.headers.get_all(name).iter().map(|v| v.to_str().unwrap_or("?").to_string()).collect::<Vec<_>>().join(",")
+    };
+    let seen = format!(
+        "{} {} {:?} user={} groups={} identity={} kubeflow-userid={} xfcc={} body={}",
+        parts.method,
+        parts.uri.path(),
+        parts.version,
+        header("x-remote-user"),
+        header("x-remote-groups"),
+        header("x-keyward-identity"),
+        header("kubeflow-userid"),
+        header("x-forwarded-client-cert"),
+        body.len()
+    );
+    calls.lock().unwrap().push(seen.clone());
+    if parts.headers.get("content-type").is_some_and(|t| t == "application/grpc") {
+        let copies = if parts.uri.path().ends_with("/WatchStatus") { 3 } else { 1 };
+        let mut frames: Vec<Result<Frame<Bytes>, Infallible>> = Vec::new();
+        for i in 0..copies {
+            let message = encode_strings(&[(1, &format!("{i}: {seen}"))]);
+            frames.push(Ok(Frame::data(Bytes::from(message))));
+        }
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", "0".parse().unwrap());
+        frames.push(Ok(Frame::trailers(trailers)));
+        let body = StreamBody::new(futures::stream::iter(frames)).boxed();
+        return Ok(Response::builder().header("content-type", "application/grpc").body(body).unwrap());
+    }
+    Ok(Response::new(Full::new(Bytes::from(seen)).boxed()))
+}
+
+async fn spawn_upstream(calls: Arc<Mutex<Vec<String>>>) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let calls = calls.clone();
+            tokio::spawn(async move {
+                let service = service_fn(move |req| upstream(req, calls.clone()));
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tcp), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+// === the gate under test ===
+
+struct Fixture {
+    addr: SocketAddr,
+    server_ca: Ca,
+    client_ca: Ca,
+    api: FakeApi,
+    calls: Arc<Mutex<Vec<String>>>,
+    gate_file: PathBuf,
+    ca_file: PathBuf,
+    gate: Gate,
+    _dir: tempfile::TempDir,
+    _stop: watch::Sender<bool>,
+}
+
+/// What came back: status, headers, body, trailers.
+#[derive(Debug)]
+struct Answer {
+    status: u16,
+    headers: HeaderMap,
+    body: Bytes,
+    trailers: Option<HeaderMap>,
+}
+
+impl Answer {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// `grpc-status` and `grpc-message`, from the trailers or (trailers-only) the headers.
+    fn grpc(&self) -> (String, String) {
+        let from = self.trailers.as_ref().filter(|t| t.contains_key("grpc-status")).unwrap_or(&self.headers);
+        let get = |n: &str| from.get(n).map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
+        (get("grpc-status"), get("grpc-message"))
+    }
+
+    /// The gRPC messages of the body, each as its field 1.
+    fn messages(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut rest = &self.body[..];
+        while !rest.is_empty() {
+            let message = keyward_gate::grpc::first_message(rest).unwrap();
+            out.push(keyward_gate::grpc::string_field(message, 1).unwrap().unwrap_or_default().to_string());
+            rest = &rest[5 + message.len()..];
+        }
+        out
+    }
+}
+
+impl Fixture {
+    async fn start() -> Self {
+        Self::start_with(GATE).await
+    }
+
+    async fn start_with(gate_yaml: &str) -> Self {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let dir = tempfile::tempdir().unwrap();
+        let now = SystemTime::now();
+        let server_ca = Ca::mint("gate test server CA", now, DAY).unwrap();
+        let leaf = server_ca.issue_serving(&["localhost".to_string()], now, DAY).unwrap();
+        let tls = dir.path().join("tls");
+        std::fs::create_dir(&tls).unwrap();
+        std::fs::write(tls.join("tls.crt"), &leaf.cert_pem).unwrap();
+        std::fs::write(tls.join("tls.key"), &leaf.key_pem).unwrap();
+        let client_ca = Ca::mint("keyward client CA", now, DAY).unwrap();
+        std::fs::create_dir(dir.path().join("client-ca")).unwrap();
+        let ca_file = dir.path().join("client-ca/ca.crt");
+        std::fs::write(&ca_file, client_ca.cert_pem()).unwrap();
+        std::fs::create_dir(dir.path().join("gate")).unwrap();
+        let gate_file = dir.path().join("gate/gate.yaml");
+        std::fs::write(&gate_file, gate_yaml).unwrap();
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let upstream = spawn_upstream(calls.clone()).await;
+        let api = FakeApi::new();
+        let config = GateConfig {
+            config: gate_file.clone(),
+            upstream: format!("http://{upstream}"),
+            upstream_ca: None,
+            client_ca: Some(ca_file.clone()),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            metrics_listen: None,
+            listener: ListenerConfig {
+                tls: TlsSource::Dir(tls),
+                log_format: LogFormat::Text,
+                cert_poll_interval: Duration::from_secs(10),
+                request_read_timeout: READ_TIMEOUT,
+                idle_timeout: Duration::from_secs(120),
+                tls_handshake_timeout: READ_TIMEOUT,
+                max_connections: 64,
+                metrics_max_connections: 4,
+                shutdown_delay: Duration::ZERO,
+                shutdown_grace: Duration::from_secs(1),
+            },
+            review_timeout: REVIEW_TIMEOUT,
+            message_bytes_in_flight: 64 << 20,
+        };
+        let gate = Gate::build(&config, Some(api.client())).await.unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (limits, _) = crate::serve::connection_limits(&config.listener);
+        let (stop, stop_rx) = watch::channel(false);
+        let connections = Connections::new("gate", limits, gate.shared.clone());
+        tokio::spawn(connections::serve(
+            listener,
+            Transport::Tls(gate.acceptor().unwrap()),
+            gate.app(),
+            connections,
+            stop_rx,
+        ));
+        Self { addr, server_ca, client_ca, api, calls, gate_file, ca_file, gate, _dir: dir, _stop: stop }
+    }
+
+    fn driver(&self, namespace: &str, name: &str) -> Minted {
+        issue(&self.client_ca, &format!("spiffe://cluster.local/ns/{namespace}/lmevaljob/{name}"), SystemTime::now())
+    }
+
+    fn upstream_calls(&self) -> Vec<String> {
+        self.calls.lock().unwrap().clone()
+    }
+
+    /// Connects (TLS, ALPN h2 or http/1.1, with `identity`'s certificate if given) and sends
+    /// one request. `Err`: the connection failed (a handshake refused, say).
+    async fn send<B>(&self, h2: bool, identity: Option<&Minted>, request: Request<B>) -> Result<Answer, String>
+    where
+        B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let roots = {
+            let mut r = rustls::RootCertStore::empty();
+            r.add(CertificateDer::from_pem_slice(self.server_ca.cert_pem().as_bytes()).unwrap()).unwrap();
+            r
+        };
+        let builder = rustls::ClientConfig::builder().with_root_certificates(roots);
+        let mut tls = match identity {
+            Some(m) => builder
+                .with_client_auth_cert(
+                    vec![CertificateDer::from_pem_slice(m.cert_pem.as_bytes()).unwrap()],
+                    PrivateKeyDer::from_pem_slice(m.key_pem.as_bytes()).unwrap(),
+                )
+                .unwrap(),
+            None => builder.with_no_client_auth(),
+        };
+        tls.alpn_protocols = vec![if h2 { b"h2".to_vec() } else { b"http/1.1".to_vec() }];
+        let tcp = TcpStream::connect(self.addr).await.map_err(|e| e.to_string())?;
+        let stream = TlsConnector::from(Arc::new(tls))
+            .connect(ServerName::try_from("localhost").unwrap(), tcp)
+            .await
+            .map_err(|e| format!("handshake: {e}"))?;
+        let io = TokioIo::new(stream);
+        let response = if h2 {
+            let (mut sender, conn) =
+                hyper::client::conn::http2::handshake(TokioExecutor::new(), io).await.map_err(|e| e.to_string())?;
+            tokio::spawn(conn);
+            sender.send_request(request).await
+        } else {
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await.map_err(|e| e.to_string())?;
+            tokio::spawn(conn);
+            sender.send_request(request).await
+        };
+        let response = response.map_err(|e| format!("request: {e}"))?;
+        let (parts, body) = response.into_parts();
+        let collected = body.collect().await.map_err(|e| format!("body: {e}"))?;
+        let trailers = collected.trailers().cloned();
+        Ok(Answer { status: parts.status.as_u16(), headers: parts.headers, body: collected.to_bytes(), trailers })
+    }
+
+    async fn call(&self, h2: bool, identity: Option<&Minted>, request: Request<Full<Bytes>>) -> Answer {
+        tokio::time::timeout(EVENT_TIMEOUT, self.send(h2, identity, request)).await.unwrap().unwrap()
+    }
+}
+
+/// gRPC's percent-decoding of `grpc-message`.
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            out.push(u8::from_str_radix(&s[i + 1..i + 3], 16).unwrap());
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).unwrap()
+}
+
+fn issue(ca: &Ca, uri: &str, now: SystemTime) -> Minted {
+    ca.issue_client_identity(&[(DnType::CommonName, "driver")], uri, now, DAY).unwrap()
+}
+
+/// A unary gRPC call of the LMEvalJob driver: JobStatus for `name` in `namespace`.
+fn update_status(name: &str, namespace: &str) -> Request<Full<Bytes>> {
+    grpc_call("UpdateStatus", encode_strings(&[(1, name), (2, namespace), (3, "Running")]))
+}
+
+fn grpc_call(method: &str, body: Vec<u8>) -> Request<Full<Bytes>> {
+    Request::post(format!("https://localhost/LMEvalJobUpdateService/{method}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap()
+}
+
+fn http_get(path: &str) -> Request<Full<Bytes>> {
+    Request::get(format!("https://localhost{path}")).body(Full::new(Bytes::new())).unwrap()
+}
+
+fn bearer(mut request: Request<Full<Bytes>>, token: &str) -> Request<Full<Bytes>> {
+    request.headers_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
+    request
+}
+
+// === the tests ===
+
+#[tokio::test]
+async fn a_driver_updates_its_own_job_over_grpc_and_is_refused_another_by_field_number() {
+    let f = Fixture::start().await;
+    let driver = f.driver("team-a", "evaljob-sample");
+    let own = f.call(true, Some(&driver), update_status("evaljob-sample", "team-a")).await;
+    assert_eq!((own.status, own.grpc()), (200, ("0".to_string(), String::new())));
+    let identity = "spiffe://cluster.local/ns/team-a/lmevaljob/evaljob-sample";
+    assert_eq!(
+        own.messages(),
+        [format!("0: POST /LMEvalJobUpdateService/UpdateStatus HTTP/2.0 user={identity} groups=keyward:workloads|keyward:workloads:team-a|system:authenticated identity={identity} kubeflow-userid= xfcc= body=38")]
+    );
+
+    for (name, namespace, says) in [
+        ("other-job", "team-a", "the caller's name is \"evaljob-sample\", and gRPC field 1 is \"other-job\""),
+        ("evaljob-sample", "team-b", "the caller's namespace is \"team-a\", and gRPC field 2 is \"team-b\""),
+    ] {
+        let other = f.call(true, Some(&driver), update_status(name, namespace)).await;
+        let (status, message) = other.grpc();
+        assert_eq!((other.status, status.as_str(), other.trailers.is_none()), (200, "7", true), "trailers-only");
+        let message = percent_decode(&message);
+        assert!(message.contains(says), "{message}");
+    }
+    assert_eq!(f.upstream_calls().len(), 1, "refused calls never reach the upstream");
+}
+
+#[tokio::test]
+async fn a_streaming_call_passes_whole_and_a_body_of_two_messages_is_refused() {
+    let f = Fixture::start().await;
+    let driver = f.driver("team-a", "evaljob-sample");
+    let watch = f.call(true, Some(&driver), grpc_call("WatchStatus", encode_strings(&[(1, "evaljob-sample")]))).await;
+    assert_eq!(watch.grpc().0, "0");
+    assert_eq!(watch.messages().len(), 3, "every message of the server's stream, then its trailers");
+
+    let mut two = encode_strings(&[(1, "evaljob-sample"), (2, "team-a")]);
+    two.extend(encode_strings(&[(1, "other-job"), (2, "team-a")]));
+    let answer = f.call(true, Some(&driver), grpc_call("UpdateStatus", two)).await;
+    let (status, message) = answer.grpc();
+    assert_eq!(status, "7");
+    assert!(percent_decode(&message).contains("more than one message"), "{message}");
+    assert!(f.upstream_calls().len() == 1);
+}
+
+#[tokio::test]
+async fn http_rules_hold_over_http1_and_http2_and_spoofed_identity_headers_are_stripped() {
+    let f = Fixture::start().await;
+    let driver = f.driver("team-a", "evaljob-sample");
+    for h2 in [false, true] {
+        let mut own = http_get("/apis/v1/namespaces/team-a/runs/r1");
+        for (name, value) in [
+            ("x-remote-user", "system:admin"),
+            ("X-Remote-Group", "system:masters"),
+            ("x-keyward-identity", "spiffe://cluster.local/ns/kube-system/lmevaljob/x"),
+            ("kubeflow-userid", "admin@example.com"),
+            ("x-forwarded-client-cert", "By=spiffe://x;URI=spiffe://cluster.local/ns/kube-system/lmevaljob/x"),
+        ] {
+            own.headers_mut().append(name, value.parse().unwrap());
+        }
+        let answer = f.call(h2, Some(&driver), own).await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        let id = "spiffe://cluster.local/ns/team-a/lmevaljob/evaljob-sample";
+        let version = if h2 { "HTTP/2.0" } else { "HTTP/1.1" };
+        assert_eq!(
+            answer.text(),
+            format!("GET /apis/v1/namespaces/team-a/runs/r1 {version} user={id} groups=keyward:workloads|keyward:workloads:team-a|system:authenticated identity={id} kubeflow-userid= xfcc= body=0")
+        );
+        let other = f.call(h2, Some(&driver), http_get("/apis/v1/namespaces/team-b/runs/r1")).await;
+        assert_eq!(other.status, 403);
+        assert_eq!(
+            other.text(),
+            "keyward gate: rule \"runs in the caller's namespace\": the caller's namespace is \"team-a\", and path segment {namespace} is \"team-b\"\n"
+        );
+        let sneaky =
+            f.call(h2, Some(&driver), http_get("/apis/v1/namespaces/team-a/runs/r1/../../team-b/runs/r1")).await;
+        assert_eq!(sneaky.status, 403, "a path the upstream could read another way is not judged");
+    }
+    assert_eq!(f.upstream_calls().len(), 2);
+}
+
+#[tokio::test]
+async fn certificates_that_name_no_one_are_refused_at_the_handshake_or_with_401() {
+    let f = Fixture::start().await;
+    let request = || update_status("evaljob-sample", "team-a");
+    // Another CA, and an expired certificate of the right one: the handshake fails.
+    let stranger = Ca::mint("someone else's CA", SystemTime::now(), DAY).unwrap();
+    let foreign = issue(&stranger, "spiffe://cluster.local/ns/team-a/lmevaljob/evaljob-sample", SystemTime::now());
+    let expired =
+        issue(&f.client_ca, "spiffe://cluster.local/ns/team-a/lmevaljob/evaljob-sample", SystemTime::now() - 3 * DAY);
+    for (what, cert) in [("another CA", &foreign), ("expired", &expired)] {
+        let outcome = tokio::time::timeout(EVENT_TIMEOUT, f.send(true, Some(cert), request())).await.unwrap();
+        assert!(outcome.is_err(), "{what}: {outcome:?}");
+    }
+    // The right CA, a URI that is not keyward's form: no identity, UNAUTHENTICATED.
+    for uri in [
+        "spiffe://cluster.local/ns/team-a/lmevaljob/../team-b",
+        "spiffe://cluster.local/ns/team-a/lmevaljob/evaljob%2Dsample",
+        "spiffe://cluster.local/ns/team-a/lmevaljob/evaljob-sample/",
+    ] {
+        let cert = issue(&f.client_ca, uri, SystemTime::now());
+        let answer = f.call(true, Some(&cert), request()).await;
+        assert_eq!(answer.grpc().0, "16", "{uri}");
+        let answer = f.call(false, Some(&cert), http_get("/apis/v1/namespaces/team-a/runs/r1")).await;
+        assert_eq!(answer.status, 401, "{uri}");
+        assert!(answer.text().starts_with("keyward gate: the client certificate's URI: "), "{}", answer.text());
+    }
+    let nobody = f.call(false, None, http_get("/apis/v1/namespaces/team-a/runs/r1")).await;
+    assert_eq!(
+        (nobody.status, nobody.text().as_str()),
+        (401, "keyward gate: no client certificate and no bearer token: present the keyward client certificate of your workload, or a service account token\n")
+    );
+    assert!(f.upstream_calls().is_empty());
+}
+
+#[tokio::test]
+async fn tokens_are_reviewed_for_the_audience_and_answers_are_cached() {
+    let f = Fixture::start().await;
+    {
+        let mut s = f.api.state.lock().unwrap();
+        s.tokens.insert(
+            "runner-token".into(),
+            ("system:serviceaccount:team-a:pipeline-runner".into(), vec!["pipelines.kubeflow.org".into()]),
+        );
+        s.tokens.insert(
+            "other-audience".into(),
+            ("system:serviceaccount:team-a:pipeline-runner".into(), vec!["other".into()]),
+        );
+    }
+    let path = "/apis/v1/namespaces/team-a/runs/r1";
+    for _ in 0..3 {
+        let answer = f.call(false, None, bearer(http_get(path), "runner-token")).await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        assert!(answer.text().contains("user=system:serviceaccount:team-a:pipeline-runner groups=system:serviceaccounts|system:authenticated identity= "), "{}", answer.text());
+    }
+    assert_eq!(f.api.counts(), (1, 0), "one TokenReview, then the cache");
+    let answer = f.call(false, None, bearer(http_get("/apis/v1/namespaces/team-b/runs/r1"), "runner-token")).await;
+    assert_eq!(answer.status, 403, "the account is known; the rule holds it to its namespace");
+
+    for _ in 0..2 {
+        let other = f.call(false, None, bearer(http_get(path), "other-audience")).await;
+        assert_eq!(other.status, 401);
+        assert!(other.text().contains("invalid for the target audiences"), "{}", other.text());
+        let unknown = f.call(true, None, bearer(update_status("x", "y"), "forged")).await;
+        assert_eq!(unknown.grpc().0, "16");
+    }
+    assert_eq!(f.api.counts(), (3, 0), "a rejected token is remembered briefly too");
+    let text = f.gate.shared.encode();
+    assert!(text.contains("keyward_gate_reviews_total{review=\"token\",result=\"cached\"} 5"), "{text}");
+    assert!(
+        text.contains("keyward_gate_requests_total{rule=\"runs in the caller's namespace\",decision=\"allowed\"} 3"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_subject_access_review_decides_and_is_cached() {
+    let f = Fixture::start().await;
+    {
+        let mut s = f.api.state.lock().unwrap();
+        s.tokens.insert(
+            "client".into(),
+            ("system:serviceaccount:team-a:client".into(), vec!["pipelines.kubeflow.org".into()]),
+        );
+        s.graphs.push(("system:serviceaccount:team-a:client".into(), "team-a".into(), "mine".into()));
+    }
+    for _ in 0..2 {
+        assert_eq!(f.call(false, None, bearer(http_get("/graphs/mine/v1/predict"), "client")).await.status, 200);
+        let theirs = f.call(false, None, bearer(http_get("/graphs/theirs/v1/predict"), "client")).await;
+        assert_eq!(theirs.status, 403);
+        assert!(theirs.text().contains("the API server does not allow system:serviceaccount:team-a:client to get inferencegraphs.serving.kserve.io \"theirs\" in namespace \"team-a\""), "{}", theirs.text());
+    }
+    assert_eq!(f.api.counts(), (1, 2), "one review each, then the cache");
+}
+
+#[tokio::test]
+async fn with_the_api_server_slow_or_failing_the_gate_fails_closed_in_time_and_recovers() {
+    let f = Fixture::start().await;
+    f.api.state.lock().unwrap().tokens.insert(
+        "runner-token".into(),
+        ("system:serviceaccount:team-a:pipeline-runner".into(), vec!["pipelines.kubeflow.org".into()]),
+    );
+    let path = "/apis/v1/namespaces/team-a/runs/r1";
+    f.api.set_mode(Mode::Hang);
+    let started = Instant::now();
+    let hung = f.call(false, None, bearer(http_get(path), "runner-token")).await;
+    assert_eq!(hung.status, 503);
+    assert_eq!(hung.text(), "keyward gate: the API server did not answer the TokenReview within 500ms\n");
+    assert!(started.elapsed() < REVIEW_TIMEOUT * 4, "refused at the deadline: {:?}", started.elapsed());
+    let grpc = f.call(true, None, bearer(update_status("x", "y"), "runner-token")).await;
+    assert_eq!(grpc.grpc().0, "14", "UNAVAILABLE, which clients retry");
+
+    f.api.set_mode(Mode::Fail);
+    let failed = f.call(false, None, bearer(http_get(path), "runner-token")).await;
+    assert_eq!(failed.status, 503);
+    assert!(failed.text().contains("500 etcdserver: request timed out"), "{}", failed.text());
+
+    f.api.set_mode(Mode::Answer);
+    assert_eq!(f.call(false, None, bearer(http_get(path), "runner-token")).await.status, 200, "nothing was cached");
+    assert!(f.upstream_calls().len() == 1);
+}
+
+#[tokio::test]
+async fn a_good_gate_file_replaces_the_rules_and_a_bad_one_changes_nothing() {
+    let f = Fixture::start().await;
+    let driver = f.driver("team-a", "evaljob-sample");
+    let path = "/apis/v1/namespaces/team-a/runs/r1";
+    assert_eq!(f.call(false, Some(&driver), http_get(path)).await.status, 200);
+    let without_runs = GATE.split("    - name: runs in the caller's namespace").next().unwrap();
+    std::fs::write(&f.gate_file, without_runs).unwrap();
+    assert_eq!(f.gate.state.gate.reload_now(), Reload::Loaded(1));
+    let refused = f.call(false, Some(&driver), http_get(path)).await;
+    assert_eq!(
+        (refused.status, refused.text().as_str()),
+        (403, "keyward gate: no rule of this gate covers this method and path\n")
+    );
+
+    std::fs::write(&f.gate_file, GATE.replace("kind: Gate", "kind: Gates")).unwrap();
+    assert!(
+        matches!(f.gate.state.gate.reload_now(), Reload::Failed(e) if e.contains("a gate file is apiVersion keyward.io/v1alpha1 kind Gate"))
+    );
+    assert_eq!(f.call(false, Some(&driver), http_get(path)).await.status, 403, "the last good rules stay");
+    assert!(matches!(f.gate.state.gate.reload_now(), Reload::Failed(_)), "still refused on the next look");
+    let text = f.gate.shared.encode();
+    assert!(text.contains("keyward_gate_reloads_total{file=\"gate\",result=\"failed\"} 2"), "{text}");
+}
+
+#[tokio::test]
+async fn a_rotated_client_ca_is_trusted_after_reload_and_the_old_one_through_the_overlap() {
+    let f = Fixture::start().await;
+    let next = Ca::mint("keyward client CA, next", SystemTime::now(), DAY).unwrap();
+    let new_driver = issue(&next, "spiffe://cluster.local/ns/team-a/lmevaljob/evaljob-sample", SystemTime::now());
+    let old_driver = f.driver("team-a", "evaljob-sample");
+    let request = || update_status("evaljob-sample", "team-a");
+    assert!(f.send(true, Some(&new_driver), request()).await.is_err(), "not trusted yet");
+    std::fs::write(&f.ca_file, format!("{}{}", f.client_ca.cert_pem(), next.cert_pem())).unwrap();
+    assert_eq!(f.gate.client_ca.as_ref().unwrap().reload_now(), Reload::Loaded(2));
+    for cert in [&new_driver, &old_driver] {
+        assert_eq!(f.call(true, Some(cert), request()).await.grpc().0, "0");
+    }
+    std::fs::write(&f.ca_file, next.cert_pem()).unwrap();
+    f.gate.client_ca.as_ref().unwrap().reload_now();
+    assert!(f.send(true, Some(&old_driver), request()).await.is_err(), "the old CA is gone after the overlap");
+}
+
+#[tokio::test]
+async fn a_silent_client_and_a_message_that_never_ends_are_cut_off() {
+    let f = Fixture::start().await;
+    // No handshake at all: closed at the handshake deadline.
+    let mut silent = TcpStream::connect(f.addr).await.unwrap();
+    let mut buf = [0u8; 1];
+    let read = tokio::time::timeout(EVENT_TIMEOUT, silent.read(&mut buf)).await.unwrap();
+    assert!(matches!(read, Ok(0) | Err(_)), "closed: {read:?}");
+
+    // A gRPC call whose message never finishes: refused at the read deadline, upstream untouched.
+    let driver = f.driver("team-a", "evaljob-sample");
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(1);
+    tx.send(Ok(Frame::data(Bytes::from_static(&[0, 0, 0, 0, 40, 0x0a])))).await.unwrap();
+    let frames = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|frame| (frame, rx)) });
+    let body = StreamBody::new(Box::pin(frames));
+    let request = Request::post("https://localhost/LMEvalJobUpdateService/UpdateStatus")
+        .header("content-type", "application/grpc")
+        .body(body)
+        .unwrap();
+    let started = Instant::now();
+    let answer = tokio::time::timeout(EVENT_TIMEOUT, f.send(true, Some(&driver), request)).await.unwrap().unwrap();
+    assert_eq!(answer.grpc().0, "7");
+    assert!(started.elapsed() >= READ_TIMEOUT, "held until the deadline");
+    assert!(percent_decode(&answer.grpc().1).contains("did not arrive whole within 2s"));
+    drop(tx);
+    assert!(f.upstream_calls().is_empty());
+}
