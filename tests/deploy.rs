@@ -734,3 +734,65 @@ fn every_alert_has_its_runbook_in_the_operations_page() {
         assert!(runbooks.contains(&format!("\n### {name}\n")), "no runbook in docs/operations.md for {name}");
     }
 }
+
+fn render_dir(dir: &str) -> Vec<Value> {
+    let out = support::tool("kubectl").args(["kustomize", &format!("{}/{dir}", root())]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    keyward_engine::yaml::documents(&text).unwrap().into_iter().map(|d| d.value).collect()
+}
+
+#[test]
+fn the_gate_sidecar_runs_the_recipe_restricted_behind_its_own_port_only() {
+    let docs = render_dir("deploy/gate/example");
+    let deployment = find(&docs, "Deployment", "lmeval-operator");
+    let containers = deployment["spec"]["template"]["spec"]["containers"].as_array().unwrap();
+    let names: Vec<&str> = containers.iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["keyward-gate", "operator"]);
+    let gate = &containers[0];
+    let security = &gate["securityContext"];
+    assert_eq!(security["allowPrivilegeEscalation"], false);
+    assert_eq!(security["readOnlyRootFilesystem"], true);
+    assert_eq!(security["runAsNonRoot"], true);
+    assert_eq!(security["capabilities"]["drop"], json!(["ALL"]));
+    assert_eq!(security["seccompProfile"]["type"], "RuntimeDefault");
+
+    // The gate file the ConfigMap holds is the recipe, and the upstream is on loopback.
+    let config_map = docs.iter().find(|d| d["kind"] == "ConfigMap").unwrap();
+    let recipe = std::fs::read_to_string(format!("{}/gate/recipes/lmeval-status.yaml", root())).unwrap();
+    assert!(
+        config_map["data"]["gate.yaml"] == recipe.as_str(),
+        "deploy/gate/example/gate.yaml differs from gate/recipes/lmeval-status.yaml: copy the recipe"
+    );
+    assert_eq!(config_map["data"]["upstream"], "http://127.0.0.1:8082");
+    let upstream_ref = &gate["env"][0]["valueFrom"]["configMapKeyRef"];
+    assert_eq!((&upstream_ref["name"], &upstream_ref["key"]), (&config_map["metadata"]["name"], &json!("upstream")));
+
+    // The ports the binary listens on by default are the ones named, and the Service and the
+    // NetworkPolicy lead only to them.
+    let ports: Vec<(&str, u64)> = gate["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["name"].as_str().unwrap(), p["containerPort"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(ports, [("gate", 8444), ("gate-metrics", 9091)]);
+    let help = Command::new(env!("CARGO_BIN_EXE_keyward")).args(["gate", "--help"]).output().unwrap();
+    let help = String::from_utf8(help.stdout).unwrap();
+    assert!(help.contains("[default: [::]:8444]") && help.contains("[default: [::]:9091]"), "{help}");
+    assert_eq!(find(&docs, "Service", "lmeval-status")["spec"]["ports"][0]["targetPort"], "gate");
+    let policy = find(&docs, "NetworkPolicy", "lmeval-operator-through-the-gate");
+    assert_eq!(
+        policy["spec"]["ingress"],
+        json!([{"ports": [{"port": "gate", "protocol": "TCP"}, {"port": "gate-metrics", "protocol": "TCP"}]}])
+    );
+
+    // The binary takes the container's arguments: it gets as far as reading the gate file.
+    let mut args: Vec<String> =
+        gate["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().to_string()).collect();
+    args.push("--upstream=http://127.0.0.1:8082".into());
+    let out = Command::new(env!("CARGO_BIN_EXE_keyward")).args(&args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr.contains("cannot read /etc/keyward/gate/gate.yaml"), "{stderr}");
+}
