@@ -45,6 +45,11 @@ pub struct GateArgs {
     /// Gi; at least one message (4 MiB and its prefix).
     #[arg(long, env = "KEYWARD_GATE_MESSAGE_BYTES_IN_FLIGHT", default_value = "64Mi", value_parser = parse_size)]
     message_bytes_in_flight: usize,
+    /// Threads that serve requests. One by default: a sidecar's every request crosses two
+    /// sockets, and on one thread it costs about a fifth less CPU than spread over two
+    /// (BENCHMARKS.md, "keyward gate"); raise it for a gate that must use more than one core.
+    #[arg(long, env = "KEYWARD_GATE_WORKER_THREADS", default_value_t = 1)]
+    worker_threads: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,6 +63,7 @@ pub struct GateConfig {
     pub listener: ListenerConfig,
     pub review_timeout: Duration,
     pub message_bytes_in_flight: usize,
+    pub worker_threads: usize,
 }
 
 impl GateArgs {
@@ -77,6 +83,9 @@ impl GateArgs {
                 self.message_bytes_in_flight
             );
         }
+        if self.worker_threads == 0 {
+            bail!("--worker-threads: must be at least 1");
+        }
         if u32::try_from(self.message_bytes_in_flight).is_err() {
             bail!("--message-bytes-in-flight {}: at most 4Gi", self.message_bytes_in_flight);
         }
@@ -90,6 +99,7 @@ impl GateArgs {
             listener,
             review_timeout: self.review_timeout,
             message_bytes_in_flight: self.message_bytes_in_flight,
+            worker_threads: self.worker_threads,
         })
     }
 }
@@ -118,7 +128,8 @@ mod tests {
         assert_eq!(c.metrics_listen, Some("[::]:9091".parse().unwrap()));
         assert_eq!(c.review_timeout, Duration::from_secs(5));
         assert_eq!((c.client_ca, c.upstream_ca), (None, None));
-        assert_eq!(c.message_bytes_in_flight, 64 << 20);
+        assert_eq!((c.message_bytes_in_flight, c.worker_threads), (64 << 20, 1));
+        assert_eq!(config(&["--worker-threads", "0"]).unwrap_err().to_string(), "--worker-threads: must be at least 1");
         assert_eq!(
             config(&["--review-timeout", "0s"]).unwrap_err().to_string(),
             "--review-timeout: must be more than 0s"

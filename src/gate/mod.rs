@@ -67,8 +67,11 @@ impl Reload {
 
 pub fn run(config: GateConfig) -> anyhow::Result<()> {
     crate::logging::init(config.listener.log_format);
-    let runtime =
-        tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the runtime")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(config.worker_threads)
+        .enable_all()
+        .build()
+        .context("cannot start the runtime")?;
     let result = runtime.block_on(gate(config));
     crate::logging::flush();
     result
@@ -112,7 +115,7 @@ impl Gate {
             None => None,
         };
         let upstream = Upstream::new(&config.upstream, config.upstream_ca.as_deref()).map_err(anyhow::Error::msg)?;
-        let tls_dir = crate::serve::serving_dir(&config.listener.tls, config.listen.port())?;
+        let tls_dir = crate::serve::serving_dir(&config.listener.tls)?;
         let observer = shared.clone();
         let certs = Arc::new(CertStore::new(&tls_dir).with_observer(move |o| observer.observe_reload(o)));
         certs.reload(Trigger::Startup);

@@ -176,8 +176,10 @@ async fn authenticate(
     grpc: bool,
 ) -> Result<(Caller, Vec<String>), Stop> {
     let unauthenticated = |why: String| Stop::new(Decision::Unauthenticated, grpc, why);
-    if let Some(PeerCertificate(der)) = parts.extensions.get::<PeerCertificate>() {
-        return workload_of(der).map(|id| (Caller::Workload(id), Vec::new())).map_err(unauthenticated);
+    if let Some(peer) = parts.extensions.get::<PeerCertificate>() {
+        // Read on the connection's first request, kept for the rest.
+        let identity = peer.read_once(|der| workload_of(der).map(Arc::new));
+        return identity.map(|id| (Caller::Workload((*id).clone()), Vec::new())).map_err(unauthenticated);
     }
     let token = bearer_token(&parts.headers).map_err(unauthenticated)?;
     let Some(token) = token else {

@@ -361,6 +361,7 @@ impl Fixture {
             },
             review_timeout: REVIEW_TIMEOUT,
             message_bytes_in_flight: 64 << 20,
+            worker_threads: 1,
         };
         let gate = Gate::build(&config, Some(api.client())).await.unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -219,8 +219,35 @@ impl Drop for Answering {
 /// The certificate the client presented in the TLS handshake (its end entity), verified by
 /// the listener's client verifier: a request extension on every request of the connection.
 /// Absent when the client sent none (and on listeners that ask for none).
-#[derive(Debug, Clone)]
-pub struct PeerCertificate(pub Arc<rustls::pki_types::CertificateDer<'static>>);
+#[derive(Clone)]
+pub struct PeerCertificate {
+    der: Arc<rustls::pki_types::CertificateDer<'static>>,
+    /// What the handler read from it, kept for the connection's later requests: a certificate
+    /// cannot change within a connection, so it is read once (the gate: its identity).
+    read: Arc<std::sync::OnceLock<Box<dyn std::any::Any + Send + Sync>>>,
+}
+
+impl PeerCertificate {
+    fn new(der: rustls::pki_types::CertificateDer<'static>) -> Self {
+        Self { der: Arc::new(der), read: Arc::default() }
+    }
+
+    /// `read` of the certificate, run on the connection's first request and kept. Returns a
+    /// fresh reading if this connection's certificate was kept as another type.
+    pub fn read_once<T: Clone + Send + Sync + 'static>(&self, read: impl Fn(&[u8]) -> T) -> T {
+        let kept = self.read.get_or_init(|| Box::new(read(&self.der)));
+        match kept.downcast_ref::<T>() {
+            Some(value) => value.clone(),
+            None => read(&self.der),
+        }
+    }
+}
+
+impl std::fmt::Debug for PeerCertificate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerCertificate").field("bytes", &self.der.len()).finish_non_exhaustive()
+    }
+}
 
 /// A response body that holds `guard` until the body is written whole (or dropped): a request
 /// stays in flight, and an answer being streamed stays spared eviction, for as long as its
@@ -595,7 +622,7 @@ async fn connection(
             let peer = session
                 .peer_certificates()
                 .and_then(|chain| chain.first())
-                .map(|leaf| PeerCertificate(Arc::new(leaf.clone().into_owned())));
+                .map(|leaf| PeerCertificate::new(leaf.clone().into_owned()));
             if h2 {
                 http2(tls, app, connections, state, stop, peer).await
             } else {
@@ -809,6 +836,19 @@ pub fn cap_for_open_files(wanted: usize, open_files: Option<u64>) -> usize {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_peer_certificate_is_read_once_per_connection() {
+        let peer = PeerCertificate::new(rustls::pki_types::CertificateDer::from(vec![1, 2, 3]));
+        let reads = AtomicUsize::new(0);
+        let read = |der: &[u8]| {
+            reads.fetch_add(1, Ordering::Relaxed);
+            der.len()
+        };
+        let again = peer.clone();
+        assert_eq!((peer.read_once(read), again.read_once(read)), (3, 3));
+        assert_eq!(reads.load(Ordering::Relaxed), 1, "the second request of the connection reuses the first reading");
+    }
+
     use super::*;
 
     fn limits() -> ConnectionLimits {

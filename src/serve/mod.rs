@@ -69,7 +69,14 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         "profiles loaded"
     );
 
-    let tls_dir = serving_dir(&config.listener.tls, config.listen.port())?;
+    let tls_dir = serving_dir(&config.listener.tls)?;
+    if let TlsSource::Dev { dir, .. } = &config.listener.tls {
+        tracing::info!(
+            "try: curl --cacert {} -H 'Content-Type: application/json' --data @tests/fixtures/admissionreview-lmeval.json https://localhost:{}/mutate",
+            dir.join("ca.crt").display(),
+            config.listen.port()
+        );
+    }
 
     let attestation_keys = attestation(&config)?;
     let _attestation_watch = match &attestation_keys {
@@ -119,8 +126,8 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
 }
 
 /// The directory the serving certificate is read from: `--tls-dir`, or the development
-/// certificate minted (or reused) in `--dev-cert-dir`. `port` is for the hint to try it.
-pub(crate) fn serving_dir(tls: &TlsSource, port: u16) -> anyhow::Result<std::path::PathBuf> {
+/// certificate minted (or reused) in `--dev-cert-dir`.
+pub(crate) fn serving_dir(tls: &TlsSource) -> anyhow::Result<std::path::PathBuf> {
     Ok(match tls {
         TlsSource::Dir(dir) => dir.clone(),
         TlsSource::Dev { dir, extra_names } => {
@@ -141,10 +148,6 @@ pub(crate) fn serving_dir(tls: &TlsSource, port: u16) -> anyhow::Result<std::pat
                 reused = dev.reused,
                 names = ?dev.info.dns_names,
                 "development certificate: trust this CA to call keyward (not for production; use --tls-dir)"
-            );
-            tracing::info!(
-                "try: curl --cacert {} -H 'Content-Type: application/json' --data @tests/fixtures/admissionreview-lmeval.json https://localhost:{port}/mutate",
-                dev.ca_file.display()
             );
             dir.clone()
         }

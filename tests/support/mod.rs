@@ -100,6 +100,14 @@ impl Server {
         Self::spawn(Command::new(env!("CARGO_BIN_EXE_keyward")), args, ca_pem, false)
     }
 
+    /// Starts `keyward gate` with `args` added to the loopback listeners and JSON logs, and
+    /// waits until both listeners are up; `quiet` as in [`Server::start_quiet`].
+    pub fn start_gate(args: &[&str], ca_pem: Vec<u8>, quiet: bool) -> Server {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_keyward"));
+        command.arg("gate");
+        Self::spawn(command, args, ca_pem, quiet)
+    }
+
     /// Like [`Server::start`], but once it listens its log lines are discarded unread (for
     /// benchmarks: parsing them would load the machine being measured).
     pub fn start_quiet(args: &[&str], ca_pem: Vec<u8>) -> Server {
@@ -116,11 +124,17 @@ impl Server {
 
     fn spawn(mut command: Command, args: &[&str], ca_pem: Vec<u8>, quiet: bool) -> Server {
         let given = |flag: &str| args.iter().any(|a| a.starts_with(flag));
-        let attestation_dir = (given("--tls-dir") && !given("--attestation-key-dir")).then(attestation_dir);
-        if let Some(dir) = &attestation_dir {
-            command.arg("serve").arg("--attestation-key-dir").arg(dir.path());
-        } else {
-            command.arg("serve");
+        let gate = command.get_args().next().is_some_and(|a| a == "gate");
+        let role = if gate { "gate" } else { "webhook" };
+        let attestation_dir = (!gate && given("--tls-dir") && !given("--attestation-key-dir")).then(attestation_dir);
+        match (&attestation_dir, gate) {
+            (_, true) => {}
+            (Some(dir), false) => {
+                command.arg("serve").arg("--attestation-key-dir").arg(dir.path());
+            }
+            (None, false) => {
+                command.arg("serve");
+            }
         }
         if !given("--listen") {
             command.args(["--listen", "127.0.0.1:0"]);
@@ -143,7 +157,7 @@ impl Server {
             while reader.read_line(&mut line).is_ok_and(|n| n > 0) {
                 match serde_json::from_str::<Value>(&line) {
                     Ok(v) => {
-                        let listening = v["role"] == "webhook" && v["addr"].is_string();
+                        let listening = v["role"] == role && v["addr"].is_string();
                         if tx.send(v).is_err() {
                             return;
                         }
@@ -165,8 +179,8 @@ impl Server {
             endpoint: Endpoint { addr: unbound, metrics: unbound, ca_pem },
             attestation_dir,
         };
-        let webhook = server
-            .wait_log(|v| v["message"].as_str().is_some_and(|m| m.starts_with("listening")) && v["role"] == "webhook");
+        let webhook =
+            server.wait_log(|v| v["message"].as_str().is_some_and(|m| m.starts_with("listening")) && v["role"] == role);
         server.endpoint.addr = webhook["addr"].as_str().unwrap().parse().unwrap();
         server
     }

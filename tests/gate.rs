@@ -1,0 +1,211 @@
+//! `keyward gate` as a process, over real TLS with a real upstream: what the README's "Try it"
+//! runs (a development certificate, the client CA, a gate file), its reloads, its metrics port,
+//! its shutdown, and the connection attacks the webhook resists. The rules themselves and the
+//! API server's reviews are tested in process (`src/gate/tests.rs`). Each wait is on an event:
+//! a response, a log line, a closed socket.
+#![allow(clippy::unwrap_used)] // a panic is the test failure report
+
+mod support;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper_util::rt::TokioIo;
+use keyward_certs::pki::{Ca, Minted};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use support::*;
+use tokio::io::AsyncReadExt;
+use tokio::net::{TcpListener, TcpStream};
+
+const GATE: &str = r#"
+apiVersion: keyward.io/v1alpha1
+kind: Gate
+metadata: {name: jobs}
+spec:
+  trustDomain: cluster.local
+  rules:
+    - name: a job reads its own namespace's runs
+      http: {methods: [GET], path: "/namespaces/{namespace}/runs"}
+      callers: {workloads: {kinds: [lmevaljob]}}
+      when:
+        - {caller: namespace, equals: {pathSegment: namespace}}
+"#;
+
+/// An upstream that answers with the identity the gate told it.
+async fn upstream() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(|req: hyper::Request<Incoming>| async move {
+                    let user = req.headers().get("x-remote-user").map(|v| v.to_str().unwrap().to_string());
+                    Ok::<_, Infallible>(hyper::Response::new(Full::new(Bytes::from(format!(
+                        "upstream saw {} {} as {}",
+                        req.method(),
+                        req.uri().path(),
+                        user.unwrap_or_default()
+                    )))))
+                });
+                let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tcp), service).await;
+            });
+        }
+    });
+    addr
+}
+
+struct Setup {
+    dir: tempfile::TempDir,
+    client_ca: Ca,
+    upstream: SocketAddr,
+}
+
+impl Setup {
+    async fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let client_ca = Ca::mint("keyward client CA", SystemTime::now(), DAY).unwrap();
+        std::fs::create_dir(dir.path().join("gate")).unwrap();
+        std::fs::write(dir.path().join("gate/gate.yaml"), GATE).unwrap();
+        std::fs::write(dir.path().join("client-ca.crt"), client_ca.cert_pem()).unwrap();
+        Self { dir, client_ca, upstream: upstream().await }
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.path().join(name).to_str().unwrap().to_string()
+    }
+
+    fn start(&self, extra: &[&str]) -> Server {
+        let upstream = format!("http://{}", self.upstream);
+        let (config, ca, dev) = (self.path("gate/gate.yaml"), self.path("client-ca.crt"), self.path("dev"));
+        let mut args = vec!["--config", &config, "--upstream", &upstream, "--client-ca", &ca, "--dev-cert-dir", &dev];
+        args.extend_from_slice(extra);
+        let mut server = Server::start_gate(&args, Vec::new(), false);
+        server.endpoint.ca_pem = std::fs::read(self.dir.path().join("dev/ca.crt")).unwrap();
+        server
+    }
+
+    fn driver(&self, namespace: &str) -> Minted {
+        self.client_ca
+            .issue_client_identity(
+                &[(keyward_certs::DnType::CommonName, "job")],
+                &format!("spiffe://cluster.local/ns/{namespace}/lmevaljob/job"),
+                SystemTime::now(),
+                DAY,
+            )
+            .unwrap()
+    }
+}
+
+/// One GET over a new TLS connection, with `identity`'s certificate if given.
+async fn get(server: &Server, identity: Option<&Minted>, path: &str) -> (u16, String) {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from_pem_slice(&server.endpoint.ca_pem).unwrap()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
+    let mut tls = match identity {
+        Some(m) => builder
+            .with_client_auth_cert(
+                vec![CertificateDer::from_pem_slice(m.cert_pem.as_bytes()).unwrap()],
+                PrivateKeyDer::from_pem_slice(m.key_pem.as_bytes()).unwrap(),
+            )
+            .unwrap(),
+        None => builder.with_no_client_auth(),
+    };
+    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let tcp = TcpStream::connect(server.endpoint.addr).await.unwrap();
+    let stream = tokio_rustls::TlsConnector::from(Arc::new(tls))
+        .connect(ServerName::try_from(SERVER_NAME).unwrap(), tcp)
+        .await
+        .unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
+    tokio::spawn(conn);
+    let request = hyper::Request::get(path).header("host", SERVER_NAME).body(Full::new(Bytes::new())).unwrap();
+    let response = tokio::time::timeout(EVENT_TIMEOUT, sender.send_request(request)).await.unwrap().unwrap();
+    let status = response.status().as_u16();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+fn write(path: &Path, text: &str) {
+    // As the kubelet updates a mounted ConfigMap: a new file renamed into place.
+    let next = path.with_extension("next");
+    std::fs::write(&next, text).unwrap();
+    std::fs::rename(next, path).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gate_serves_a_dev_certificate_allows_by_its_file_and_reloads_it() {
+    let setup = Setup::new().await;
+    let mut gate = setup.start(&[]);
+    let team_a = setup.driver("team-a");
+    assert_eq!(
+        get(&gate, Some(&team_a), "/namespaces/team-a/runs").await,
+        (200, "upstream saw GET /namespaces/team-a/runs as spiffe://cluster.local/ns/team-a/lmevaljob/job".into())
+    );
+    let (status, body) = get(&gate, Some(&team_a), "/namespaces/team-b/runs").await;
+    assert_eq!(status, 403, "{body}");
+    let (status, body) = get(&gate, None, "/namespaces/team-a/runs").await;
+    assert_eq!((status, body.as_str()), (401, "keyward gate: no client certificate and no bearer token: present the keyward client certificate of your workload, or a service account token\n"));
+    let refused = gate.wait_log(|v| v["message"] == "gate refused a request" && v["decision"] == "unauthenticated");
+    assert_eq!(refused["path"], "\"/namespaces/team-a/runs\"", "request values are quoted in the log");
+
+    // A good file replaces the rules; a bad one changes nothing.
+    let file = setup.dir.path().join("gate/gate.yaml");
+    write(&file, &GATE.replace("methods: [GET]", "methods: [POST]"));
+    gate.wait_log(|v| v["message"] == "gate file reloaded");
+    assert_eq!(get(&gate, Some(&team_a), "/namespaces/team-a/runs").await.0, 403);
+    write(&file, "kind: Gate\n");
+    gate.wait_log(|v| v["message"] == "gate file refused; the rules in force are unchanged");
+    assert_eq!(get(&gate, Some(&team_a), "/namespaces/team-a/runs").await.0, 403);
+    write(&file, GATE);
+    gate.wait_log(|v| v["message"] == "gate file reloaded");
+    assert_eq!(get(&gate, Some(&team_a), "/namespaces/team-a/runs").await.0, 200);
+
+    let (status, ready) = gate.metrics_get("/readyz").await;
+    assert!(status == 200 && ready.ends_with("\r\n\r\nok\n"), "{ready}");
+    let (_, metrics) = gate.metrics_get("/metrics").await;
+    for line in [
+        "keyward_gate_requests_total{rule=\"a job reads its own namespace's runs\",decision=\"allowed\"} 2",
+        "keyward_gate_requests_total{rule=\"\",decision=\"unauthenticated\"} 1",
+        "keyward_gate_reloads_total{file=\"gate\",result=\"failed\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
+    assert!(gate.terminate().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gate_resists_the_webhooks_connection_attacks() {
+    let setup = Setup::new().await;
+    let gate =
+        setup.start(&["--request-read-timeout", "1s", "--tls-handshake-timeout", "1s", "--max-connections", "2"]);
+    // Silent after the handshake: closed at the first request's deadline.
+    let mut silent = gate.endpoint.raw_tls().await;
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(EVENT_TIMEOUT, silent.read_to_end(&mut buf)).await;
+    assert!(read.is_ok(), "the gate kept a silent connection open");
+    // At the cap, idle connections make room for a client with a request.
+    let _idle = [gate.endpoint.raw_tls().await, gate.endpoint.raw_tls().await];
+    let team_a = setup.driver("team-a");
+    assert_eq!(get(&gate, Some(&team_a), "/namespaces/team-a/runs").await.0, 200);
+    let (_, metrics) = gate.metrics_get("/metrics").await;
+    for line in [
+        "keyward_connections_closed_by_server_total{listener=\"gate\",reason=\"first-request-timeout\"}",
+        "keyward_connections_closed_by_server_total{listener=\"gate\",reason=\"evicted\"}",
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
+    // A handshake that never finishes is cut too.
+    let mut stalled = TcpStream::connect(gate.endpoint.addr).await.unwrap();
+    let read = tokio::time::timeout(EVENT_TIMEOUT, stalled.read_to_end(&mut Vec::new())).await;
+    assert!(read.is_ok(), "the gate kept a connection without a handshake open");
+}
