@@ -30,3 +30,6 @@ bench --bench controller
 echo
 echo "## keyward audit at 10,000 pods (cargo bench --bench audit)"
 bench --bench audit
+echo
+echo "## keyward gate against the upstream directly (cargo bench --bench gate)"
+bench --bench gate
