@@ -209,3 +209,34 @@ async fn the_gate_resists_the_webhooks_connection_attacks() {
     let read = tokio::time::timeout(EVENT_TIMEOUT, stalled.read_to_end(&mut Vec::new())).await;
     assert!(read.is_ok(), "the gate kept a connection without a handshake open");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_alive_connections_get_the_idle_timeout_and_started_requests_the_header_timeout() {
+    use tokio::io::AsyncWriteExt;
+    let setup = Setup::new().await;
+    let gate = setup.start(&["--request-read-timeout", "1s", "--idle-timeout", "3s"]);
+    let request = format!("GET /namespaces/team-a/runs HTTP/1.1\r\nhost: {SERVER_NAME}\r\n\r\n");
+    let closed =
+        |reason: &str| format!("keyward_connections_closed_by_server_total{{listener=\"gate\",reason=\"{reason}\"}}");
+
+    // A refused request, then silence: the connection lives for the idle timeout.
+    let mut stream = gate.endpoint.raw_tls().await;
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = vec![0u8; 512];
+    let n = stream.read(&mut response).await.unwrap();
+    assert!(String::from_utf8_lossy(&response[..n]).starts_with("HTTP/1.1 401"));
+    let started = std::time::Instant::now();
+    let read = tokio::time::timeout(EVENT_TIMEOUT, stream.read_to_end(&mut Vec::new())).await;
+    assert!(read.is_ok(), "the gate kept an idle connection open");
+    assert!(started.elapsed() >= std::time::Duration::from_millis(2900), "closed before the idle timeout");
+    gate.wait_metric(&closed("idle"), 1.0).await;
+
+    // Half of a request's headers: cut at the header timeout.
+    let mut stream = gate.endpoint.raw_tls().await;
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let _ = stream.read(&mut response).await.unwrap();
+    stream.write_all(b"GET /namespaces/team-a/runs HTTP/1.1\r\nhost: gate\r\n").await.unwrap();
+    let read = tokio::time::timeout(EVENT_TIMEOUT, stream.read_to_end(&mut Vec::new())).await;
+    assert!(read.is_ok(), "the gate kept a connection with half a request open");
+    gate.wait_metric(&closed("header-timeout"), 1.0).await;
+}

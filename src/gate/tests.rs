@@ -249,21 +249,40 @@ async fn upstream(req: Request<Incoming>, calls: Arc<Mutex<Vec<String>>>) -> Res
     Ok(Response::new(Full::new(Bytes::from(seen)).boxed()))
 }
 
-async fn spawn_upstream(calls: Arc<Mutex<Vec<String>>>) -> SocketAddr {
+/// The upstream on loopback: plain text, or TLS with `tls` (ALPN h2 and http/1.1).
+async fn spawn_upstream(calls: Arc<Mutex<Vec<String>>>, tls: Option<tokio_rustls::TlsAcceptor>) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         while let Ok((tcp, _)) = listener.accept().await {
-            let calls = calls.clone();
+            let (calls, tls) = (calls.clone(), tls.clone());
             tokio::spawn(async move {
                 let service = service_fn(move |req| upstream(req, calls.clone()));
-                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(tcp), service)
-                    .await;
+                let server = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                let _ = match tls {
+                    Some(acceptor) => match acceptor.accept(tcp).await {
+                        Ok(stream) => server.serve_connection(TokioIo::new(stream), service).await,
+                        Err(_) => Ok(()),
+                    },
+                    None => server.serve_connection(TokioIo::new(tcp), service).await,
+                };
             });
         }
     });
     addr
+}
+
+/// A TLS acceptor for `minted` (a serving certificate), offering h2 and http/1.1.
+fn acceptor(minted: &Minted) -> tokio_rustls::TlsAcceptor {
+    let mut config = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![CertificateDer::from_pem_slice(minted.cert_pem.as_bytes()).unwrap()],
+            PrivateKeyDer::from_pem_slice(minted.key_pem.as_bytes()).unwrap(),
+        )
+        .unwrap();
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    tokio_rustls::TlsAcceptor::from(Arc::new(config))
 }
 
 // === the gate under test ===
@@ -321,6 +340,12 @@ impl Fixture {
     }
 
     async fn start_with(gate_yaml: &str) -> Self {
+        Self::start_full(gate_yaml, false).await
+    }
+
+    /// With `tls_upstream`, the upstream serves TLS (a certificate for `localhost` from the
+    /// server CA) and the gate verifies it with `--upstream-ca`.
+    async fn start_full(gate_yaml: &str, tls_upstream: bool) -> Self {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let dir = tempfile::tempdir().unwrap();
         let now = SystemTime::now();
@@ -338,12 +363,20 @@ impl Fixture {
         let gate_file = dir.path().join("gate/gate.yaml");
         std::fs::write(&gate_file, gate_yaml).unwrap();
         let calls = Arc::new(Mutex::new(Vec::new()));
-        let upstream = spawn_upstream(calls.clone()).await;
+        let upstream_tls =
+            tls_upstream.then(|| acceptor(&server_ca.issue_serving(&["localhost".to_string()], now, DAY).unwrap()));
+        let upstream = spawn_upstream(calls.clone(), upstream_tls).await;
+        let upstream_ca = dir.path().join("upstream-ca.crt");
+        std::fs::write(&upstream_ca, server_ca.cert_pem()).unwrap();
         let api = FakeApi::new();
         let config = GateConfig {
             config: gate_file.clone(),
-            upstream: format!("http://{upstream}"),
-            upstream_ca: None,
+            upstream: if tls_upstream {
+                format!("https://localhost:{}", upstream.port())
+            } else {
+                format!("http://{upstream}")
+            },
+            upstream_ca: tls_upstream.then_some(upstream_ca),
             client_ca: Some(ca_file.clone()),
             listen: "127.0.0.1:0".parse().unwrap(),
             metrics_listen: None,
@@ -394,6 +427,20 @@ impl Fixture {
         B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
+        self.send_at(self.addr, h2, identity, request).await
+    }
+
+    async fn send_at<B>(
+        &self,
+        addr: SocketAddr,
+        h2: bool,
+        identity: Option<&Minted>,
+        request: Request<B>,
+    ) -> Result<Answer, String>
+    where
+        B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
         let roots = {
             let mut r = rustls::RootCertStore::empty();
             r.add(CertificateDer::from_pem_slice(self.server_ca.cert_pem().as_bytes()).unwrap()).unwrap();
@@ -410,7 +457,7 @@ impl Fixture {
             None => builder.with_no_client_auth(),
         };
         tls.alpn_protocols = vec![if h2 { b"h2".to_vec() } else { b"http/1.1".to_vec() }];
-        let tcp = TcpStream::connect(self.addr).await.map_err(|e| e.to_string())?;
+        let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
         let stream = TlsConnector::from(Arc::new(tls))
             .connect(ServerName::try_from("localhost").unwrap(), tcp)
             .await
@@ -751,4 +798,49 @@ async fn a_silent_client_and_a_message_that_never_ends_are_cut_off() {
     assert!(percent_decode(&answer.grpc().1).contains("did not arrive whole within 2s"));
     drop(tx);
     assert!(f.upstream_calls().is_empty());
+}
+
+#[tokio::test]
+async fn an_upstream_over_tls_is_verified_and_spoken_to_in_the_callers_protocol() {
+    let f = Fixture::start_full(GATE, true).await;
+    let driver = f.driver("team-a", "evaljob-sample");
+    let grpc = f.call(true, Some(&driver), update_status("evaljob-sample", "team-a")).await;
+    assert_eq!(grpc.grpc().0, "0");
+    let http = f.call(false, Some(&driver), http_get("/apis/v1/namespaces/team-a/runs/r1")).await;
+    assert_eq!(http.status, 200, "{}", http.text());
+    let calls = f.upstream_calls();
+    assert!(calls[0].starts_with("POST /LMEvalJobUpdateService/UpdateStatus HTTP/2.0 "), "{calls:?}");
+    assert!(calls[1].starts_with("GET /apis/v1/namespaces/team-a/runs/r1 HTTP/1.1 "), "{calls:?}");
+}
+
+#[tokio::test]
+async fn an_upstream_that_cannot_be_reached_is_a_502_and_unavailable() {
+    let f = Fixture::start().await;
+    // The same gate, its upstream a port nothing listens on.
+    let mut state = f.gate.state.clone();
+    state.upstream = Arc::new(Upstream::new("http://127.0.0.1:1", None).unwrap());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let limits = crate::serve::connections::ConnectionLimits {
+        max_connections: 4,
+        handshake_timeout: READ_TIMEOUT,
+        request_read_timeout: READ_TIMEOUT,
+        idle_timeout: READ_TIMEOUT,
+        shutdown_grace: READ_TIMEOUT,
+    };
+    let connections = Connections::new("gate", limits, f.gate.shared.clone());
+    let app = Router::new().fallback(proxy::handle).with_state(state);
+    tokio::spawn(connections::serve(
+        listener,
+        Transport::Tls(f.gate.acceptor().unwrap()),
+        app,
+        connections,
+        f._stop.subscribe(),
+    ));
+    let driver = f.driver("team-a", "evaljob-sample");
+    let http = f.send_at(addr, false, Some(&driver), http_get("/apis/v1/namespaces/team-a/runs/r1")).await.unwrap();
+    assert_eq!((http.status, http.text().as_str()), (502, "keyward gate: the upstream could not be reached\n"));
+    let grpc = f.send_at(addr, true, Some(&driver), update_status("evaljob-sample", "team-a")).await.unwrap();
+    assert_eq!(grpc.grpc().0, "14");
+    assert!(f.gate.shared.encode().contains("keyward_gate_upstream_errors_total 2"));
 }
