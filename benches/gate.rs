@@ -31,8 +31,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use keyward_certs::pki::{Ca, Minted};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::ServerName;
 use support::*;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
@@ -222,23 +221,7 @@ struct Target {
 
 impl Target {
     fn new(addr: SocketAddr, ca_pem: &str, identity: Option<&Minted>, h2: bool) -> Self {
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap()).unwrap();
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let builder = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots);
-        let mut tls = match identity {
-            Some(m) => builder
-                .with_client_auth_cert(
-                    vec![CertificateDer::from_pem_slice(m.cert_pem.as_bytes()).unwrap()],
-                    PrivateKeyDer::from_pem_slice(m.key_pem.as_bytes()).unwrap(),
-                )
-                .unwrap(),
-            None => builder.with_no_client_auth(),
-        };
-        tls.alpn_protocols = vec![if h2 { b"h2".to_vec() } else { b"http/1.1".to_vec() }];
+        let tls = client_config(ca_pem.as_bytes(), identity, if h2 { b"h2" } else { b"http/1.1" });
         Self { addr, tls: Arc::new(tls) }
     }
 

@@ -17,8 +17,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper_util::rt::TokioIo;
 use keyward_certs::pki::{Ca, Minted};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::ServerName;
 use support::*;
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -104,23 +103,7 @@ impl Setup {
 
 /// One GET over a new TLS connection, with `identity`'s certificate if given.
 async fn get(server: &Server, identity: Option<&Minted>, path: &str) -> (u16, String) {
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(CertificateDer::from_pem_slice(&server.endpoint.ca_pem).unwrap()).unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots);
-    let mut tls = match identity {
-        Some(m) => builder
-            .with_client_auth_cert(
-                vec![CertificateDer::from_pem_slice(m.cert_pem.as_bytes()).unwrap()],
-                PrivateKeyDer::from_pem_slice(m.key_pem.as_bytes()).unwrap(),
-            )
-            .unwrap(),
-        None => builder.with_no_client_auth(),
-    };
-    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let tls = client_config(&server.endpoint.ca_pem, identity, b"http/1.1");
     let tcp = TcpStream::connect(server.endpoint.addr).await.unwrap();
     let stream = tokio_rustls::TlsConnector::from(Arc::new(tls))
         .connect(ServerName::try_from(SERVER_NAME).unwrap(), tcp)

@@ -229,6 +229,31 @@ impl Server {
     }
 }
 
+/// A client TLS configuration that trusts `ca_pem`, presents `identity`'s certificate when
+/// given (a keyward workload's, to `keyward gate`), and offers `alpn`.
+pub fn client_config(ca_pem: &[u8], identity: Option<&Minted>, alpn: &[u8]) -> rustls::ClientConfig {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
+    let mut config = match identity {
+        Some(m) => builder
+            .with_client_auth_cert(
+                vec![CertificateDer::from_pem_slice(m.cert_pem.as_bytes()).unwrap()],
+                rustls::pki_types::PrivateKeyDer::from_pem_slice(m.key_pem.as_bytes()).unwrap(),
+            )
+            .unwrap(),
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![alpn.to_vec()];
+    config
+}
+
 impl Endpoint {
     pub fn connector(&self, alpn: &[&[u8]]) -> TlsConnector {
         let mut roots = rustls::RootCertStore::empty();
