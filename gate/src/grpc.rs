@@ -229,6 +229,29 @@ mod tests {
     }
 
     #[test]
+    fn the_bounds_are_where_protobuf_and_grpc_put_them() {
+        // Field numbers: 2^29 - 1 is protobuf's largest; 2^29 is refused.
+        let largest = (1u64 << 29) - 1;
+        let m = Message::default().string(largest, b"x");
+        assert_eq!(string_field(&m.0, largest as u32).unwrap(), Some("x"));
+        let m = Message::default().string(largest + 1, b"x");
+        assert_eq!(
+            text(string_field(&m.0, 1).unwrap_err()),
+            "gRPC request: the message has a field numbered 536870912, which protobuf does not allow"
+        );
+        // Message length: 4 MiB is read (here cut short), a byte more is refused outright.
+        let prefix = |n: u32| {
+            let mut b = vec![0];
+            b.extend_from_slice(&n.to_be_bytes());
+            b
+        };
+        let at_limit = text(first_message(&prefix(MAX_MESSAGE_BYTES as u32)).unwrap_err());
+        assert!(at_limit.contains("the body holds 0"), "{at_limit}");
+        let over = text(first_message(&prefix(MAX_MESSAGE_BYTES as u32 + 1)).unwrap_err());
+        assert!(over.contains("more than the 4194304 the gate reads"), "{over}");
+    }
+
+    #[test]
     fn only_one_message_is_read_as_the_call_and_a_second_refuses_it() {
         let first = Message::default().string(1, b"mine").framed();
         assert_eq!(only_message(&first).unwrap(), &first[5..]);

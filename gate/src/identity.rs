@@ -193,6 +193,11 @@ mod tests {
         let e = WorkloadIdentity::parse(&long).unwrap_err().to_string();
         assert!(e.contains("longer than 2048 bytes"), "{e}");
         assert!(e.len() < 200, "{e}");
+        // The bound itself: 2,048 bytes pass it (and are refused for what they hold), 2,049 not.
+        let at = |n: usize| format!("spiffe://td/ns/a/job/{}", "a".repeat(n - "spiffe://td/ns/a/job/".len()));
+        let e = WorkloadIdentity::parse(&at(2048)).unwrap_err().to_string();
+        assert!(!e.contains("longer than"), "{e}");
+        assert!(WorkloadIdentity::parse(&at(2049)).unwrap_err().to_string().contains("longer than 2048 bytes"));
         // A control character is escaped, never written raw into a log line.
         let e = WorkloadIdentity::parse("spiffe://td/ns/a/job/x\nforged").unwrap_err().to_string();
         assert!(e.contains("\\n") && !e.contains('\n'), "{e}");

@@ -171,6 +171,15 @@ impl PathPattern {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn sixty_four_segments_are_read_and_sixty_five_are_not() {
+        let path = |n: usize| "/s".repeat(n);
+        assert!(RequestPath::parse(&path(64)).is_ok());
+        assert!(RequestPath::parse(&path(65)).unwrap_err().to_string().contains("more than 64 segments"));
+        assert!(PathPattern::parse(&path(64)).is_ok());
+        assert!(PathPattern::parse(&path(65)).unwrap_err().contains("more than 64 segments"));
+    }
+
     use super::*;
     use proptest::prelude::*;
 
