@@ -4,7 +4,7 @@
 #
 #   scripts/mutants.sh                 # every file in .cargo/mutants.toml, and the owner and
 #                                      # requester checks in context.rs and select.rs
-#   scripts/mutants.sh -f FILE ...     # or pass cargo-mutants' own filters
+#   scripts/mutants.sh -f FILE ...     # cargo-mutants' own filters, added to the scope file's
 #   scripts/mutants.sh --ci            # .ci/run: only the lines the last commit changed in
 #                                      # those files (nothing to do: no install, no build)
 #
