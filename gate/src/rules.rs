@@ -189,6 +189,8 @@ pub struct Gate {
 #[derive(Debug, Clone)]
 struct Rule {
     name: String,
+    /// A condition or the review reads a gRPC field (known at load, asked on every request).
+    reads_message: bool,
     route: Route,
     callers: Callers,
     when: Vec<Condition>,
@@ -340,6 +342,7 @@ impl Gate {
             if let Some(route) = route {
                 rules.push(Rule {
                     name: r.name,
+                    reads_message: reads_message(&r.when, r.subject_access_review.as_ref()),
                     route,
                     callers: r.callers,
                     when: r.when,
@@ -426,7 +429,7 @@ impl Gate {
     /// `grpcField` condition or `{grpc.N}` reference): only then does the transport hold the
     /// body back to read it.
     pub fn reads_message(&self, method: &str, path: &RequestPath<'_>) -> bool {
-        self.rules.iter().any(|rule| rule.reads_message() && rule.route.fits(method, path).is_ok())
+        self.rules.iter().any(|rule| rule.reads_message && rule.route.fits(method, path).is_ok())
     }
 
     /// Whether a client-sent header must not reach the upstream: one that claims an identity
@@ -566,14 +569,6 @@ impl Rule {
         }
     }
 
-    fn reads_message(&self) -> bool {
-        let grpc = |template: &str| matches!(Reference::parse(template), Ok(Reference::Operand(Operand::GrpcField(_))));
-        self.when.iter().any(|c| matches!(c.equals, Operand::GrpcField(_)))
-            || self.review.as_ref().is_some_and(|r| {
-                [&r.verb, &r.group, &r.resource, &r.subresource, &r.namespace, &r.name].into_iter().any(|t| grpc(t))
-            })
-    }
-
     fn admits(&self, caller: &Caller) -> bool {
         match caller {
             Caller::Workload(id) => self.callers.workloads.as_ref().is_some_and(|w| {
@@ -586,6 +581,15 @@ impl Rule {
             }
         }
     }
+}
+
+/// Whether a rule's conditions or review read a gRPC field of the request.
+fn reads_message(when: &[Condition], review: Option<&ReviewSpec>) -> bool {
+    let grpc = |template: &str| matches!(Reference::parse(template), Ok(Reference::Operand(Operand::GrpcField(_))));
+    when.iter().any(|c| matches!(c.equals, Operand::GrpcField(_)))
+        || review.is_some_and(|r| {
+            [&r.verb, &r.group, &r.resource, &r.subresource, &r.namespace, &r.name].into_iter().any(|t| grpc(t))
+        })
 }
 
 /// The value an operand names in this request (`None`: absent).

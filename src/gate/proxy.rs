@@ -127,8 +127,8 @@ async fn decide(
     grpc: bool,
 ) -> Result<Allowed, (Stop, Option<String>)> {
     let (caller, groups) = authenticate(state, gate, parts, grpc).await.map_err(|stop| (stop, None))?;
-    let who = Some(describe(&caller));
-    let fail = |decision, reason: String| (Stop::new(decision, grpc, reason), who.clone());
+    // The caller is written out only for a refusal's log line, not on every request.
+    let fail = |decision, reason: String| (Stop::new(decision, grpc, reason), Some(describe(&caller)));
     let path = parts.uri.path();
     let checked = RequestPath::parse(path).map_err(|e| fail(Decision::Refused, e.to_string()))?;
     let method = parts.method.as_str();
