@@ -7,7 +7,8 @@
 //! Run: `cargo bench --bench load` (or `scripts/bench.sh`). Bounded: fixed request counts, to
 //! loopback only, and it stops by itself. Knobs: KEYWARD_BENCH_REQUESTS (default 20000 per
 //! closed-loop run), KEYWARD_BENCH_SECONDS (default 5 per fixed-rate run), KEYWARD_BENCH_TAIL_SECONDS
-//! (default 20 per run of the 200 KB pod's tail, four runs; 0 leaves it out).
+//! (default 20 per run of the 200 KB pod's tail, four runs; 0 leaves it out), KEYWARD_BENCH_WORKERS
+//! (default 1: keyward's `--worker-threads`, and the floor's threads).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a panic is the benchmark failure report
 
 #[path = "../tests/support/mod.rs"]
@@ -260,10 +261,13 @@ async fn fixed_rate_nagle(
 }
 
 fn main() {
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     if std::env::var_os("KEYWARD_BENCH_FLOOR").is_some() {
+        // The floor serves on as many threads as keyward does.
+        let workers = env_or("KEYWARD_BENCH_WORKERS", 1);
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build().unwrap();
         return runtime.block_on(floor_server());
     }
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     runtime.block_on(run());
 }
 
@@ -274,7 +278,11 @@ async fn run() {
     // The built-ins, plus the example profiles of the engine's tests, so that the KubeRay
     // worker (which no built-in serves) is injected into as before and the figures compare.
     let examples = concat!(env!("CARGO_MANIFEST_DIR"), "/webhooks/tests/profiles");
-    let keyward = tls.start_quiet(&["--profiles", examples]);
+    // keyward and the floor on the same number of threads (keyward's default, 1).
+    let workers = env_or("KEYWARD_BENCH_WORKERS", 1usize).to_string();
+    let keyward = tls.start_quiet(&["--profiles", examples, "--worker-threads", &workers]);
+    println!("keyward and the floor each serve on {workers} worker thread(s) (KEYWARD_BENCH_WORKERS)");
+    println!();
     let pid = keyward.pid();
 
     let lmeval = Arc::new(compact(&serde_json::from_slice(&fixture("admissionreview-lmeval.json")).unwrap()));

@@ -67,12 +67,7 @@ impl Reload {
 
 pub fn run(config: GateConfig) -> anyhow::Result<()> {
     crate::logging::init(config.listener.log_format);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(config.worker_threads)
-        .enable_all()
-        .build()
-        .context("cannot start the runtime")?;
-    let result = runtime.block_on(gate(config));
+    let result = crate::serve::runtime(config.worker_threads)?.block_on(gate(config));
     crate::logging::flush();
     result
 }

@@ -46,6 +46,13 @@ pub struct ServeArgs {
     /// clients more ways to hold connections.
     #[arg(long, env = "KEYWARD_HTTP2")]
     http2: bool,
+    /// Threads that serve connections. One by default: an admission takes tens of
+    /// microseconds, and on one thread it costs about a third less CPU than spread over two,
+    /// which wake each other for every request (BENCHMARKS.md, "CPU per admission"). Pods over
+    /// 64 KiB are decided on separate threads either way. Raise it for a webhook that must use
+    /// more than one core.
+    #[arg(long, env = "KEYWARD_WORKER_THREADS", default_value_t = 1)]
+    worker_threads: usize,
 }
 
 /// The flags of an HTTPS server of keyward's (`serve`, `gate`): its certificate, its log, and
@@ -138,6 +145,7 @@ pub struct ServeConfig {
     pub request_bytes_in_flight: usize,
     pub max_concurrent_decisions: usize,
     pub max_body_bytes: usize,
+    pub worker_threads: usize,
 }
 
 impl ServeArgs {
@@ -158,6 +166,9 @@ impl ServeArgs {
             Some(n) => n,
             None => std::thread::available_parallelism().map_or(2, usize::from),
         };
+        if self.worker_threads == 0 {
+            bail!("--worker-threads: must be at least 1");
+        }
         Ok(ServeConfig {
             listen: self.listen,
             metrics_listen,
@@ -168,6 +179,7 @@ impl ServeArgs {
             request_bytes_in_flight: self.request_bytes_in_flight,
             max_concurrent_decisions,
             max_body_bytes: MAX_BODY_BYTES,
+            worker_threads: self.worker_threads,
         })
     }
 }
@@ -290,6 +302,7 @@ mod tests {
         assert_eq!((c.listener.max_connections, c.listener.metrics_max_connections), (256, 16));
         assert_eq!(c.request_bytes_in_flight, 32 * 1024 * 1024);
         assert!(c.max_concurrent_decisions >= 1);
+        assert_eq!(c.worker_threads, 1);
         assert_eq!(
             c.profiles,
             ProfileSource {
@@ -316,6 +329,9 @@ mod tests {
         let err =
             config(&["--listen", "127.0.0.1:9090", "--metrics-listen", "127.0.0.1:9090"]).unwrap_err().to_string();
         assert_eq!(err, "--metrics-listen 127.0.0.1:9090: must differ from --listen");
+        assert_eq!(config(&["--worker-threads", "3"]).unwrap().worker_threads, 3);
+        let err = config(&["--worker-threads", "0"]).unwrap_err().to_string();
+        assert_eq!(err, "--worker-threads: must be at least 1");
         let err = config(&["--idle-timeout", "0s"]).unwrap_err().to_string();
         assert_eq!(err, "--idle-timeout: must be more than 0s");
         let c = config(&["--operator-namespace", "lmeval-job=opendatahub,kuberay-node=ray-system"]).unwrap();

@@ -32,11 +32,18 @@ use routes::AppState;
 
 pub fn run(config: ServeConfig) -> anyhow::Result<()> {
     crate::logging::init(config.listener.log_format);
-    let runtime =
-        tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the runtime")?;
-    let result = runtime.block_on(serve(config));
+    let result = runtime(config.worker_threads)?.block_on(serve(config));
     crate::logging::flush();
     result
+}
+
+/// The runtime of a server of keyward's, on `workers` threads (`--worker-threads`).
+pub(crate) fn runtime(workers: usize) -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .context("cannot start the runtime")
 }
 
 async fn serve(config: ServeConfig) -> anyhow::Result<()> {
