@@ -70,21 +70,31 @@ pub fn generate() -> Result<[u8; KEY_BYTES], Error> {
     Ok(bytes)
 }
 
-/// A nonce for one attestation: 12 random bytes, base64url (16 characters). Should the system
-/// refuse randomness (ring documents it as possible, Linux does not do it once booted), a
-/// process-wide counter with the clock and the process id stands in: still never repeated.
+/// A nonce for one attestation: 12 bytes, base64url (16 characters), never repeated in a
+/// process and unpredictable: the HMAC-SHA256 of a process-wide counter under a key drawn from
+/// the system's secure random source once (a pseudorandom function of distinct inputs), so that
+/// an admission costs no system call for randomness. Should the system refuse randomness (ring
+/// documents it as possible, Linux does not do it once booted), a key from the clock and the
+/// process id stands in: still never repeated, as the counter is not.
 pub fn nonce() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    static KEY: OnceLock<hmac::Key> = OnceLock::new();
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let mut bytes = [0u8; 12];
-    if ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes).is_err() {
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let mixed =
-            ring::digest::digest(&ring::digest::SHA256, format!("{nanos}.{n}.{}", std::process::id()).as_bytes());
-        bytes.copy_from_slice(&mixed.as_ref()[..12]);
-    }
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+    let key = KEY.get_or_init(|| {
+        let mut seed = [0u8; KEY_BYTES];
+        if ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut seed).is_err() {
+            let nanos =
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+            let mixed =
+                ring::digest::digest(&ring::digest::SHA256, format!("{nanos}.{}", std::process::id()).as_bytes());
+            seed.copy_from_slice(mixed.as_ref());
+        }
+        hmac::Key::new(hmac::HMAC_SHA256, &seed)
+    });
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let tag = hmac::sign(key, &n.to_le_bytes());
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&tag.as_ref()[..12])
 }
 
 /// Makes sure `dir/current` holds a key, for development (`keyward serve` without
@@ -276,8 +286,11 @@ mod tests {
 
     #[test]
     fn nonces_do_not_repeat() {
-        let nonces: std::collections::HashSet<String> = (0..1000).map(|_| nonce()).collect();
-        assert_eq!(nonces.len(), 1000);
+        // From four threads at once, as the webhook's decisions draw them.
+        let threads: Vec<_> =
+            (0..4).map(|_| std::thread::spawn(|| (0..1000).map(|_| nonce()).collect::<Vec<_>>())).collect();
+        let nonces: std::collections::HashSet<String> = threads.into_iter().flat_map(|t| t.join().unwrap()).collect();
+        assert_eq!(nonces.len(), 4000);
         assert!(nonces
             .iter()
             .all(|n| n.len() == 16 && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')));
