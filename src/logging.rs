@@ -206,23 +206,26 @@ struct Escaped<'w, 'a>(&'w mut Writer<'a>);
 
 impl fmt::Write for Escaped<'_, '_> {
     fn write_str(&mut self, s: &str) -> fmt::Result {
+        // By bytes: every byte JSON makes us escape is ASCII, and no byte of a multi-byte
+        // UTF-8 character is, so each cut falls on a character boundary.
         let mut plain = 0;
-        for (i, c) in s.char_indices() {
-            let escape = match c {
-                '"' => Some("\\\""),
-                '\\' => Some("\\\\"),
-                '\n' => Some("\\n"),
-                '\r' => Some("\\r"),
-                '\t' => Some("\\t"),
-                c if (c as u32) < 0x20 => None,
+        for (i, b) in s.bytes().enumerate() {
+            let escape = match b {
+                b'"' => "\\\"",
+                b'\\' => "\\\\",
+                b'\n' => "\\n",
+                b'\r' => "\\r",
+                b'\t' => "\\t",
+                b if b < 0x20 => "",
                 _ => continue,
             };
             self.0.write_str(&s[plain..i])?;
-            match escape {
-                Some(e) => self.0.write_str(e)?,
-                None => write!(self.0, "\\u{:04x}", c as u32)?,
+            if escape.is_empty() {
+                write!(self.0, "\\u{b:04x}")?;
+            } else {
+                self.0.write_str(escape)?;
             }
-            plain = i + c.len_utf8();
+            plain = i + 1;
         }
         self.0.write_str(&s[plain..])
     }
@@ -284,6 +287,8 @@ mod tests {
         assert_eq!(v["message"], "said hi\n");
         assert_eq!(v["level"], "INFO");
         assert_eq!(v["text"], nasty);
+        // Escaped as JSON requires and no more: UTF-8 passes through.
+        assert!(line.contains(r#""text":"a\"b\\c\nd\re\tf\u0001g\u001fh é ✓""#), "{line}");
         assert_eq!((v["n"].as_u64(), v["m"].as_i64(), v["yes"].as_bool()), (Some(42), Some(-7), Some(true)));
         assert_eq!(v["dbg"], format!("{nasty:?}"));
         assert!(v["timestamp"].as_str().unwrap().ends_with('Z'), "{line}");
