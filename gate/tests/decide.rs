@@ -325,3 +325,91 @@ fn the_body_is_held_back_only_for_a_route_whose_rule_reads_a_grpc_field() {
     let gate = load("router.yaml", &by_review).unwrap().gate;
     assert!(!gate.reads_message("POST", &RequestPath::parse("/graphs/g/x").unwrap()));
 }
+
+/// A workload's review, filled from every kind of reference: the caller's fields, a header and
+/// a gRPC field of the message.
+const REVIEWED_GRPC: &str = r#"
+apiVersion: keyward.io/v1alpha1
+kind: Gate
+metadata: {name: reviewed}
+spec:
+  trustDomain: cluster.local
+  rules:
+    - name: drivers the API server lets update their job
+      grpc: {service: LMEvalJobUpdateService, methods: [UpdateStatus]}
+      callers: {workloads: {kinds: [lmevaljob]}}
+      subjectAccessReview:
+        verb: "{caller.kind}"
+        group: trustyai.opendatahub.io
+        resource: "{header.x-resource}"
+        subresource: status
+        namespace: "{grpc.2}"
+        name: "{caller.name}"
+"#;
+
+#[test]
+fn a_review_is_filled_from_the_caller_a_header_and_the_message() {
+    let gate = load("reviewed.yaml", REVIEWED_GRPC).unwrap().gate;
+    let headers = [("X-Resource", "lmevaljobs")];
+    let body = job_status("job-1", "team-a");
+    let request = Request { method: "POST", path: UPDATE, headers: &headers, body: &body };
+    let v = gate.decide(&driver("team-b", "job-1"), &request, &RequestPath::parse(UPDATE).unwrap(), &|_| None);
+    assert_eq!(
+        v.pending,
+        [AccessReview {
+            user: "spiffe://cluster.local/ns/team-b/lmevaljob/job-1".into(),
+            verb: "lmevaljob".into(),
+            group: "trustyai.opendatahub.io".into(),
+            resource: "lmevaljobs".into(),
+            subresource: "status".into(),
+            namespace: "team-a".into(),
+            name: "job-1".into(),
+        }]
+    );
+    assert!(gate.asks_api_server(), "a rule's review asks the API server, with no tokenReview");
+    assert!(gate.reads_message("POST", &RequestPath::parse(UPDATE).unwrap()), "{{grpc.2}} reads the message");
+}
+
+#[test]
+fn a_reference_names_a_source_the_route_has_and_a_field_number_protobuf_allows() {
+    let with =
+        |field: &str, value: &str| REVIEWED_GRPC.replace("name: \"{caller.name}\"", &format!("{field}: \"{value}\""));
+    let problem = |value: &str| load("r.yaml", &with("name", value)).err().map(|e| e.join("\n"));
+    let prefix = "r.yaml: spec.rules[0] (\"drivers the API server lets update their job\").subjectAccessReview.name: ";
+    // The highest field number protobuf allows, and one past it; zero; not a number.
+    assert_eq!(problem("{grpc.536870911}"), None);
+    for bad in ["{grpc.536870912}", "{grpc.0}", "{grpc.x}", "{grpc}"] {
+        assert_eq!(problem(bad), Some(format!("{prefix}\"{bad}\": {{grpc.N}} takes a protobuf field number")), "{bad}");
+    }
+    for bad in ["{path.}", "{header.}", "{caller.uid}"] {
+        assert_eq!(
+            problem(bad),
+            Some(format!("{prefix}\"{bad}\" is not a reference; use {{caller.namespace}}, {{caller.name}}, {{path.NAME}}, {{header.NAME}} or {{grpc.N}}")),
+            "{bad}"
+        );
+    }
+    // A path segment on a gRPC route, a gRPC field on an HTTP one.
+    assert_eq!(problem("{path.job}"), Some(format!("{prefix}{{path.…}} needs an http route")));
+    let on_http = ROUTER.replace("\"{path.graph}\"", "\"{grpc.1}\"");
+    assert_eq!(
+        load("h.yaml", &on_http).unwrap_err(),
+        ["h.yaml: spec.rules[0] (\"callers who may get the graph\").subjectAccessReview.name: {grpc.…} needs a grpc route"]
+    );
+}
+
+#[test]
+fn a_listed_service_account_is_matched_by_namespace_and_name_together() {
+    let path = "/apis/v1/namespaces/kubeflow/runs/r-1/report";
+    for other in ["kubeflow:someone-else", "team-a:ml-pipeline-persistenceagent"] {
+        let account = Caller::ServiceAccount(ServiceAccount::parse(&format!("system:serviceaccount:{other}")).unwrap());
+        let v = decide(&account, "POST", &path.replace("kubeflow", other.split(':').next().unwrap()), b"{}");
+        assert_eq!(v.allowed_by, None, "{other}");
+    }
+    let gate = load("lmeval.yaml", LMEVAL).unwrap().gate;
+    assert!(gate.asks_api_server(), "tokens to review");
+    // The driver's rule alone: workloads only, no tokens, no review.
+    let without_tokens = LMEVAL.replace("  tokenReview: {audiences: [pipelines.kubeflow.org]}\n", "");
+    let workloads_only = without_tokens.split("    - name: agents").next().unwrap();
+    let no_tokens = load("w.yaml", workloads_only).unwrap().gate;
+    assert!(!no_tokens.asks_api_server(), "workloads only, no review");
+}
