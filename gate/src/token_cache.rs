@@ -197,6 +197,20 @@ fn key(token: &str) -> Key {
     Sha256::digest(token.as_bytes()).into()
 }
 
+/// The key of one TokenReview in flight: the SHA-256 of the audiences it is asked for and the
+/// token, so that a transport can share a review among requests without holding the token.
+pub fn review_key(token: &str, audiences: &[String]) -> [u8; 32] {
+    let mut digest = Sha256::new();
+    for audience in audiences {
+        digest.update(audience.as_bytes());
+        digest.update([0]);
+    }
+    // 0xff never occurs in UTF-8: the audiences end here.
+    digest.update([0xff]);
+    digest.update(token.as_bytes());
+    digest.finalize().into()
+}
+
 /// The `exp` of a JWT, read without checking its signature: only ever to cache a token the API
 /// server accepted for less long, never to accept one. Bounded: a payload past 8 KiB is not read.
 fn expiry(token: &str) -> Option<SystemTime> {
@@ -213,6 +227,23 @@ fn expiry(token: &str) -> Option<SystemTime> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_review_key_tells_apart_every_token_and_audience_list() {
+        let a = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let keys = [
+            review_key("t", &a(&["x"])),
+            review_key("u", &a(&["x"])),
+            review_key("t", &a(&["y"])),
+            review_key("t", &a(&["x", "y"])),
+            review_key("t", &a(&["xy"])),
+            review_key("t", &a(&[])),
+            review_key("x\0t", &a(&[])),
+        ];
+        let distinct: std::collections::HashSet<_> = keys.iter().collect();
+        assert_eq!(distinct.len(), keys.len());
+        assert_eq!(review_key("t", &a(&["x"])), keys[0]);
+    }
 
     const T0: u64 = 1_800_000_000;
 

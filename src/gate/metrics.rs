@@ -79,7 +79,7 @@ impl GateMetrics {
         let reviews = Family::<ReviewLabels, Counter>::default();
         shared.register(
             "gate_reviews",
-            "TokenReviews and SubjectAccessReviews, by review (token|access) and result (cached|allowed|denied|error)",
+            "TokenReviews and SubjectAccessReviews the gate needed, by review (token|access) and result (cached|shared|allowed|denied|error; shared: answered by a TokenReview another request was asking)",
             reviews.clone(),
         );
         let reloads = Family::<ReloadLabels, Counter>::default();

@@ -3,15 +3,21 @@
 //! (`keyward_gate::token_cache`) and within a deadline. When the API server does not answer in
 //! time, or answers with an error, the gate fails closed: the request is refused as
 //! unavailable (retryable), and nothing is cached, so the next request asks again.
+//!
+//! Requests that present the same uncached token at once share one TokenReview (as the API
+//! server's own token cache does): the review runs as its own task, so a caller that goes
+//! away does not cancel it for the others, and it caches its answer before it lets go.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
+use futures::future::{BoxFuture, FutureExt, Shared};
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
 use keyward_gate::identity::ServiceAccount;
 use keyward_gate::rules::AccessReview;
-use keyward_gate::token_cache::{Limits, Review, ReviewCache, TokenCache};
+use keyward_gate::token_cache::{review_key, Limits, Review, ReviewCache, TokenCache};
 use kube::api::PostParams;
 use kube::Api;
 
@@ -44,10 +50,17 @@ pub struct Reviews {
     deadline: Duration,
     /// The audiences the cached answers were asked for: a reload that changes them empties
     /// the cache.
-    tokens: Mutex<(Vec<String>, TokenCache)>,
+    tokens: Arc<Mutex<(Vec<String>, TokenCache)>>,
+    /// The TokenReviews being asked, by [`review_key`] (no token is held as a key). Locked
+    /// only while `tokens` is held, so that a review's answer is cached and its flight ended
+    /// at once for every request.
+    flights: Arc<Mutex<HashMap<[u8; 32], Flight>>>,
     access: Mutex<ReviewCache>,
     metrics: Arc<GateMetrics>,
 }
+
+/// A TokenReview being asked, shared by every request that presents the same token meanwhile.
+type Flight = Shared<BoxFuture<'static, Result<Review, TokenRefused>>>;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -58,38 +71,53 @@ impl Reviews {
         Self {
             client,
             deadline,
-            tokens: Mutex::new((Vec::new(), TokenCache::new(Limits::default()))),
+            tokens: Arc::new(Mutex::new((Vec::new(), TokenCache::new(Limits::default())))),
+            flights: Arc::default(),
             access: Mutex::new(ReviewCache::new(MAX_REVIEWS, ALLOWED_FOR, DENIED_FOR)),
             metrics,
         }
     }
 
-    /// The account `token` belongs to, for `audiences`: from the cache, or a TokenReview.
+    /// The account `token` belongs to, for `audiences`: from the cache, from a TokenReview
+    /// another request is asking, or from one of its own.
     pub async fn token(&self, token: &str, audiences: &[String]) -> Result<Account, TokenRefused> {
-        let cached = {
+        // The cached answer, or the flight to wait for and whether it is another request's.
+        let known = {
             let mut guard = lock(&self.tokens);
             let (asked_for, cache) = &mut *guard;
             if asked_for.as_slice() != audiences {
                 *asked_for = audiences.to_vec();
                 *cache = TokenCache::new(Limits::default());
             }
-            cache.get(token, SystemTime::now()).cloned()
+            match cache.get(token, SystemTime::now()).cloned() {
+                Some(review) => Ok(review),
+                None => {
+                    let key = review_key(token, audiences);
+                    let mut flights = lock(&self.flights);
+                    match flights.get(&key) {
+                        Some(flight) => Err((flight.clone(), true)),
+                        None => {
+                            let flight = self.ask_token(key, token, audiences);
+                            flights.insert(key, flight.clone());
+                            Err((flight, false))
+                        }
+                    }
+                }
+            }
         };
-        let review = match cached {
-            Some(review) => {
+        let review = match known {
+            Ok(review) => {
                 self.metrics.observe_review("token", "cached");
                 review
             }
-            None => {
-                let review = self.ask_token(token, audiences).await?;
-                self.metrics.observe_review(
-                    "token",
-                    if matches!(review, Review::Authenticated { .. }) { "allowed" } else { "denied" },
-                );
-                let mut guard = lock(&self.tokens);
-                if guard.0.as_slice() == audiences {
-                    guard.1.put(token, review.clone(), SystemTime::now());
-                }
+            Err((flight, joined)) => {
+                let review = flight.await?;
+                let result = match (&review, joined) {
+                    (_, true) => "shared",
+                    (Review::Authenticated { .. }, _) => "allowed",
+                    (Review::Rejected(_), _) => "denied",
+                };
+                self.metrics.observe_review("token", result);
                 review
             }
         };
@@ -102,35 +130,28 @@ impl Reviews {
         }
     }
 
-    async fn ask_token(&self, token: &str, audiences: &[String]) -> Result<Review, TokenRefused> {
-        let review = TokenReview {
-            spec: TokenReviewSpec {
-                token: Some(token.to_string()),
-                audiences: if audiences.is_empty() { None } else { Some(audiences.to_vec()) },
-            },
-            ..Default::default()
-        };
-        let api = Api::<TokenReview>::all(self.client.clone());
-        let answer = match tokio::time::timeout(self.deadline, api.create(&PostParams::default(), &review)).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(e)) => {
-                self.metrics.observe_review("token", "error");
-                tracing::warn!(error = %e, "TokenReview failed; refusing the request (fail closed)");
-                return Err(TokenRefused::Unavailable(format!(
-                    "the API server did not review the token: {}",
-                    api_error(&e)
-                )));
+    /// Starts the TokenReview of `token` as a task of its own, which caches the answer (when
+    /// the audiences are still those asked for) and ends its flight in one step.
+    fn ask_token(&self, key: [u8; 32], token: &str, audiences: &[String]) -> Flight {
+        let (client, deadline, metrics) = (self.client.clone(), self.deadline, self.metrics.clone());
+        let (tokens, flights) = (self.tokens.clone(), self.flights.clone());
+        let (token, audiences) = (token.to_string(), audiences.to_vec());
+        let task = tokio::spawn(async move {
+            let result = review_token(&client, deadline, &metrics, &token, &audiences).await;
+            let mut guard = lock(&tokens);
+            if let Ok(review) = &result {
+                if guard.0 == audiences {
+                    guard.1.put(&token, review.clone(), SystemTime::now());
+                }
             }
-            Err(_) => {
-                self.metrics.observe_review("token", "error");
-                tracing::warn!(deadline = ?self.deadline, "TokenReview not answered in time; refusing the request (fail closed)");
-                return Err(TokenRefused::Unavailable(format!(
-                    "the API server did not answer the TokenReview within {:?}",
-                    self.deadline
-                )));
-            }
-        };
-        Ok(read_token_review(answer, audiences))
+            lock(&flights).remove(&key);
+            result
+        });
+        async move {
+            task.await.unwrap_or_else(|e| Err(TokenRefused::Unavailable(format!("the TokenReview failed: {e}"))))
+        }
+        .boxed()
+        .shared()
     }
 
     /// Whether the API server allows `review`: from the cache, or a SubjectAccessReview.
@@ -179,6 +200,44 @@ impl Reviews {
         lock(&self.access).put(review.clone(), allowed, SystemTime::now());
         Ok(allowed)
     }
+}
+
+/// Asks the API server whether `token` is good for `audiences`, within `deadline`.
+async fn review_token(
+    client: &kube::Client,
+    deadline: Duration,
+    metrics: &GateMetrics,
+    token: &str,
+    audiences: &[String],
+) -> Result<Review, TokenRefused> {
+    let review = TokenReview {
+        spec: TokenReviewSpec {
+            token: Some(token.to_string()),
+            audiences: if audiences.is_empty() { None } else { Some(audiences.to_vec()) },
+        },
+        ..Default::default()
+    };
+    let api = Api::<TokenReview>::all(client.clone());
+    let answer = match tokio::time::timeout(deadline, api.create(&PostParams::default(), &review)).await {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(e)) => {
+            metrics.observe_review("token", "error");
+            tracing::warn!(error = %e, "TokenReview failed; refusing the request (fail closed)");
+            return Err(TokenRefused::Unavailable(format!(
+                "the API server did not review the token: {}",
+                api_error(&e)
+            )));
+        }
+        Err(_) => {
+            metrics.observe_review("token", "error");
+            tracing::warn!(deadline = ?deadline, "TokenReview not answered in time; refusing the request (fail closed)");
+            return Err(TokenRefused::Unavailable(format!(
+                "the API server did not answer the TokenReview within {:?}",
+                deadline
+            )));
+        }
+    };
+    Ok(read_token_review(answer, audiences))
 }
 
 /// The API server's TokenReview answer, read as the gate trusts it: authenticated, with a

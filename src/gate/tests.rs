@@ -844,3 +844,40 @@ async fn an_upstream_that_cannot_be_reached_is_a_502_and_unavailable() {
     assert_eq!(grpc.grpc().0, "14");
     assert!(f.gate.shared.encode().contains("keyward_gate_upstream_errors_total 2"));
 }
+
+#[tokio::test]
+async fn requests_with_the_same_new_token_share_one_token_review() {
+    let api = FakeApi::new();
+    api.state.lock().unwrap().tokens.insert(
+        "runner-token".into(),
+        ("system:serviceaccount:team-a:pipeline-runner".into(), vec!["pipelines.kubeflow.org".into()]),
+    );
+    api.set_mode(Mode::Hang);
+    let shared = Arc::new(crate::metrics::Metrics::default());
+    let metrics = Arc::new(GateMetrics::new(shared.clone()));
+    let reviews = reviews::Reviews::new(api.client(), Duration::from_secs(30), metrics);
+    let audiences = ["pipelines.kubeflow.org".to_string()];
+    // join_all polls each of the eight once before `release` runs: all are waiting by then.
+    let all = futures::future::join_all((0..8).map(|_| reviews.token("runner-token", &audiences)));
+    let release = async {
+        while api.counts().0 == 0 {
+            tokio::task::yield_now().await;
+        }
+        api.set_mode(Mode::Answer);
+    };
+    let (answers, ()) = tokio::join!(all, release);
+    for answer in answers {
+        assert_eq!(answer.unwrap().account.to_string(), "system:serviceaccount:team-a:pipeline-runner");
+    }
+    assert_eq!(api.counts(), (1, 0), "one TokenReview for eight requests");
+    assert!(reviews.token("runner-token", &audiences).await.is_ok());
+    assert_eq!(api.counts(), (1, 0), "then the cache");
+    let text = shared.encode();
+    for line in [
+        "keyward_gate_reviews_total{review=\"token\",result=\"allowed\"} 1",
+        "keyward_gate_reviews_total{review=\"token\",result=\"shared\"} 7",
+        "keyward_gate_reviews_total{review=\"token\",result=\"cached\"} 1",
+    ] {
+        assert!(text.contains(line), "{line} in {text}");
+    }
+}
