@@ -47,7 +47,7 @@ pub struct ServeArgs {
     #[arg(long, env = "KEYWARD_HTTP2")]
     http2: bool,
     /// Threads that serve connections. One by default: an admission takes tens of
-    /// microseconds, and on one thread it costs a fifth to a third less CPU than spread over two,
+    /// microseconds, and on one thread it costs a sixth to a third less CPU than spread over two,
     /// which wake each other for every request (BENCHMARKS.md, "CPU per admission"). Pods over
     /// 64 KiB are decided on separate threads either way. Raise it for a webhook that must use
     /// more than one core.
