@@ -2,8 +2,9 @@
 //! opted-in namespace waits on keyward (`failurePolicy: Fail`) and its port is reachable from
 //! every pod, so under each attack below, run against the real binary, apiserver-like requests
 //! (a fresh TLS connection, ALPN http/1.1, the whole AdmissionReview sent at once) must be
-//! answered: at least 99 of 100 within a second, and `/healthz` too. Each attack runs only while
-//! its probes do, and stops with them.
+//! answered: at least 99 of 100 within a second, and `/healthz` too. The probes come from
+//! 127.0.0.2 and the attacks from 127.0.0.1, as the apiserver's host and a pod are different
+//! sources. Each attack runs only while its probes do, and stops with them.
 //!
 //! - HTTP/2 streams that never send their bodies, on as many connections as the cap allows
 //!   (with `--http2`: the apiserver never offers h2, and without the flag it is not served);
@@ -30,6 +31,10 @@ use tokio::task::JoinSet;
 const CAP: &str = "48";
 const CAP_N: usize = 48;
 
+/// The apiserver's address in these tests: the attacks come from 127.0.0.1, as a pod's come
+/// from the pod's address and the apiserver's from its own host.
+const APISERVER: std::net::Ipv4Addr = std::net::Ipv4Addr::new(127, 0, 0, 2);
+
 /// Sends `n` apiserver-like admissions, each on a fresh connection, one after another; returns
 /// how many were answered (200, allowed) within a second of starting to connect.
 async fn probe(server: &Endpoint, n: usize) -> (usize, Vec<String>) {
@@ -39,7 +44,7 @@ async fn probe(server: &Endpoint, n: usize) -> (usize, Vec<String>) {
     for i in 0..n {
         let started = Instant::now();
         let attempt = tokio::time::timeout(Duration::from_secs(1), async {
-            let (mut client, _) = server.connect().await?;
+            let (mut client, _) = server.connect_from(APISERVER).await?;
             client.mutate_allowed(&review).await
         })
         .await;
@@ -56,7 +61,7 @@ async fn probe(server: &Endpoint, n: usize) -> (usize, Vec<String>) {
 /// `/healthz` on a fresh connection, answered within a second.
 async fn healthz(server: &Endpoint) -> bool {
     let check = async {
-        let (mut client, _) = server.connect().await?;
+        let (mut client, _) = server.connect_from(APISERVER).await?;
         client.request("GET", "/healthz", Vec::new()).await
     };
     matches!(tokio::time::timeout(Duration::from_secs(1), check).await, Ok(Ok((200, _))))

@@ -10,12 +10,17 @@
 //!   keyward's close;
 //! - a request must be read whole (headers and body) within `request_read_timeout` of its
 //!   first bytes, on every protocol (an HTTP/2 stream without its body included);
-//! - at most `max_connections` are open: at the cap a new connection evicts the one that has gone
-//!   longest without completing a request (idle, dripping headers or a body, or silent since
-//!   its handshake), and is refused only when every connection is answering a request it has
-//!   read whole. A client that answers its requests in milliseconds, as the apiserver does, is
-//!   always the youngest by that measure, so no client behaviour can keep it out; an evicted
-//!   connection with a request half-read is dropped at once (there is no answer to wait for);
+//! - at most `max_connections` are open: at the cap a new connection evicts, from the source
+//!   address holding the most connections, the one that has gone longest without completing a
+//!   request (idle, dripping headers or a body, or silent since its handshake), and is refused
+//!   only when every connection is answering a request it has read whole. A client that answers
+//!   its requests in milliseconds, as the apiserver does, is always the youngest by that
+//!   measure; and however fast one source reconnects, it only ever evicts its own connections
+//!   while it holds the most, so a burst from one pod cannot age the apiserver's new connection
+//!   out before its handshake ends. An evicted connection with a request half-read is dropped at
+//!   once (there is no answer to wait for); when the evicted still hold the places past the cap
+//!   (a burst evicting faster than they go), the newcomer waits up to a second for them instead
+//!   of being reset;
 //! - a failing `accept` (out of file descriptors) backs off exponentially, evicts an idle
 //!   connection to free a descriptor, and is logged once per burst, not once per attempt.
 //!
@@ -25,7 +30,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -132,11 +137,14 @@ struct ConnState {
     /// Asked to close (evicted, or out of descriptors).
     evict: Notify,
     evicted: AtomicBool,
+    /// The peer's address: eviction takes from the source holding the most connections.
+    source: IpAddr,
 }
 
 impl ConnState {
-    fn new(now: u64) -> Self {
+    fn new(now: u64, source: IpAddr) -> Self {
         Self {
+            source: source.to_canonical(),
             in_flight: AtomicUsize::new(0),
             requests: AtomicU64::new(0),
             idle_since: AtomicU64::new(now),
@@ -401,6 +409,8 @@ enum Admission {
     Admitted(u64, Arc<ConnState>),
     /// Every connection has a request in flight (or is already closing): refuse this one.
     Full,
+    /// Connections being closed hold the places past the cap: wait for them to go.
+    Closing,
 }
 
 impl Connections {
@@ -423,16 +433,16 @@ impl Connections {
         self.registry().open.len()
     }
 
-    /// Registers a new connection, evicting at the cap the one that has gone longest without
-    /// completing a request.
-    fn admit(&self) -> Admission {
+    /// Registers a new connection from `source`, evicting at the cap, from the source holding
+    /// the most connections, the one that has gone longest without completing a request.
+    fn admit(&self, source: IpAddr) -> Admission {
         let mut reg = self.registry();
         let open = reg.open.len();
         if open >= self.limits.max_connections {
-            if open >= self.limits.max_connections + CLOSING_HEADROOM {
-                return Admission::Full;
-            }
             let closing = reg.open.values().filter(|s| s.evicted.load(Ordering::Acquire)).count();
+            if open >= self.limits.max_connections + CLOSING_HEADROOM {
+                return if closing > 0 { Admission::Closing } else { Admission::Full };
+            }
             // Connections already closing will free their places; otherwise make one.
             if open - closing >= self.limits.max_connections {
                 match Self::least_progress(&reg) {
@@ -446,20 +456,39 @@ impl Connections {
         }
         reg.next_id += 1;
         let id = reg.next_id;
-        let state = Arc::new(ConnState::new(self.clock.now_ms()));
+        let state = Arc::new(ConnState::new(self.clock.now_ms(), source));
         reg.open.insert(id, state.clone());
         self.metrics.set_open_connections(self.role, reg.open.len());
         Admission::Admitted(id, state)
     }
 
     /// The connection (not answering a request it read whole, not already closing) that has
-    /// gone longest without completing a request: idle, slow, or silent since its handshake.
+    /// gone longest without completing a request (idle, slow, or silent since its handshake),
+    /// from the source address holding the most such connections; between sources holding as
+    /// many, the one whose connection has gone longest. With one connection per source this is
+    /// the least progress overall; a source that reconnects in a burst only displaces itself.
     fn least_progress(reg: &Registry) -> Option<Arc<ConnState>> {
-        reg.open
+        let mut by_source: HashMap<IpAddr, (usize, &Arc<ConnState>)> = HashMap::new();
+        let evictable = reg
+            .open
             .values()
-            .filter(|s| s.answering.load(Ordering::Acquire) == 0 && !s.evicted.load(Ordering::Acquire))
-            .min_by_key(|s| s.progress_at.load(Ordering::Acquire))
-            .cloned()
+            .filter(|s| s.answering.load(Ordering::Acquire) == 0 && !s.evicted.load(Ordering::Acquire));
+        for state in evictable {
+            let progress = state.progress_at.load(Ordering::Acquire);
+            by_source
+                .entry(state.source)
+                .and_modify(|(count, oldest)| {
+                    *count += 1;
+                    if progress < oldest.progress_at.load(Ordering::Acquire) {
+                        *oldest = state;
+                    }
+                })
+                .or_insert((1, state));
+        }
+        by_source
+            .into_values()
+            .max_by_key(|(count, oldest)| (*count, std::cmp::Reverse(oldest.progress_at.load(Ordering::Acquire))))
+            .map(|(_, oldest)| oldest.clone())
     }
 
     /// Asks the connection that has made the least progress to close, to free its descriptor.
@@ -472,6 +501,25 @@ impl Connections {
                 true
             }
             None => false,
+        }
+    }
+
+    /// Admits a connection from `source`; while connections being closed hold the places past
+    /// the cap (a burst of newcomers evicting faster than the evicted can go), waits for them,
+    /// up to [`CLOSE_GRACE`], rather than refusing: the newcomer waits here and those after it
+    /// in the kernel's backlog, where a refusal would reset it.
+    async fn admit_waiting(&self, source: IpAddr) -> Admission {
+        let deadline = Instant::now() + CLOSE_GRACE;
+        loop {
+            let ended = self.ended.notified();
+            match self.admit(source) {
+                Admission::Closing => {
+                    if tokio::time::timeout_at(deadline, ended).await.is_err() {
+                        return Admission::Full;
+                    }
+                }
+                decided => return decided,
+            }
         }
     }
 
@@ -527,7 +575,7 @@ pub async fn serve(
                         "accepting connections again"
                     );
                 }
-                match connections.admit() {
+                match connections.admit_waiting(peer.ip()).await {
                     Admission::Admitted(id, state) => {
                         let (transport, app, connections, stop) =
                             (transport.clone(), app.clone(), connections.clone(), stop.clone());
@@ -536,7 +584,7 @@ pub async fn serve(
                             connections.release(id, reason);
                         });
                     }
-                    Admission::Full => {
+                    Admission::Full | Admission::Closing => {
                         connections.metrics.observe_connection_refused(connections.role);
                         tracing::debug!(role = connections.role, %peer, "connection refused: every connection is busy");
                         drop(tcp);
@@ -851,6 +899,8 @@ mod tests {
 
     use super::*;
 
+    const HERE: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
     fn limits() -> ConnectionLimits {
         ConnectionLimits {
             max_connections: 2,
@@ -891,7 +941,7 @@ mod tests {
 
     #[tokio::test]
     async fn deadlines_follow_the_connection_phase() {
-        let state = ConnState::new(1000);
+        let state = ConnState::new(1000, HERE);
         let l = limits();
         assert_eq!(state.deadline(&l), Some((11_000, CloseReason::FirstRequestTimeout)));
         state.reading_since.store(1500, Ordering::Release);
@@ -924,25 +974,83 @@ mod tests {
     async fn at_the_cap_the_least_progress_is_evicted_and_only_answering_ones_are_kept() {
         let connections = Connections::new("test", limits(), Arc::new(Metrics::default()));
         let clock = connections.clock;
-        let Admission::Admitted(_, slow) = connections.admit() else { panic!("first") };
-        let Admission::Admitted(_, fast) = connections.admit() else { panic!("second") };
+        let Admission::Admitted(_, slow) = connections.admit(HERE) else { panic!("first") };
+        let Admission::Admitted(_, fast) = connections.admit(HERE) else { panic!("second") };
         // The first has a request half-read since long ago (a slow body); the second completed
         // a request a moment ago.
         slow.progress_at.store(1, Ordering::Release);
         let _reading = InFlight::begin(&slow, clock, None);
         fast.progress_at.store(5, Ordering::Release);
-        assert!(matches!(connections.admit(), Admission::Admitted(..)));
+        assert!(matches!(connections.admit(HERE), Admission::Admitted(..)));
         assert!(slow.evicted.load(Ordering::Acquire), "a request in flight is no shield");
         assert!(!fast.evicted.load(Ordering::Acquire));
 
         // Only connections answering requests they read whole are spared; with all of them
         // answering, a newcomer is refused.
         let connections = Connections::new("test", limits(), Arc::new(Metrics::default()));
-        let Admission::Admitted(_, a) = connections.admit() else { panic!("a") };
-        let Admission::Admitted(_, b) = connections.admit() else { panic!("b") };
+        let Admission::Admitted(_, a) = connections.admit(HERE) else { panic!("a") };
+        let Admission::Admitted(_, b) = connections.admit(HERE) else { panic!("b") };
         let _busy = (InFlight::begin(&a, clock, None), InFlight::begin(&b, clock, None));
         let _answering =
             (RequestProgress { state: a.clone() }.read_whole(), RequestProgress { state: b.clone() }.read_whole());
-        assert!(matches!(connections.admit(), Admission::Full));
+        assert!(matches!(connections.admit(HERE), Admission::Full));
+    }
+
+    #[tokio::test]
+    async fn at_the_cap_the_source_holding_the_most_connections_loses_one() {
+        let l = ConnectionLimits { max_connections: 4, ..limits() };
+        let connections = Connections::new("test", l, Arc::new(Metrics::default()));
+        let (pod, apiserver): (IpAddr, IpAddr) = ([10, 0, 0, 7].into(), [10, 0, 0, 1].into());
+        // The apiserver's connection is the oldest; the pod's three came after it.
+        let Admission::Admitted(_, theirs) = connections.admit(apiserver) else { panic!("apiserver") };
+        theirs.progress_at.store(1, Ordering::Release);
+        let mut pods = Vec::new();
+        for at in [5, 3, 4] {
+            let Admission::Admitted(_, state) = connections.admit(pod) else { panic!("pod") };
+            state.progress_at.store(at, Ordering::Release);
+            pods.push(state);
+        }
+        assert!(matches!(connections.admit(pod), Admission::Admitted(..)));
+        assert!(!theirs.evicted.load(Ordering::Acquire), "the oldest, but its source holds one connection");
+        let evicted: Vec<bool> = pods.iter().map(|s| s.evicted.load(Ordering::Acquire)).collect();
+        assert_eq!(evicted, [false, true, false], "the pod's own connection that has gone longest");
+
+        // Sources holding as many: the connection that has gone longest, whatever its source
+        // (an IPv4-mapped IPv6 address is the IPv4 source).
+        let l = ConnectionLimits { max_connections: 2, ..limits() };
+        let connections = Connections::new("test", l, Arc::new(Metrics::default()));
+        let mapped: IpAddr = std::net::Ipv6Addr::from([0, 0, 0, 0, 0, 0xffff, 0x0a00, 0x0007]).into();
+        let Admission::Admitted(_, a) = connections.admit(mapped) else { panic!("a") };
+        let Admission::Admitted(_, b) = connections.admit(apiserver) else { panic!("b") };
+        a.progress_at.store(9, Ordering::Release);
+        b.progress_at.store(2, Ordering::Release);
+        let Admission::Admitted(_, c) = connections.admit(pod) else { panic!("c") };
+        c.progress_at.store(20, Ordering::Release);
+        assert_eq!((a.evicted.load(Ordering::Acquire), b.evicted.load(Ordering::Acquire)), (false, true));
+        // Now the pod (10.0.0.7, and its mapped form) holds two: one of those goes next.
+        assert!(matches!(connections.admit(apiserver), Admission::Admitted(..)));
+        assert!(a.evicted.load(Ordering::Acquire), "the mapped address counts as 10.0.0.7");
+    }
+
+    #[tokio::test]
+    async fn past_the_headroom_a_newcomer_waits_for_the_evicted_to_go_then_is_refused() {
+        let connections = Connections::new("test", limits(), Arc::new(Metrics::default()));
+        // A burst: each newcomer evicts one, and none of the evicted has gone yet.
+        let mut ids = Vec::new();
+        for _ in 0..limits().max_connections + CLOSING_HEADROOM {
+            let Admission::Admitted(id, _) = connections.admit(HERE) else { panic!("in the burst") };
+            ids.push(id);
+        }
+        assert!(matches!(connections.admit(HERE), Admission::Closing));
+        let waiting = tokio::spawn({
+            let connections = connections.clone();
+            async move { connections.admit_waiting(HERE).await }
+        });
+        connections.release(ids[0], Some(CloseReason::Evicted));
+        assert!(matches!(waiting.await.unwrap(), Admission::Admitted(..)), "admitted once an evicted one went");
+        // None goes: refused at the close grace, not held forever.
+        let started = Instant::now();
+        assert!(matches!(connections.admit_waiting(HERE).await, Admission::Full));
+        assert!(started.elapsed() >= CLOSE_GRACE);
     }
 }

@@ -301,6 +301,20 @@ impl Endpoint {
     pub async fn connect_nagle(&self, nagle: bool) -> Result<(Http1, String), String> {
         let tcp = TcpStream::connect(self.addr).await.map_err(|e| format!("connect: {e}"))?;
         tcp.set_nodelay(!nagle).map_err(|e| format!("TCP_NODELAY: {e}"))?;
+        self.http1_over(tcp).await
+    }
+
+    /// As [`Self::connect`], from the loopback address `source` (127.0.0.2, say): another
+    /// client than one on 127.0.0.1, as the apiserver is another host than an attacking pod.
+    pub async fn connect_from(&self, source: std::net::Ipv4Addr) -> Result<(Http1, String), String> {
+        let socket = tokio::net::TcpSocket::new_v4().map_err(|e| format!("socket: {e}"))?;
+        socket.bind((source, 0).into()).map_err(|e| format!("bind {source}: {e}"))?;
+        let tcp = socket.connect(self.addr).await.map_err(|e| format!("connect from {source}: {e}"))?;
+        tcp.set_nodelay(true).map_err(|e| format!("TCP_NODELAY: {e}"))?;
+        self.http1_over(tcp).await
+    }
+
+    async fn http1_over(&self, tcp: TcpStream) -> Result<(Http1, String), String> {
         let tls = self
             .connector(&[b"http/1.1"])
             .connect(ServerName::try_from(SERVER_NAME).unwrap(), tcp)
