@@ -46,6 +46,11 @@ impl keyward_engine::Attestor for HmacAttestor {
 fn bench(c: &mut Criterion) {
     // The built-ins, plus the example profiles of the engine's tests (the previous built-ins),
     // which serve the trustyai LMEvalJob and KubeRay pods, so that the figures compare.
+    let key = keyward_certs::attestation::generate().unwrap();
+    let attestor = HmacAttestor(keyward_certs::attestation::Keys {
+        current: Some(keyward_certs::attestation::Key::from_bytes(&key, "current").unwrap()),
+        previous: None,
+    });
     let dir = format!("{}/tests/profiles", env!("CARGO_MANIFEST_DIR"));
     let examples = ["lmeval-job.yaml", "kuberay.yaml", "kserve-inferencegraph.yaml"]
         .map(|f| (format!("examples/{f}"), std::fs::read_to_string(format!("{dir}/{f}")).unwrap()));
@@ -96,6 +101,15 @@ fn bench(c: &mut Criterion) {
                 review::respond(&request.uid, &decision)
             })
         });
+        // As keyward serves it: with the attestation key loaded (both profiles issue per-owner
+        // credentials, so the pod's spec is bound and the attestation signed).
+        c.bench_function(&format!("review/{name}/parse-decide-respond-attested"), |b| {
+            b.iter(|| {
+                let request = review::read_request(black_box(&body), profiles.annotations_read()).unwrap();
+                let decision = decide_object(&request.facts().attested_by(&attestor), &request.object, &profiles);
+                review::respond(&request.uid, &decision)
+            })
+        });
     }
 
     // The admission attestation: the fms driver pod under the built-in lmeval profile, with
@@ -105,11 +119,6 @@ fn bench(c: &mut Criterion) {
     let fms = raw(&fms);
     let fms_operator = "system:serviceaccount:lm-eval:lm-eval-controller-manager";
     let plain = RequestFacts::pod_create("team-a", Requester::User(fms_operator));
-    let key = keyward_certs::attestation::generate().unwrap();
-    let attestor = HmacAttestor(keyward_certs::attestation::Keys {
-        current: Some(keyward_certs::attestation::Key::from_bytes(&key, "current").unwrap()),
-        previous: None,
-    });
     let attested = plain.attested_by(&attestor);
     c.bench_function("decide/fms-inject", |b| b.iter(|| decide(black_box(&plain), black_box(&fms), &builtin)));
     c.bench_function("decide/fms-inject-attested", |b| {
