@@ -5,8 +5,9 @@
 //! unavailable (retryable), and nothing is cached, so the next request asks again.
 //!
 //! Requests that present the same uncached token at once share one TokenReview (as the API
-//! server's own token cache does): the review runs as its own task, so a caller that goes
-//! away does not cancel it for the others, and it caches its answer before it lets go.
+//! server's own token cache does), and requests that need the same uncached SubjectAccessReview
+//! share one: each review runs as its own task (a [`Flight`]), so a caller that goes away does
+//! not cancel it for the others, and it caches its answer and ends its flight in one step.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -54,13 +55,56 @@ pub struct Reviews {
     /// The TokenReviews being asked, by [`review_key`] (no token is held as a key). Locked
     /// only while `tokens` is held, so that a review's answer is cached and its flight ended
     /// at once for every request.
-    flights: Arc<Mutex<HashMap<[u8; 32], Flight>>>,
-    access: Mutex<ReviewCache>,
+    flights: Arc<Mutex<HashMap<[u8; 32], Flight<TokenAnswer>>>>,
+    access: Arc<Mutex<AccessReviews>>,
     metrics: Arc<GateMetrics>,
 }
 
-/// A TokenReview being asked, shared by every request that presents the same token meanwhile.
-type Flight = Shared<BoxFuture<'static, Result<Review, TokenRefused>>>;
+type TokenAnswer = Result<Review, TokenRefused>;
+type AccessAnswer = Result<bool, String>;
+
+/// The SubjectAccessReviews answered (cached) and being asked, under one lock for the same
+/// reason as the tokens'.
+struct AccessReviews {
+    cache: ReviewCache,
+    flights: HashMap<AccessReview, Flight<AccessAnswer>>,
+}
+
+/// A review being asked, as a task of its own, shared by every request that needs its answer
+/// meanwhile.
+type Flight<T> = Shared<BoxFuture<'static, T>>;
+
+/// Where a request's answer comes from.
+enum Known<T> {
+    Cached(T),
+    /// Another request's review, being asked.
+    Joined(Flight<T>),
+    /// A review this request started.
+    Asked(Flight<T>),
+}
+
+impl<T> Known<T> {
+    /// The answer, and the metric's result for a shared or cached one.
+    async fn answer(self) -> (T, Option<&'static str>)
+    where
+        T: Clone,
+    {
+        match self {
+            Known::Cached(answer) => (answer, Some("cached")),
+            Known::Joined(flight) => (flight.await, Some("shared")),
+            Known::Asked(flight) => (flight.await, None),
+        }
+    }
+}
+
+/// Runs `review` as a task of its own; `lost` answers if the task itself fails.
+fn fly<T: Clone + Send + Sync + 'static>(
+    review: impl std::future::Future<Output = T> + Send + 'static,
+    lost: fn(String) -> T,
+) -> Flight<T> {
+    let task = tokio::spawn(review);
+    async move { task.await.unwrap_or_else(|e| lost(e.to_string())) }.boxed().shared()
+}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -73,7 +117,10 @@ impl Reviews {
             deadline,
             tokens: Arc::new(Mutex::new((Vec::new(), TokenCache::new(Limits::default())))),
             flights: Arc::default(),
-            access: Mutex::new(ReviewCache::new(MAX_REVIEWS, ALLOWED_FOR, DENIED_FOR)),
+            access: Arc::new(Mutex::new(AccessReviews {
+                cache: ReviewCache::new(MAX_REVIEWS, ALLOWED_FOR, DENIED_FOR),
+                flights: HashMap::new(),
+            })),
             metrics,
         }
     }
@@ -81,7 +128,6 @@ impl Reviews {
     /// The account `token` belongs to, for `audiences`: from the cache, from a TokenReview
     /// another request is asking, or from one of its own.
     pub async fn token(&self, token: &str, audiences: &[String]) -> Result<Account, TokenRefused> {
-        // The cached answer, or the flight to wait for and whether it is another request's.
         let known = {
             let mut guard = lock(&self.tokens);
             let (asked_for, cache) = &mut *guard;
@@ -89,38 +135,29 @@ impl Reviews {
                 *asked_for = audiences.to_vec();
                 *cache = TokenCache::new(Limits::default());
             }
-            match cache.get(token, SystemTime::now()).cloned() {
-                Some(review) => Ok(review),
+            match cache.get(token, SystemTime::now()) {
+                Some(review) => Known::Cached(Ok(review.clone())),
                 None => {
                     let key = review_key(token, audiences);
                     let mut flights = lock(&self.flights);
                     match flights.get(&key) {
-                        Some(flight) => Err((flight.clone(), true)),
+                        Some(flight) => Known::Joined(flight.clone()),
                         None => {
                             let flight = self.ask_token(key, token, audiences);
                             flights.insert(key, flight.clone());
-                            Err((flight, false))
+                            Known::Asked(flight)
                         }
                     }
                 }
             }
         };
-        let review = match known {
-            Ok(review) => {
-                self.metrics.observe_review("token", "cached");
-                review
-            }
-            Err((flight, joined)) => {
-                let review = flight.await?;
-                let result = match (&review, joined) {
-                    (_, true) => "shared",
-                    (Review::Authenticated { .. }, _) => "allowed",
-                    (Review::Rejected(_), _) => "denied",
-                };
-                self.metrics.observe_review("token", result);
-                review
-            }
-        };
+        let (answer, result) = known.answer().await;
+        let review = answer?;
+        let result = result.unwrap_or(match review {
+            Review::Authenticated { .. } => "allowed",
+            Review::Rejected(_) => "denied",
+        });
+        self.metrics.observe_review("token", result);
         match review {
             Review::Authenticated { username, groups } => match ServiceAccount::parse(&username) {
                 Ok(account) => Ok(Account { account, groups }),
@@ -130,13 +167,13 @@ impl Reviews {
         }
     }
 
-    /// Starts the TokenReview of `token` as a task of its own, which caches the answer (when
-    /// the audiences are still those asked for) and ends its flight in one step.
-    fn ask_token(&self, key: [u8; 32], token: &str, audiences: &[String]) -> Flight {
+    /// Starts the TokenReview of `token`, which caches the answer (when the audiences are still
+    /// those asked for) and ends its flight in one step.
+    fn ask_token(&self, key: [u8; 32], token: &str, audiences: &[String]) -> Flight<TokenAnswer> {
         let (client, deadline, metrics) = (self.client.clone(), self.deadline, self.metrics.clone());
         let (tokens, flights) = (self.tokens.clone(), self.flights.clone());
         let (token, audiences) = (token.to_string(), audiences.to_vec());
-        let task = tokio::spawn(async move {
+        let review = async move {
             let result = review_token(&client, deadline, &metrics, &token, &audiences).await;
             let mut guard = lock(&tokens);
             if let Ok(review) = &result {
@@ -146,60 +183,91 @@ impl Reviews {
             }
             lock(&flights).remove(&key);
             result
-        });
-        async move {
-            task.await.unwrap_or_else(|e| Err(TokenRefused::Unavailable(format!("the TokenReview failed: {e}"))))
-        }
-        .boxed()
-        .shared()
+        };
+        fly(review, |e| Err(TokenRefused::Unavailable(format!("the TokenReview failed: {e}"))))
     }
 
-    /// Whether the API server allows `review`: from the cache, or a SubjectAccessReview.
-    /// `Err` when it cannot be asked now (the gate refuses, unavailable).
+    /// Whether the API server allows `review`: from the cache, from a SubjectAccessReview
+    /// another request is asking, or from one of its own. `Err` when it cannot be asked now
+    /// (the gate refuses, unavailable).
     pub async fn access(&self, review: &AccessReview) -> Result<bool, String> {
-        if let Some(allowed) = lock(&self.access).get(review, SystemTime::now()) {
-            self.metrics.observe_review("access", "cached");
-            return Ok(allowed);
-        }
-        let attributes = ResourceAttributes {
-            verb: Some(review.verb.clone()),
-            group: Some(review.group.clone()),
-            resource: Some(review.resource.clone()),
-            subresource: (!review.subresource.is_empty()).then(|| review.subresource.clone()),
-            namespace: (!review.namespace.is_empty()).then(|| review.namespace.clone()),
-            name: (!review.name.is_empty()).then(|| review.name.clone()),
-            ..Default::default()
-        };
-        let sar = SubjectAccessReview {
-            spec: SubjectAccessReviewSpec {
-                user: Some(review.user.clone()),
-                resource_attributes: Some(attributes),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        let api = Api::<SubjectAccessReview>::all(self.client.clone());
-        let answer = match tokio::time::timeout(self.deadline, api.create(&PostParams::default(), &sar)).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(e)) => {
-                self.metrics.observe_review("access", "error");
-                tracing::warn!(error = %e, "SubjectAccessReview failed; refusing the request (fail closed)");
-                return Err(format!("the API server did not answer the SubjectAccessReview: {}", api_error(&e)));
-            }
-            Err(_) => {
-                self.metrics.observe_review("access", "error");
-                tracing::warn!(deadline = ?self.deadline, "SubjectAccessReview not answered in time; refusing the request (fail closed)");
-                return Err(format!(
-                    "the API server did not answer the SubjectAccessReview within {:?}",
-                    self.deadline
-                ));
+        let known = {
+            let mut state = lock(&self.access);
+            match state.cache.get(review, SystemTime::now()) {
+                Some(allowed) => Known::Cached(Ok(allowed)),
+                None => match state.flights.get(review) {
+                    Some(flight) => Known::Joined(flight.clone()),
+                    None => {
+                        let flight = self.ask_access(review);
+                        state.flights.insert(review.clone(), flight.clone());
+                        Known::Asked(flight)
+                    }
+                },
             }
         };
-        let allowed = answer.status.is_some_and(|s| s.allowed && s.denied != Some(true));
-        self.metrics.observe_review("access", if allowed { "allowed" } else { "denied" });
-        lock(&self.access).put(review.clone(), allowed, SystemTime::now());
+        let (answer, result) = known.answer().await;
+        let allowed = answer?;
+        self.metrics.observe_review("access", result.unwrap_or(if allowed { "allowed" } else { "denied" }));
         Ok(allowed)
     }
+
+    /// Starts the SubjectAccessReview of `review`, which caches the answer and ends its flight
+    /// in one step.
+    fn ask_access(&self, review: &AccessReview) -> Flight<AccessAnswer> {
+        let (client, deadline, metrics) = (self.client.clone(), self.deadline, self.metrics.clone());
+        let (state, review) = (self.access.clone(), review.clone());
+        let ask = async move {
+            let result = review_access(&client, deadline, &metrics, &review).await;
+            let mut state = lock(&state);
+            if let Ok(allowed) = result {
+                state.cache.put(review.clone(), allowed, SystemTime::now());
+            }
+            state.flights.remove(&review);
+            result
+        };
+        fly(ask, |e| Err(format!("the SubjectAccessReview failed: {e}")))
+    }
+}
+
+/// Asks the API server whether `review` is allowed, within `deadline`.
+async fn review_access(
+    client: &kube::Client,
+    deadline: Duration,
+    metrics: &GateMetrics,
+    review: &AccessReview,
+) -> AccessAnswer {
+    let attributes = ResourceAttributes {
+        verb: Some(review.verb.clone()),
+        group: Some(review.group.clone()),
+        resource: Some(review.resource.clone()),
+        subresource: (!review.subresource.is_empty()).then(|| review.subresource.clone()),
+        namespace: (!review.namespace.is_empty()).then(|| review.namespace.clone()),
+        name: (!review.name.is_empty()).then(|| review.name.clone()),
+        ..Default::default()
+    };
+    let sar = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(review.user.clone()),
+            resource_attributes: Some(attributes),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let api = Api::<SubjectAccessReview>::all(client.clone());
+    let answer = match tokio::time::timeout(deadline, api.create(&PostParams::default(), &sar)).await {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(e)) => {
+            metrics.observe_review("access", "error");
+            tracing::warn!(error = %e, "SubjectAccessReview failed; refusing the request (fail closed)");
+            return Err(format!("the API server did not answer the SubjectAccessReview: {}", api_error(&e)));
+        }
+        Err(_) => {
+            metrics.observe_review("access", "error");
+            tracing::warn!(deadline = ?deadline, "SubjectAccessReview not answered in time; refusing the request (fail closed)");
+            return Err(format!("the API server did not answer the SubjectAccessReview within {deadline:?}"));
+        }
+    };
+    Ok(answer.status.is_some_and(|s| s.allowed && s.denied != Some(true)))
 }
 
 /// Asks the API server whether `token` is good for `audiences`, within `deadline`.

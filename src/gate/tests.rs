@@ -881,3 +881,49 @@ async fn requests_with_the_same_new_token_share_one_token_review() {
         assert!(text.contains(line), "{line} in {text}");
     }
 }
+
+#[tokio::test]
+async fn requests_needing_the_same_new_access_review_share_one() {
+    let api = FakeApi::new();
+    let user = "system:serviceaccount:team-a:client";
+    api.state.lock().unwrap().graphs.push((user.into(), "team-a".into(), "mine".into()));
+    api.set_mode(Mode::Hang);
+    let shared = Arc::new(crate::metrics::Metrics::default());
+    let metrics = Arc::new(GateMetrics::new(shared.clone()));
+    let reviews = reviews::Reviews::new(api.client(), Duration::from_secs(30), metrics);
+    let review = |name: &str| keyward_gate::rules::AccessReview {
+        user: user.into(),
+        verb: "get".into(),
+        group: "serving.kserve.io".into(),
+        resource: "inferencegraphs".into(),
+        subresource: String::new(),
+        namespace: "team-a".into(),
+        name: name.into(),
+    };
+    let (mine, theirs) = (review("mine"), review("theirs"));
+    // join_all polls each once before `release` runs: all ten are waiting by then, eight on
+    // one review and two on another.
+    let asked = (0..10).map(|i| if i < 8 { &mine } else { &theirs });
+    let all = futures::future::join_all(asked.map(|r| reviews.access(r)));
+    let release = async {
+        while api.counts().1 < 2 {
+            tokio::task::yield_now().await;
+        }
+        api.set_mode(Mode::Answer);
+    };
+    let (answers, ()) = tokio::join!(all, release);
+    let answers: Vec<bool> = answers.into_iter().map(Result::unwrap).collect();
+    assert_eq!(answers, [[true; 8].as_slice(), &[false; 2]].concat());
+    assert_eq!(api.counts(), (0, 2), "one SubjectAccessReview for each distinct question");
+    assert_eq!(reviews.access(&mine).await, Ok(true));
+    assert_eq!(api.counts(), (0, 2), "then the cache");
+    let text = shared.encode();
+    for line in [
+        "keyward_gate_reviews_total{review=\"access\",result=\"allowed\"} 1",
+        "keyward_gate_reviews_total{review=\"access\",result=\"denied\"} 1",
+        "keyward_gate_reviews_total{review=\"access\",result=\"shared\"} 8",
+        "keyward_gate_reviews_total{review=\"access\",result=\"cached\"} 1",
+    ] {
+        assert!(text.contains(line), "{line} in {text}");
+    }
+}
