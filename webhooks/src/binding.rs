@@ -27,30 +27,13 @@
 //! size and depth are those of the spec, which the request body and the JSON parser bound.
 
 use std::borrow::Cow;
-use std::fmt;
 
-use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
-use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::inject::{ApiToken, EnvSpec, Injection};
 use crate::names::{KUBE_API_ACCESS_PREFIX, SERVICE_ACCOUNT_MOUNT_PATH};
-
-/// The host namespace fields of the pod, bound as they are. The view's keys are written in
-/// sorted (byte) order, so these lists are in that order.
-const HOST_FIELDS: [&str; 4] = ["hostIPC", "hostNetwork", "hostPID", "hostUsers"];
-/// The container fields bound as they are.
-const CONTAINER_FIELDS: [&str; 9] =
-    ["args", "command", "envFrom", "image", "name", "restartPolicy", "securityContext", "volumeDevices", "workingDir"];
-/// The handlers whose `exec` command is bound: the view's key, and where the handler is.
-const EXEC_HANDLERS: [(&str, &str, Option<&str>); 5] = [
-    ("lifecycle.postStart.exec", "lifecycle", Some("postStart")),
-    ("lifecycle.preStop.exec", "lifecycle", Some("preStop")),
-    ("livenessProbe.exec", "livenessProbe", None),
-    ("readinessProbe.exec", "readinessProbe", None),
-    ("startupProbe.exec", "startupProbe", None),
-];
+use crate::tree::{self, Node, ReadError, CONTAINER_FIELDS, EXEC_HANDLERS, HOST_FIELDS};
 
 /// A binding: the SHA-256 of the canonical view.
 pub type Digest32 = [u8; 32];
@@ -113,16 +96,23 @@ pub fn of_raw(spec: Option<&RawValue>, masks: &Masks<'_>) -> Result<Digest32, St
     Ok(Sha256::digest(canonical_view(spec, masks)?).into())
 }
 
+/// The binding of a pod's `spec` already read into a tree ([`tree::read_spec`]).
+pub(crate) fn of_tree(spec: Option<&Node<'_>>, masks: &Masks<'_>) -> Digest32 {
+    let spec = spec.unwrap_or(&Node::Null);
+    let mut out = Vec::with_capacity(spec_len_hint(spec.len_hint()));
+    view(spec, masks, &mut out);
+    Sha256::digest(out).into()
+}
+
 /// The canonical JSON of the bound view of a pod's `spec` (raw JSON), under `masks`: the bytes
 /// the binding is the digest of.
 pub fn canonical_view(spec: Option<&RawValue>, masks: &Masks<'_>) -> Result<Vec<u8>, String> {
     let spec = match spec {
-        Some(raw) => {
-            let mut de = serde_json::Deserializer::from_str(raw.get());
-            let spec = Level::Spec.deserialize(&mut de).map_err(|e| format!("spec: {e}"))?;
-            de.end().map_err(|e| format!("spec: {e}"))?;
-            spec
-        }
+        Some(raw) => match tree::read_spec(raw, usize::MAX) {
+            Ok(spec) => spec,
+            Err(ReadError::Json(e)) => return Err(format!("spec: {e}")),
+            Err(ReadError::TooLarge) => return Err("spec: more values than a tree may hold".into()),
+        },
         None => Node::Null,
     };
     let mut out = Vec::with_capacity(spec_len_hint(spec.len_hint()));
@@ -368,200 +358,11 @@ fn string(s: &str, out: &mut Vec<u8>) {
     }
 }
 
-// === the spec, read without copying what needs no copy ===
-
-/// A JSON value whose strings borrow from the text where they have no escapes, and whose
-/// objects keep their entries in order (sorted when written). Depth is bounded by serde_json's
-/// recursion limit, size by the text.
-#[derive(Debug, Clone, PartialEq)]
-enum Node<'a> {
-    Null,
-    Bool(bool),
-    Number(serde_json::Number),
-    Str(Cow<'a, str>),
-    Array(Vec<Node<'a>>),
-    Object(Vec<(Cow<'a, str>, Node<'a>)>),
-}
-
-impl<'a> Node<'a> {
-    /// The value of `key` in an object (the last, if it is there more than once).
-    fn get(&self, key: &str) -> Option<&Node<'a>> {
-        match self {
-            Node::Object(entries) => entries.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v),
-            _ => None,
-        }
-    }
-
-    fn as_str(&self) -> Option<&str> {
-        match self {
-            Node::Str(s) => Some(s),
-            _ => None,
-        }
-    }
-
-    /// `null` and `[]` read as absent: Kubernetes treats them so, and the apiserver writes
-    /// neither (`omitempty`), while a masked list can end up empty.
-    fn absent(&self) -> bool {
-        match self {
-            Node::Null => true,
-            Node::Array(items) => items.is_empty(),
-            _ => false,
-        }
-    }
-
-    fn len_hint(&self) -> usize {
-        match self {
-            Node::Object(entries) => entries.len() * 4,
-            _ => 1,
-        }
-    }
-
-    fn to_value(&self) -> Value {
-        match self {
-            Node::Null => Value::Null,
-            Node::Bool(b) => Value::Bool(*b),
-            Node::Number(n) => Value::Number(n.clone()),
-            Node::Str(s) => Value::String(s.to_string()),
-            Node::Array(items) => Value::Array(items.iter().map(Node::to_value).collect()),
-            Node::Object(entries) => {
-                Value::Object(entries.iter().map(|(k, v)| (k.to_string(), v.to_value())).collect())
-            }
-        }
-    }
-}
-
-impl<'de: 'a, 'a> Deserialize<'de> for Node<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(NodeVisitor(Level::All))
-    }
-}
-
-/// How much of an object to keep while reading it: the spec and its containers keep only the
-/// fields the view reads (the rest is skipped without being built); anything below, all.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Level {
-    Spec,
-    /// The elements of `containers` or `initContainers`.
-    Containers,
-    Container,
-    All,
-}
-
-impl Level {
-    /// Whether `key` of an object at this level is kept, and the level of its value.
-    fn keep(self, key: &str) -> Option<Level> {
-        match self {
-            Level::Spec => match key {
-                "containers" | "initContainers" => Some(Level::Containers),
-                "volumes"
-                | "serviceAccountName"
-                | "automountServiceAccountToken"
-                | "securityContext"
-                | "shareProcessNamespace" => Some(Level::All),
-                _ if HOST_FIELDS.contains(&key) => Some(Level::All),
-                _ => None,
-            },
-            Level::Container => match key {
-                "env" | "volumeMounts" => Some(Level::All),
-                _ if CONTAINER_FIELDS.contains(&key) => Some(Level::All),
-                _ if EXEC_HANDLERS.iter().any(|(_, at, _)| *at == key) => Some(Level::All),
-                _ => None,
-            },
-            Level::Containers | Level::All => Some(Level::All),
-        }
-    }
-
-    /// The level of an array's elements.
-    fn items(self) -> Level {
-        match self {
-            Level::Containers => Level::Container,
-            _ => Level::All,
-        }
-    }
-}
-
-impl<'de> de::DeserializeSeed<'de> for Level {
-    type Value = Node<'de>;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_any(NodeVisitor(self))
-    }
-}
-
-struct NodeVisitor(Level);
-
-impl<'de> Visitor<'de> for NodeVisitor {
-    type Value = Node<'de>;
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("JSON")
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(Node::Null)
-    }
-    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(Node::Null)
-    }
-    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
-        Ok(Node::Bool(v))
-    }
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
-        Ok(Node::Number(v.into()))
-    }
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
-        Ok(Node::Number(v.into()))
-    }
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
-        // JSON has no NaN or infinity: a finite number always converts.
-        Ok(serde_json::Number::from_f64(v).map_or(Node::Null, Node::Number))
-    }
-    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
-        Ok(Node::Str(Cow::Borrowed(v)))
-    }
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-        Ok(Node::Str(Cow::Owned(v.to_string())))
-    }
-    fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
-        Ok(Node::Str(Cow::Owned(v)))
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(64));
-        while let Some(item) = seq.next_element_seed(self.0.items())? {
-            items.push(item);
-        }
-        Ok(Node::Array(items))
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        // A container list's elements are containers; an object there is read as one.
-        let level = if self.0 == Level::Containers { Level::Container } else { self.0 };
-        let mut entries = Vec::new();
-        while let Some(key) = map.next_key::<Key<'de>>()? {
-            match level.keep(&key.0) {
-                Some(inner) => entries.push((key.0, map.next_value_seed(inner)?)),
-                None => {
-                    map.next_value::<de::IgnoredAny>()?;
-                }
-            }
-        }
-        Ok(Node::Object(entries))
-    }
-}
-
-/// An object key, borrowed where it has no escapes.
-struct Key<'a>(Cow<'a, str>);
-
-impl<'de: 'a, 'a> Deserialize<'de> for Key<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        match Node::deserialize(d)? {
-            Node::Str(s) => Ok(Key(s)),
-            _ => Err(de::Error::custom("an object key that is not a string")),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::inject::{AuditItem, EnvValue, MountSpec, Source, VolumeSpec};
-    use serde_json::json;
+    use serde_json::{json, Value};
 
     /// A change to a pod, named.
     type Change = (&'static str, fn(&mut Value));
@@ -761,32 +562,6 @@ mod tests {
         let mut p = pod();
         p["volumes"][0] = json!({"name": "kube-api-access-x2x", "hostPath": {"path": "/"}});
         assert_ne!(bind(&p, &plain), bind(&pod(), &plain));
-    }
-
-    /// While parsing, the spec and its containers keep only what the view reads: their other
-    /// fields (resources, ports, tolerations, affinity) are skipped, never built. The view writes only bound fields
-    /// by name, so keeping more would not change a binding, only its cost (mutations: each
-    /// guard of `keep` forced true, `==` for `!=`, the containers' elements kept whole).
-    #[test]
-    fn parsing_keeps_only_the_fields_the_view_reads() {
-        for key in ["containers", "initContainers"] {
-            assert_eq!(Level::Spec.keep(key), Some(Level::Containers), "{key}");
-        }
-        for key in ["volumes", "serviceAccountName", "automountServiceAccountToken", "hostNetwork", "hostUsers"] {
-            assert_eq!(Level::Spec.keep(key), Some(Level::All), "{key}");
-        }
-        for key in ["nodeName", "tolerations", "affinity", "dnsPolicy", "imagePullSecrets", "priority"] {
-            assert_eq!(Level::Spec.keep(key), None, "spec.{key}");
-        }
-        assert_eq!(Level::Containers.items(), Level::Container);
-        for key in ["image", "command", "env", "volumeMounts", "livenessProbe", "lifecycle", "securityContext"] {
-            assert_eq!(Level::Container.keep(key), Some(Level::All), "{key}");
-        }
-        for key in ["resources", "ports", "imagePullPolicy", "terminationMessagePath", "stdin"] {
-            assert_eq!(Level::Container.keep(key), None, "container.{key}");
-        }
-        assert_eq!(Level::All.keep("anything"), Some(Level::All));
-        assert_eq!(Level::All.items(), Level::All);
     }
 
     #[test]

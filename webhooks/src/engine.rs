@@ -26,6 +26,7 @@ use crate::pod::{self, Metadata, Wanted};
 use crate::profile::{ConflictPolicy, Otherwise, Profile, ProfileSet};
 use crate::select;
 use crate::text::{clip, quoted};
+use crate::tree::{self, Node};
 
 /// Decides what to do with one admission request.
 pub fn decide(facts: &RequestFacts<'_>, object: &RawValue, profiles: &ProfileSet) -> Decision {
@@ -268,7 +269,18 @@ fn inject(
             }
         }
     }
-    let spec = match pod::spec(raw_spec, &wanted_by(&injections)) {
+    // A spec the attestation binds is read once, into a tree that the scan and the binding
+    // share; one too large for a tree (or not JSON) is scanned from its JSON.
+    let tree = match (raw_spec, attests(facts, meta, profile)) {
+        (Some(raw), true) => tree::read_spec(raw, tree::MAX_SPEC_VALUES).ok(),
+        _ => None,
+    };
+    let wanted = wanted_by(&injections);
+    let spec = match &tree {
+        Some(tree) => pod::spec_of_tree(Some(tree), &wanted),
+        None => pod::spec(raw_spec, &wanted),
+    };
+    let spec = match spec {
         Ok(spec) => spec,
         Err(e) => return invalid_pod(&e),
     };
@@ -298,7 +310,11 @@ fn inject(
     };
     let annotation = record.to_annotation();
     let kinds = record.kinds();
-    let (attestation, vouched) = match attestation(facts, meta, profile, &annotation, raw_spec, &injections) {
+    let bindable = match &tree {
+        Some(tree) => Bindable::Tree(tree),
+        None => Bindable::Json(raw_spec),
+    };
+    let (attestation, vouched) = match attestation(facts, meta, profile, &annotation, bindable, &injections) {
         Attestation::NotNeeded => (None, None),
         Attestation::Keep(value) => (None, Some(value)),
         Attestation::Write(value) => (Some(value.clone()), Some(value)),
@@ -545,20 +561,37 @@ enum Attestation {
 /// controller issues per-owner credentials only for pods this webhook admitted as such, and
 /// never for a copy of one. One the pod carries is kept only if it is valid for this very pod
 /// and recent (the webhook's reinvocation); anything else is replaced.
+/// Whether the pod gets an admission attestation: the profile issues per-owner credentials,
+/// the pod has a controller owner, and this webhook attests.
+fn attests(facts: &RequestFacts<'_>, meta: &Metadata<'_>, profile: &Profile) -> bool {
+    facts.attestor.is_some() && meta.controller_owner.is_some() && profile.issues_per_owner
+}
+
+/// The spec an attestation binds: its JSON, or the tree it was read into.
+#[derive(Clone, Copy)]
+enum Bindable<'s> {
+    Json(Option<&'s RawValue>),
+    Tree(&'s Node<'s>),
+}
+
 fn attestation(
     facts: &RequestFacts<'_>,
     meta: &Metadata<'_>,
     profile: &Profile,
     injected: &str,
-    spec: Option<&RawValue>,
+    spec: Bindable<'_>,
     injections: &[(&'static str, Injection)],
 ) -> Attestation {
     let (Some(attestor), Some(owner), true) = (facts.attestor, &meta.controller_owner, profile.issues_per_owner) else {
         return Attestation::NotNeeded;
     };
-    let bound = match binding::of_raw(spec, &Masks::of(injections)) {
-        Ok(b) => b,
-        Err(e) => return Attestation::Unbindable(e),
+    let masks = Masks::of(injections);
+    let bound = match spec {
+        Bindable::Tree(tree) => binding::of_tree(Some(tree), &masks),
+        Bindable::Json(raw) => match binding::of_raw(raw, &masks) {
+            Ok(b) => b,
+            Err(e) => return Attestation::Unbindable(e),
+        },
     };
     let subject = attest::Subject {
         namespace: facts.namespace,

@@ -38,6 +38,7 @@ pub mod profile;
 pub mod review;
 pub mod select;
 pub mod text;
+pub mod tree;
 pub mod yaml;
 
 pub use attest::{Attestor, ANNOTATION_ATTESTATION};

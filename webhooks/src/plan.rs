@@ -149,7 +149,7 @@ fn standing(
     for (n, (_, injection)) in injections.iter().enumerate() {
         let Some((volume, mount)) = &injection.volume else { continue };
         match spec.volume_hits.iter().find(|h| h.name == volume.name && !removed(h.index)) {
-            Some(hit) if hit.raw.is_some_and(|raw| same_volume(raw.get(), volume)) => volume_there[n] = true,
+            Some(hit) if hit.raw.is_some_and(|raw| same_volume(raw.value(), volume)) => volume_there[n] = true,
             Some(hit) => conflicts.push(format!(
                 "spec.volumes[{}] is a volume named {:?} that differs from the one profile {:?} injects; rename your volume (names starting with keyward- are reserved for keyward)",
                 hit.index, volume.name, profile.name
@@ -172,7 +172,7 @@ fn standing(
                 Some(hit)
                     if hit.volume == volume.name
                         && volume_there[n]
-                        && hit.raw.is_some_and(|raw| same_mount(raw.get(), mount)) =>
+                        && hit.raw.is_some_and(|raw| same_mount(raw.value(), mount)) =>
                 {
                     MountState::There
                 }
@@ -309,7 +309,7 @@ fn warn_accepted(
 /// or, where the profile says so, a warning that keeps the container's.
 fn merge_env(profile: &Profile, container: &Container<'_>, var: &EnvSpec, plan: &mut Plan<'_>) -> bool {
     match container.env_hits.iter().find(|h| h.name == var.name) {
-        Some(hit) if hit.raw.is_some_and(|raw| same_env(raw.get(), var)) => false,
+        Some(hit) if hit.raw.is_some_and(|raw| same_env(&raw.value(), var)) => false,
         Some(hit) => {
             let what = format!(
                 "container {:?} already sets {} (spec.{}[{}].env[{}]) to {}, profile {:?} sets it to {}",
@@ -318,7 +318,7 @@ fn merge_env(profile: &Profile, container: &Container<'_>, var: &EnvSpec, plan: 
                 container.list.field(),
                 container.index,
                 hit.index,
-                describe_env(&parse(hit.raw.map_or("{}", |raw| raw.get()))),
+                describe_env(&hit.raw.map_or_else(|| Value::Object(Default::default()), |raw| raw.value())),
                 profile.name,
                 describe_env(&var.to_json())
             );
@@ -449,7 +449,7 @@ fn delivers(spec: &Spec<'_>, name: &str, ours: &Source, removed: &dyn Fn(usize) 
     let Some(raw) = spec.volume_hits.iter().find(|h| h.name == name && !removed(h.index)).and_then(|h| h.raw) else {
         return false;
     };
-    let theirs = parse(raw.get());
+    let theirs = raw.value();
     let files = |source: &Value, keys: &Option<Vec<String>>| match (keys, source.get("items").and_then(Value::as_array))
     {
         // Ours is the whole object: so must theirs be.
@@ -552,10 +552,6 @@ fn describe_env(e: &Value) -> String {
 
 // === comparing with what the pod has ===
 
-fn parse(raw: &str) -> Value {
-    serde_json::from_str(raw).unwrap_or(Value::Null)
-}
-
 /// Drops `null` members, which Kubernetes treats as absent.
 /// A volume as the apiserver leaves it after defaulting, so that keyward's own output compares
 /// equal on a reinvocation.
@@ -576,12 +572,12 @@ fn normalized_volume(mut v: Value) -> Value {
     v
 }
 
-fn same_volume(theirs: &str, ours: &VolumeSpec) -> bool {
-    normalized_volume(parse(theirs)) == normalized_volume(ours.to_json())
+fn same_volume(theirs: Value, ours: &VolumeSpec) -> bool {
+    normalized_volume(theirs) == normalized_volume(ours.to_json())
 }
 
-fn same_mount(theirs: &str, ours: &MountSpec) -> bool {
-    let mut v = parse(theirs);
+fn same_mount(theirs: Value, ours: &MountSpec) -> bool {
+    let mut v = theirs;
     without_nulls(&mut v);
     if let Value::Object(m) = &mut v {
         if m.get("subPath").and_then(Value::as_str) == Some("") {
@@ -594,8 +590,8 @@ fn same_mount(theirs: &str, ours: &MountSpec) -> bool {
     v == ours.to_json()
 }
 
-fn same_env(theirs: &str, ours: &EnvSpec) -> bool {
-    same_env_value(&parse(theirs), ours)
+fn same_env(theirs: &Value, ours: &EnvSpec) -> bool {
+    same_env_value(theirs, ours)
 }
 
 #[cfg(test)]
@@ -604,12 +600,19 @@ mod tests {
     use crate::inject::Source;
     use serde_json::json;
 
+    fn json_of(text: &str) -> Value {
+        serde_json::from_str(text).unwrap()
+    }
+
     #[test]
     fn a_defaulted_volume_compares_equal_to_ours() {
         let ours = VolumeSpec { name: "v".into(), source: Source::Secret { name: "s".into(), keys: None } };
-        assert!(same_volume(r#"{"name":"v","secret":{"secretName":"s"}}"#, &ours));
-        assert!(same_volume(r#"{"name":"v","secret":{"secretName":"s","defaultMode":420,"optional":null}}"#, &ours));
-        assert!(!same_volume(r#"{"name":"v","secret":{"secretName":"other"}}"#, &ours));
+        assert!(same_volume(json_of(r#"{"name":"v","secret":{"secretName":"s"}}"#), &ours));
+        assert!(same_volume(
+            json_of(r#"{"name":"v","secret":{"secretName":"s","defaultMode":420,"optional":null}}"#),
+            &ours
+        ));
+        assert!(!same_volume(json_of(r#"{"name":"v","secret":{"secretName":"other"}}"#), &ours));
         let token = VolumeSpec {
             name: "t".into(),
             source: Source::ServiceAccountToken {
@@ -619,7 +622,9 @@ mod tests {
             },
         };
         assert!(same_volume(
-            r#"{"name":"t","projected":{"sources":[{"serviceAccountToken":{"audience":"a","path":"token"}}]}}"#,
+            json_of(
+                r#"{"name":"t","projected":{"sources":[{"serviceAccountToken":{"audience":"a","path":"token"}}]}}"#
+            ),
             &token
         ));
     }
@@ -627,11 +632,11 @@ mod tests {
     #[test]
     fn mounts_and_env_compare_as_kubernetes_defaults_them() {
         let mount = MountSpec { volume: "v".into(), path: "/p".into() };
-        assert!(same_mount(r#"{"name":"v","mountPath":"/p","readOnly":true,"subPath":""}"#, &mount));
-        assert!(!same_mount(r#"{"name":"v","mountPath":"/p"}"#, &mount));
+        assert!(same_mount(json_of(r#"{"name":"v","mountPath":"/p","readOnly":true,"subPath":""}"#), &mount));
+        assert!(!same_mount(json_of(r#"{"name":"v","mountPath":"/p"}"#), &mount));
         let env = EnvSpec { name: "A".into(), value: crate::inject::EnvValue::Value("1".into()) };
-        assert!(same_env(r#"{"name":"A","value":"1"}"#, &env));
-        assert!(!same_env(r#"{"name":"A","value":"2"}"#, &env));
+        assert!(same_env(&json_of(r#"{"name":"A","value":"1"}"#), &env));
+        assert!(!same_env(&json_of(r#"{"name":"A","value":"2"}"#), &env));
         assert_eq!(describe_env(&json!({"name": "A", "value": "x\ny"})), "\"x\\ny\"");
         assert_eq!(
             describe_env(&json!({"name": "A", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}})),

@@ -17,6 +17,9 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use crate::names::{Labels, KUBE_API_ACCESS_PREFIX, SERVICE_ACCOUNT_MOUNT_PATH};
+use crate::tree::Node;
+
+mod from_tree;
 
 // === the view ===
 
@@ -100,7 +103,7 @@ impl Wanted<'_> {
 }
 
 /// What keyward read of `spec`.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Spec<'a> {
     pub volumes: Presence,
     /// The volumes named like an injected one, or (when asked) `kube-api-access-*`.
@@ -118,12 +121,36 @@ pub struct Spec<'a> {
     pub automount_service_account_token: Option<Option<bool>>,
 }
 
-#[derive(Debug, Clone)]
+/// A volume, mount or env var as the pod has it, to compare with an injection's: its JSON, or
+/// the tree it was read into.
+#[derive(Debug, Clone, Copy)]
+pub enum Element<'a> {
+    Json(&'a RawValue),
+    Tree(&'a Node<'a>),
+}
+
+impl Element<'_> {
+    /// As serde_json decodes it (`null` if it is not JSON, which a request's element always is).
+    pub fn value(&self) -> serde_json::Value {
+        match self {
+            Element::Json(raw) => serde_json::from_str(raw.get()).unwrap_or(serde_json::Value::Null),
+            Element::Tree(node) => node.to_value(),
+        }
+    }
+}
+
+impl PartialEq for Element<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.value() == other.value()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
 pub struct VolumeHit<'a> {
     pub index: usize,
     pub name: Cow<'a, str>,
     /// The element as sent: there whenever the hit is to be compared with an injection.
-    pub raw: Option<&'a RawValue>,
+    pub raw: Option<Element<'a>>,
     /// It carries a Kubernetes API token: the ServiceAccount plugin's `kube-api-access-*`, or a
     /// projected `serviceAccountToken` requested for no audience (the API server's). Found only
     /// when [`Wanted::api_token`] asks.
@@ -131,7 +158,7 @@ pub struct VolumeHit<'a> {
 }
 
 /// One init container or container.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Container<'a> {
     pub list: ContainerList,
     pub index: usize,
@@ -160,12 +187,12 @@ impl ContainerList {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct MountHit<'a> {
     pub index: usize,
     pub volume: Cow<'a, str>,
     pub path: Cow<'a, str>,
-    pub raw: Option<&'a RawValue>,
+    pub raw: Option<Element<'a>>,
 }
 
 impl MountHit<'_> {
@@ -175,11 +202,11 @@ impl MountHit<'_> {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct EnvHit<'a> {
     pub index: usize,
     pub name: Cow<'a, str>,
-    pub raw: Option<&'a RawValue>,
+    pub raw: Option<Element<'a>>,
 }
 
 impl<'a> Spec<'a> {
@@ -225,7 +252,22 @@ pub fn read<'a>(object: &'a RawValue, keep: &[String]) -> Result<Read<'a>, Strin
 /// collision), and so must be compared with it, does a second pass keep those elements raw.
 pub fn spec<'a>(raw: Option<&'a RawValue>, wanted: &Wanted<'_>) -> Result<Spec<'a>, String> {
     let Some(raw) = raw else { return Err("spec is missing".into()) };
-    let spec = scan(raw, wanted, false)?;
+    narrowed(wanted, |wanted, full| scan(raw, wanted, full))
+}
+
+/// As [`spec`], for a spec already read into a tree ([`crate::tree::read_spec`]): the same
+/// view, the same errors, without reading the JSON again.
+pub(crate) fn spec_of_tree<'a>(tree: Option<&'a Node<'a>>, wanted: &Wanted<'_>) -> Result<Spec<'a>, String> {
+    let Some(tree) = tree else { return Err("spec is missing".into()) };
+    narrowed(wanted, |wanted, full| from_tree::scan(tree, wanted, full))
+}
+
+/// The two passes of [`spec`], over either reading.
+fn narrowed<'a>(
+    wanted: &Wanted<'_>,
+    scan: impl Fn(&Wanted<'_>, bool) -> Result<Spec<'a>, String>,
+) -> Result<Spec<'a>, String> {
+    let spec = scan(wanted, false)?;
     // Volumes carrying the API token that are not named kube-api-access-*: their mounts are
     // found by name in the second pass (the containers may come before the volumes).
     let tokens: Vec<String> = spec
@@ -257,11 +299,11 @@ pub fn spec<'a>(raw: Option<&'a RawValue>, wanted: &Wanted<'_>) -> Result<Spec<'
         }
     }
     if others.is_empty() {
-        return scan(raw, wanted, true);
+        return scan(wanted, true);
     }
     let mut wider = wanted.clone();
     wider.volume_names.extend(others.iter().map(String::as_str));
-    scan(raw, &wider, true)
+    scan(&wider, true)
 }
 
 fn scan<'a>(raw: &'a RawValue, wanted: &Wanted<'_>, full: bool) -> Result<Spec<'a>, String> {
@@ -717,7 +759,7 @@ impl<'de> Visitor<'de> for VolumesSeed<'_> {
                 && (name.starts_with(KUBE_API_ACCESS_PREFIX) || raw.is_some_and(projects_an_api_token));
             let wanted = self.wanted.volume_names.contains(&name.as_ref()) || api_token;
             if wanted && self.wanted.room() {
-                hits.push(VolumeHit { index, name, raw: raw.filter(|_| self.full), api_token });
+                hits.push(VolumeHit { index, name, raw: raw.filter(|_| self.full).map(Element::Json), api_token });
             }
             index += 1;
         }
@@ -891,7 +933,7 @@ impl<'de> Visitor<'de> for MountsSeed<'_> {
         while let Some((Named { name, mount_path }, raw)) = next_named(&mut seq, self.full, self.at, index)? {
             let mount_path = mount_path
                 .ok_or_else(|| de::Error::custom(format_args!("{}[{index}]: missing field `mountPath`", self.at)))?;
-            let hit = MountHit { index, volume: name, path: mount_path, raw };
+            let hit = MountHit { index, volume: name, path: mount_path, raw: raw.map(Element::Json) };
             // At an injection's path, of an injected volume (wherever mounted), or the token's.
             let wanted = self.wanted.mount_paths.contains(&hit.path.as_ref())
                 || self.wanted.volume_names.contains(&hit.volume.as_ref())
@@ -928,7 +970,7 @@ impl<'de> Visitor<'de> for EnvSeed<'_> {
         let mut index = 0;
         while let Some((Named { name, .. }, raw)) = next_named(&mut seq, self.full, self.at, index)? {
             if self.wanted.env_names.contains(&name.as_ref()) && self.wanted.room() {
-                hits.push(EnvHit { index, name, raw });
+                hits.push(EnvHit { index, name, raw: raw.map(Element::Json) });
             }
             index += 1;
         }
