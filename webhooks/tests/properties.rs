@@ -549,3 +549,142 @@ proptest! {
         answer(&bytes, &examples());
     }
 }
+
+// === the two readings of a review: the pod read in the review's pass, or kept raw ===
+
+/// An attestor whose nonce never changes, so that two readings of one review can be compared
+/// byte for byte.
+#[derive(Debug)]
+struct Steady(TestAttestor);
+
+impl keyward_engine::Attestor for Steady {
+    fn now(&self) -> u64 {
+        self.0.now()
+    }
+    fn nonce(&self) -> String {
+        "steady".into()
+    }
+    fn sign(&self, payload: &[u8]) -> Option<keyward_engine::attest::Signature> {
+        self.0.sign(payload)
+    }
+    fn verifies(&self, payload: &[u8], key_id: &str, tag: &str) -> bool {
+        self.0.verifies(payload, key_id, tag)
+    }
+}
+
+/// The webhook's answer to `body` when the pod is read in the review's pass (its metadata
+/// decoded as the envelope is read: the one-pass reading), and when the review's object is kept
+/// raw and read after (the old reading): the same bytes, or the same refusal. With the
+/// attestation key loaded, as keyward serves, so that attested pods' specs are read into the
+/// tree the scan and the binding share.
+fn same_answer_either_reading(body: &[u8], set: &ProfileSet) -> Result<(), TestCaseError> {
+    use keyward_engine::engine::decide_object;
+    use keyward_engine::review;
+    use keyward_engine::Attestor;
+    let attestor = Steady(TestAttestor { key: Some(7) });
+    let answer = |request: &review::AdmissionRequest<'_>| {
+        let facts = request.facts().admitting(Some(&attestor as &dyn Attestor));
+        review::respond(&request.uid, &decide_object(&facts, &request.object, set))
+    };
+    match (review::read_request(body, set.annotations_read()), review::parse_request(body)) {
+        (Ok(read), Ok(raw)) => {
+            let (a, b) = (answer(&read), answer(&raw));
+            prop_assert_eq!(String::from_utf8_lossy(&a), String::from_utf8_lossy(&b));
+        }
+        (Err(a), Err(b)) => prop_assert_eq!(a.to_string(), b.to_string()),
+        (a, b) => prop_assert!(false, "one reading failed: {:?} / {:?}", a.err(), b.err()),
+    }
+    Ok(())
+}
+
+/// The built-ins and the examples, as the benchmarks serve them.
+fn served() -> ProfileSet {
+    ProfileSet::builtin().unwrap().overlay(examples()).unwrap()
+}
+
+const OPERATORS: [&str; 4] = [
+    "system:serviceaccount:lm-eval:lm-eval-controller-manager",
+    "system:serviceaccount:opendatahub:trustyai-service-operator-controller-manager",
+    "system:serviceaccount:ray-system:kuberay-operator",
+    "system:serviceaccount:kubeflow:ml-pipeline",
+];
+
+/// A review of a pod the served profiles select (or not): the metadata and spec of the
+/// fixtures' pods, crossed, or a spec that is `null`, missing or anything at all; its fields in
+/// the apiserver's order or not.
+fn any_pod_review() -> impl Strategy<Value = String> {
+    let pods: Vec<Value> =
+        ["lmeval-fms-driver-pod.json", "lmeval-driver-pod.json", "kuberay-worker-pod.json"].map(fixture).to_vec();
+    let metadata = prop::sample::select(
+        pods.iter()
+            .map(|p| p["metadata"].to_string())
+            .chain([json!({}).to_string(), "null".into()])
+            .collect::<Vec<_>>(),
+    );
+    let spec = prop_oneof![
+        3 => prop::sample::select(pods.iter().map(|p| Some(p["spec"].to_string())).collect::<Vec<_>>()),
+        1 => Just(Some("null".to_string())),
+        1 => Just(None),
+        1 => any_json().prop_map(|v| Some(v.to_string())),
+    ];
+    (metadata, spec, any::<bool>(), any::<bool>(), prop::sample::select(OPERATORS.to_vec())).prop_map(
+        |(metadata, spec, metadata_first, facts_first, user)| {
+            let metadata = format!(r#""metadata":{metadata}"#);
+            let object = match (spec, metadata_first) {
+                (None, _) => format!(r#"{{"kind":"Pod",{metadata}}}"#),
+                (Some(spec), true) => format!(r#"{{"kind":"Pod",{metadata},"spec":{spec}}}"#),
+                (Some(spec), false) => format!(r#"{{"kind":"Pod","spec":{spec},{metadata}}}"#),
+            };
+            let facts = format!(r#""namespace":"team-a","userInfo":{{"username":"{user}"}}"#);
+            let request = if facts_first {
+                format!(r#"{{"uid":"u-1","operation":"CREATE","resource":{{"group":"","version":"v1","resource":"pods"}},{facts},"object":{object}}}"#)
+            } else {
+                format!(r#"{{"uid":"u-1","operation":"CREATE","resource":{{"group":"","version":"v1","resource":"pods"}},"object":{object},{facts}}}"#)
+            };
+            format!(r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{request}}}"#)
+        },
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_one_pass_reading_and_the_raw_one_answer_alike(envelope in any_envelope()) {
+        same_answer_either_reading(&serde_json::to_vec(&envelope).unwrap(), &served())?;
+    }
+
+    #[test]
+    fn the_one_pass_reading_and_the_raw_one_answer_alike_on_real_pods(review in any_pod_review()) {
+        same_answer_either_reading(review.as_bytes(), &served())?;
+    }
+}
+
+/// Every pod the tests hold, created by the operator each profile expects, in the order the
+/// apiserver writes a review (metadata before spec).
+#[test]
+fn on_every_fixture_the_one_pass_reading_and_the_raw_one_answer_alike() {
+    let set = served();
+    let dir = format!("{}/../tests/fixtures", env!("CARGO_MANIFEST_DIR"));
+    let mut pods = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "json") {
+            continue;
+        }
+        let doc: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let pod = doc.pointer("/request/object").cloned().unwrap_or(doc);
+        let metadata = serde_json::to_string(&pod["metadata"]).unwrap();
+        let spec = serde_json::to_string(&pod["spec"]).unwrap();
+        for user in OPERATORS {
+            let body = format!(
+                r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{{"uid":"u-1","resource":{{"group":"","version":"v1","resource":"pods"}},"namespace":"team-a","operation":"CREATE","userInfo":{{"username":"{user}"}},"object":{{"apiVersion":"v1","kind":"Pod","metadata":{metadata},"spec":{spec}}}}}}}"#
+            );
+            if let Err(e) = same_answer_either_reading(body.as_bytes(), &set) {
+                panic!("{}, created by {user}: {e}", path.display());
+            }
+        }
+        pods += 1;
+    }
+    assert!(pods >= 10, "only {pods} pods among the fixtures");
+}

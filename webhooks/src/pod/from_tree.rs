@@ -561,22 +561,23 @@ mod tests {
 
     #[test]
     fn past_the_hits_both_readings_keep_as_many_and_say_so() {
-        let env: Vec<String> = (0..MAX_HITS + 1).map(|_| r#"{"name":"TOKEN","value":"x"}"#.to_string()).collect();
-        let spec = format!(r#"{{"containers":[{{"name":"c","env":[{}]}}]}}"#, env.join(","));
-        let raw = RawValue::from_string(spec).unwrap();
-        let tree = read_spec(&raw, MAX_SPEC_VALUES).unwrap();
-        let wanted = Wanted { env_names: vec!["TOKEN"], ..Wanted::default() };
-        let [json, from_tree] = both(&raw, &tree, &wanted);
-        assert_eq!(json, from_tree);
-        let spec = from_tree.unwrap();
-        assert!(spec.hits_truncated);
-        assert_eq!(spec.containers[0].env_hits.len(), MAX_HITS);
+        for (vars, truncated) in [(MAX_HITS, false), (MAX_HITS + 1, true)] {
+            let env: Vec<&str> = vec![r#"{"name":"TOKEN","value":"x"}"#; vars];
+            let spec = format!(r#"{{"containers":[{{"name":"c","env":[{}]}}]}}"#, env.join(","));
+            let raw = RawValue::from_string(spec).unwrap();
+            let tree = read_spec(&raw, MAX_SPEC_VALUES).unwrap();
+            let wanted = Wanted { env_names: vec!["TOKEN"], ..Wanted::default() };
+            let [json, from_tree] = both(&raw, &tree, &wanted);
+            assert_eq!(json, from_tree);
+            let spec = from_tree.unwrap();
+            assert_eq!((spec.hits_truncated, spec.containers[0].env_hits.len()), (truncated, MAX_HITS), "{vars} vars");
+        }
     }
 
     #[test]
     fn a_list_where_a_struct_is_expected_is_judged_as_the_json_scan_judges_it() {
         // serde's derived decoder reads a struct written as a list field by field.
-        let spec = r#"{"volumes":[{"name":"t","projected":[[[{"path":"token"}]]]},{"name":"u","projected":{"sources":[{"serviceAccountToken":{"audience":"a","audience":"b"}}]}}]}"#;
+        let spec = r#"{"volumes":[{"name":"t","projected":[[[{"path":"token"}]]]},{"name":"w","projected":[[{"x":1},{"serviceAccountToken":{"path":"t"}}]]},{"name":"u","projected":{"sources":[{"serviceAccountToken":{"audience":"a","audience":"b"}}]}}]}"#;
         let raw = RawValue::from_string(spec.into()).unwrap();
         let tree = read_spec(&raw, MAX_SPEC_VALUES).unwrap();
         let wanted = Wanted { api_token: true, ..Wanted::default() };
@@ -584,6 +585,27 @@ mod tests {
         assert_eq!(json, from_tree);
         let hits: Vec<(String, bool)> =
             json.unwrap().volume_hits.iter().map(|h| (h.name.to_string(), h.api_token)).collect();
-        assert_eq!(hits, [("t".to_string(), true)], "a duplicate field fails the decoding: not a token");
+        let token = |name: &str| (name.to_string(), true);
+        assert_eq!(hits, [token("t"), token("w")], "a duplicate field fails the decoding: not a token");
+    }
+
+    #[test]
+    fn an_element_kept_whole_has_each_field_once() {
+        // The mount is of an injected volume, so the second pass keeps it whole: there a
+        // duplicate field is an error, as serde's derived decoder makes it.
+        for (dup, field) in
+            [(r#""mountPath":"/a","mountPath":"/b""#, "mountPath"), (r#""mountPath":"/a","name":"v""#, "name")]
+        {
+            let spec = format!(r#"{{"containers":[{{"name":"c","volumeMounts":[{{"name":"v",{dup}}}]}}]}}"#);
+            let raw = RawValue::from_string(spec).unwrap();
+            let tree = read_spec(&raw, MAX_SPEC_VALUES).unwrap();
+            let wanted = Wanted { volume_names: vec!["v"], ..Wanted::default() };
+            let [json, from_tree] = both(&raw, &tree, &wanted);
+            assert_eq!(json, from_tree);
+            assert_eq!(
+                from_tree.unwrap_err(),
+                format!("spec.containers[0].volumeMounts[0]: duplicate field `{field}`")
+            );
+        }
     }
 }
