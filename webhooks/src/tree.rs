@@ -31,10 +31,11 @@ pub(crate) const EXEC_HANDLERS: [(&str, &str, Option<&str>); 5] = [
     ("startupProbe.exec", "startupProbe", None),
 ];
 
-/// The most values (objects, arrays, strings, numbers...) a spec's tree holds. A real pod's
-/// kept fields are a few hundred; a hostile one of 100,000 volumes would be tens of megabytes as
-/// a tree, and is read from its JSON instead, in memory a small multiple of its size.
-pub const MAX_SPEC_VALUES: usize = 100_000;
+/// The most values (objects, arrays, strings, numbers...) a spec's tree holds: about 2 MB of
+/// tree. A real pod's kept fields are some hundred values at most (the KubeRay worker's, about 100); a
+/// spec with more is scanned from its JSON instead, in memory a small multiple of its size (at
+/// 100,000, four hostile 7 MB pods at once took 23 MiB more than without trees).
+pub const MAX_SPEC_VALUES: usize = 20_000;
 
 /// A JSON value whose strings borrow from the text where they have no escapes, and whose
 /// objects keep their entries in order.
