@@ -143,8 +143,13 @@ where
         event: &tracing::Event<'_>,
     ) -> fmt::Result {
         writer.write_str("{\"timestamp\":\"")?;
-        SystemTime.format_time(&mut writer)?;
-        write!(writer, "\",\"level\":\"{}\"", event.metadata().level())?;
+        match rfc3339_micros(std::time::SystemTime::now()).as_ref().map(|at| std::str::from_utf8(at)) {
+            Some(Ok(at)) => writer.write_str(at)?,
+            _ => SystemTime.format_time(&mut writer)?,
+        }
+        writer.write_str("\",\"level\":\"")?;
+        writer.write_str(event.metadata().level().as_str())?;
+        writer.write_str("\"")?;
         let mut fields = JsonFields { out: &mut writer, result: Ok(()) };
         event.record(&mut fields);
         fields.result?;
@@ -176,13 +181,13 @@ impl Visit for JsonFields<'_, '_> {
         self.entry(field, |out| json_str(out, value));
     }
     fn record_bool(&mut self, field: &Field, value: bool) {
-        self.entry(field, |out| write!(out, "{value}"));
+        self.entry(field, |out| out.write_str(if value { "true" } else { "false" }));
     }
     fn record_u64(&mut self, field: &Field, value: u64) {
-        self.entry(field, |out| write!(out, "{value}"));
+        self.entry(field, |out| decimal(out, false, value));
     }
     fn record_i64(&mut self, field: &Field, value: i64) {
-        self.entry(field, |out| write!(out, "{value}"));
+        self.entry(field, |out| decimal(out, value < 0, value.unsigned_abs()));
     }
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
         // `message` and `?field`: the text, as a JSON string.
@@ -192,6 +197,72 @@ impl Visit for JsonFields<'_, '_> {
             out.write_str("\"")
         });
     }
+}
+
+/// `n` in decimal (after a `-` when `negative`), without `core::fmt`'s machinery: a decision's
+/// line writes a few numbers, and formatting them was a visible part of its cost.
+fn decimal(out: &mut Writer<'_>, negative: bool, mut n: u64) -> fmt::Result {
+    let mut digits = [0u8; 21];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    if negative {
+        at -= 1;
+        digits[at] = b'-';
+    }
+    // Only ASCII digits and '-' were written.
+    out.write_str(std::str::from_utf8(&digits[at..]).map_err(|_| fmt::Error)?)
+}
+
+/// `at` as tracing's `SystemTime` writes it (RFC 3339, UTC, microseconds:
+/// `2026-12-03T23:00:09.894798Z`), built in a buffer without `core::fmt`'s machinery. `None`
+/// past the year 9999, which four digits cannot hold.
+fn rfc3339_micros(at: std::time::SystemTime) -> Option<[u8; 27]> {
+    let since = at.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let (secs, micros) = (since.as_secs(), u64::from(since.subsec_micros()));
+    let (year, month, day) = civil_date(secs / 86_400);
+    if year > 9999 {
+        return None;
+    }
+    let time = secs % 86_400;
+    let mut out = [0u8; 27];
+    let mut put = |at: usize, width: usize, mut n: u64| {
+        for i in (at..at + width).rev() {
+            out[i] = b'0' + (n % 10) as u8;
+            n /= 10;
+        }
+    };
+    put(0, 4, year);
+    put(5, 2, month);
+    put(8, 2, day);
+    put(11, 2, time / 3600);
+    put(14, 2, time / 60 % 60);
+    put(17, 2, time % 60);
+    put(20, 6, micros);
+    for (i, c) in [(4, b'-'), (7, b'-'), (10, b'T'), (13, b':'), (16, b':'), (19, b'.'), (26, b'Z')] {
+        out[i] = c;
+    }
+    Some(out)
+}
+
+/// The proleptic Gregorian date `days` after 1970-01-01 (Howard Hinnant's `civil_from_days`).
+fn civil_date(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    (year, month, day)
 }
 
 /// `s` as a JSON string literal.
@@ -292,5 +363,55 @@ mod tests {
         assert_eq!((v["n"].as_u64(), v["m"].as_i64(), v["yes"].as_bool()), (Some(42), Some(-7), Some(true)));
         assert_eq!(v["dbg"], format!("{nasty:?}"));
         assert!(v["timestamp"].as_str().unwrap().ends_with('Z'), "{line}");
+    }
+
+    fn stamp(secs: u64, micros: u32) -> Option<String> {
+        let at = std::time::UNIX_EPOCH + Duration::new(secs, micros * 1000);
+        rfc3339_micros(at).map(|b| String::from_utf8(b.to_vec()).unwrap())
+    }
+
+    #[test]
+    fn timestamps_are_written_as_tracing_writes_them() {
+        for (secs, micros, want) in [
+            (0, 0, "1970-01-01T00:00:00.000000Z"),
+            (951_782_400, 500_000, "2000-02-29T00:00:00.500000Z"),
+            (1_796_196_142, 123_456, "2026-12-02T07:22:22.123456Z"),
+            (4_107_542_399, 999_999, "2100-02-28T23:59:59.999999Z"),
+            (253_402_300_799, 1, "9999-12-31T23:59:59.000001Z"),
+        ] {
+            assert_eq!(stamp(secs, micros).as_deref(), Some(want), "{secs}");
+        }
+        assert_eq!(stamp(253_402_300_800, 0), None, "year 10000: tracing's own formatter writes it");
+        // The shape of tracing's: the same length, the same separators.
+        let mut theirs = String::new();
+        SystemTime.format_time(&mut Writer::new(&mut theirs)).unwrap();
+        let ours = stamp(1_796_196_142, 0).unwrap();
+        let shape = |s: &str| s.chars().map(|c| if c.is_ascii_digit() { '0' } else { c }).collect::<String>();
+        assert_eq!(shape(&ours), shape(&theirs));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_time_reads_back_as_itself(secs in 0u64..253_402_300_800, micros in 0u32..1_000_000) {
+            let text = stamp(secs, micros).unwrap();
+            let back = keyward_certs::parse_rfc3339(&text).unwrap();
+            proptest::prop_assert_eq!(back, std::time::UNIX_EPOCH + Duration::new(secs, micros * 1000), "{}", text);
+        }
+    }
+
+    #[test]
+    fn numbers_are_written_in_decimal() {
+        for (negative, n, want) in [
+            (false, 0, "0"),
+            (false, 7, "7"),
+            (false, 10, "10"),
+            (false, u64::MAX, "18446744073709551615"),
+            (true, 1, "-1"),
+            (true, i64::MIN.unsigned_abs(), "-9223372036854775808"),
+        ] {
+            let mut out = String::new();
+            decimal(&mut Writer::new(&mut out), negative, n).unwrap();
+            assert_eq!(out, want);
+        }
     }
 }

@@ -6,12 +6,13 @@
 //! (`tests::the_tree_and_the_json_give_the_same_view`).
 
 use std::borrow::Cow;
+use std::fmt;
 
 use serde::de::Error as _;
 
 use super::{
-    projects_an_api_token as json_projects_an_api_token, Container, ContainerList, Element, EnvHit, MountHit, Presence,
-    Spec, VolumeHit, Wanted, MAX_CONTAINERS, MAX_HITS,
+    projects_an_api_token as json_projects_an_api_token, At, Container, ContainerList, Element, EnvHit, MountHit,
+    Presence, Spec, VolumeHit, Wanted, MAX_CONTAINERS, MAX_HITS,
 };
 use crate::names::KUBE_API_ACCESS_PREFIX;
 use crate::tree::Node;
@@ -103,7 +104,7 @@ struct Named<'a> {
 
 /// The element at `what[index]`, named: only its naming fields (the JSON scan's first pass), or
 /// (`full`) as the JSON scan decodes an element it keeps whole, with its own words for errors.
-fn named<'a>(node: &'a Node<'a>, what: &str, index: usize, full: bool) -> Result<Named<'a>, String> {
+fn named<'a>(node: &'a Node<'a>, what: impl fmt::Display, index: usize, full: bool) -> Result<Named<'a>, String> {
     if full {
         return whole(node).map_err(|e| format!("{what}[{index}]: {e}"));
     }
@@ -192,13 +193,13 @@ fn container<'a>(
         match key.as_ref() {
             "name" => name = Some(text(value)?),
             "volumeMounts" => {
-                let at = format!("spec.{field}[{index}].volumeMounts");
-                (c.mounts, c.mount_hits) = nullable(value, |v| mounts(v, wanted, &at, full))?
+                let at = At { list, index, field: "volumeMounts" };
+                (c.mounts, c.mount_hits) = nullable(value, |v| mounts(v, wanted, at, full))?
                     .map_or((Presence::Null, Vec::new()), |(n, hits)| (Presence::Present(n), hits));
             }
             "env" => {
-                let at = format!("spec.{field}[{index}].env");
-                (c.env, c.env_hits) = nullable(value, |v| env(v, wanted, &at, full))?
+                let at = At { list, index, field: "env" };
+                (c.env, c.env_hits) = nullable(value, |v| env(v, wanted, at, full))?
                     .map_or((Presence::Null, Vec::new()), |(n, hits)| (Presence::Present(n), hits));
             }
             _ => {}
@@ -211,7 +212,7 @@ fn container<'a>(
 fn mounts<'a>(
     node: &'a Node<'a>,
     wanted: &Wanted<'_>,
-    at: &str,
+    at: At,
     full: bool,
 ) -> Result<(usize, Vec<MountHit<'a>>), String> {
     let list = items(node, || format!("{at} as a list"))?;
@@ -231,7 +232,7 @@ fn mounts<'a>(
     Ok((list.len(), hits))
 }
 
-fn env<'a>(node: &'a Node<'a>, wanted: &Wanted<'_>, at: &str, full: bool) -> Result<(usize, Vec<EnvHit<'a>>), String> {
+fn env<'a>(node: &'a Node<'a>, wanted: &Wanted<'_>, at: At, full: bool) -> Result<(usize, Vec<EnvHit<'a>>), String> {
     let list = items(node, || format!("{at} as a list"))?;
     let mut hits = Vec::new();
     for (index, var) in list.iter().enumerate() {
