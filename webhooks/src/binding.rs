@@ -97,8 +97,7 @@ pub fn of_raw(spec: Option<&RawValue>, masks: &Masks<'_>) -> Result<Digest32, St
 }
 
 /// The binding of a pod's `spec` already read into a tree ([`tree::read_spec`]).
-pub(crate) fn of_tree(spec: Option<&Node<'_>>, masks: &Masks<'_>) -> Digest32 {
-    let spec = spec.unwrap_or(&Node::Null);
+pub(crate) fn of_tree(spec: &Node<'_>, masks: &Masks<'_>) -> Digest32 {
     let mut out = Vec::with_capacity(spec_len_hint(spec.len_hint()));
     view(spec, masks, &mut out);
     Sha256::digest(out).into()

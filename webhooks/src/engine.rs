@@ -277,7 +277,7 @@ fn inject(
     };
     let wanted = wanted_by(&injections);
     let spec = match &tree {
-        Some(tree) => pod::spec_of_tree(Some(tree), &wanted),
+        Some(tree) => pod::spec_of_tree(tree, &wanted),
         None => pod::spec(raw_spec, &wanted),
     };
     let spec = match spec {
@@ -556,11 +556,6 @@ enum Attestation {
     Unbindable(String),
 }
 
-/// The admission attestation, if the profile issues per-owner credentials: it binds the owner,
-/// the record of what was injected, and what the pod runs and mounts ([`binding`]), so the
-/// controller issues per-owner credentials only for pods this webhook admitted as such, and
-/// never for a copy of one. One the pod carries is kept only if it is valid for this very pod
-/// and recent (the webhook's reinvocation); anything else is replaced.
 /// Whether the pod gets an admission attestation: the profile issues per-owner credentials,
 /// the pod has a controller owner, and this webhook attests.
 fn attests(facts: &RequestFacts<'_>, meta: &Metadata<'_>, profile: &Profile) -> bool {
@@ -574,6 +569,11 @@ enum Bindable<'s> {
     Tree(&'s Node<'s>),
 }
 
+/// The admission attestation, if the profile issues per-owner credentials: it binds the owner,
+/// the record of what was injected, and what the pod runs and mounts ([`binding`]), so the
+/// controller issues per-owner credentials only for pods this webhook admitted as such, and
+/// never for a copy of one. One the pod carries is kept only if it is valid for this very pod
+/// and recent (the webhook's reinvocation); anything else is replaced.
 fn attestation(
     facts: &RequestFacts<'_>,
     meta: &Metadata<'_>,
@@ -587,7 +587,7 @@ fn attestation(
     };
     let masks = Masks::of(injections);
     let bound = match spec {
-        Bindable::Tree(tree) => binding::of_tree(Some(tree), &masks),
+        Bindable::Tree(tree) => binding::of_tree(tree, &masks),
         Bindable::Json(raw) => match binding::of_raw(raw, &masks) {
             Ok(b) => b,
             Err(e) => return Attestation::Unbindable(e),

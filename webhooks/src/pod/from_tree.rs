@@ -511,7 +511,7 @@ mod tests {
 
     /// Both readings of `spec` for `wanted`: the JSON scan's, and the tree's.
     fn both<'a>(raw: &'a RawValue, tree: &'a Node<'a>, wanted: &Wanted<'_>) -> [Result<Spec<'a>, String>; 2] {
-        [super::super::spec(Some(raw), &wanted.clone()), super::super::spec_of_tree(Some(tree), &wanted.clone())]
+        [super::super::spec(Some(raw), &wanted.clone()), super::super::spec_of_tree(tree, &wanted.clone())]
     }
 
     proptest! {
@@ -524,7 +524,7 @@ mod tests {
             prop_assert_eq!(json, from_tree, "spec {}", raw.get());
             // And the binding, read from the same tree.
             let masks = crate::binding::Masks::default();
-            prop_assert_eq!(crate::binding::of_raw(Some(&raw), &masks).ok(), Some(crate::binding::of_tree(Some(&tree), &masks)));
+            prop_assert_eq!(crate::binding::of_raw(Some(&raw), &masks).ok(), Some(crate::binding::of_tree(&tree, &masks)));
         }
     }
 

@@ -257,8 +257,7 @@ pub fn spec<'a>(raw: Option<&'a RawValue>, wanted: &Wanted<'_>) -> Result<Spec<'
 
 /// As [`spec`], for a spec already read into a tree ([`crate::tree::read_spec`]): the same
 /// view, the same errors, without reading the JSON again.
-pub(crate) fn spec_of_tree<'a>(tree: Option<&'a Node<'a>>, wanted: &Wanted<'_>) -> Result<Spec<'a>, String> {
-    let Some(tree) = tree else { return Err("spec is missing".into()) };
+pub(crate) fn spec_of_tree<'a>(tree: &'a Node<'a>, wanted: &Wanted<'_>) -> Result<Spec<'a>, String> {
     narrowed(wanted, |wanted, full| from_tree::scan(tree, wanted, full))
 }
 
