@@ -7,6 +7,7 @@ pub mod config;
 pub mod grpc;
 pub mod headers;
 pub mod identity;
+pub mod owners;
 pub mod refusal;
 pub mod route;
 pub mod rules;

@@ -13,6 +13,7 @@ use serde::Deserialize;
 
 use crate::grpc;
 use crate::identity::{ServiceAccount, WorkloadIdentity};
+use crate::owners::{LiveOwner, LiveOwnerSpec};
 use crate::route::{PathPattern, RequestPath};
 
 // === the configuration, as written ===
@@ -34,6 +35,10 @@ pub struct GateSpec {
     /// these audiences (none: the API server's own, as the ODH router asks).
     #[serde(default)]
     pub token_review: Option<TokenReviewSpec>,
+    /// Owner kinds the gate watches: an identity of one of these kinds is admitted only while
+    /// its owner exists ([`crate::owners`]).
+    #[serde(default)]
+    pub live_owners: Vec<LiveOwnerSpec>,
     pub rules: Vec<RuleSpec>,
 }
 
@@ -183,6 +188,7 @@ pub struct Gate {
     /// Compared ignoring case.
     strip_headers: Vec<String>,
     token_review: Option<TokenReviewSpec>,
+    live_owners: Vec<LiveOwner>,
     rules: Vec<Rule>,
 }
 
@@ -224,6 +230,11 @@ impl Gate {
             }
         }
         let tokens = spec.token_review.is_some();
+        let live_owners = crate::owners::check_all(spec.live_owners, &mut problems);
+        if !live_owners.is_empty() && spec.trust_domain.is_none() {
+            problems
+                .push("spec.liveOwners watches the owners of workload identities, which need spec.trustDomain".into());
+        }
         for h in &spec.strip_headers {
             if h.is_empty() || !h.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
                 problems.push(format!("spec.stripHeaders: {h:?} is not a header name"));
@@ -355,6 +366,7 @@ impl Gate {
                 trust_domain: spec.trust_domain,
                 strip_headers: spec.strip_headers,
                 token_review: spec.token_review,
+                live_owners,
                 rules,
             })
         } else {
@@ -419,10 +431,20 @@ impl Gate {
         self.token_review.as_ref().map(|t| t.audiences.as_slice())
     }
 
-    /// Whether deciding may need the API server: tokens to review, or a rule's
-    /// SubjectAccessReview.
+    /// Whether deciding may need the API server: tokens to review, a rule's
+    /// SubjectAccessReview, or owners to watch.
     pub fn asks_api_server(&self) -> bool {
-        self.token_review.is_some() || self.rules.iter().any(|r| r.review.is_some())
+        self.token_review.is_some() || self.rules.iter().any(|r| r.review.is_some()) || !self.live_owners.is_empty()
+    }
+
+    /// The owner kinds whose identities are admitted only while their owner exists.
+    pub fn live_owners(&self) -> &[LiveOwner] {
+        &self.live_owners
+    }
+
+    /// The watched owner kind of a workload identity of `kind` (lower case), if it is one.
+    pub fn live_owner(&self, kind: &str) -> Option<&LiveOwner> {
+        self.live_owners.iter().find(|o| o.kind.eq_ignore_ascii_case(kind))
     }
 
     /// Whether a rule that could decide `method` `path` reads the gRPC request's message (a

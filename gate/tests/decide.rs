@@ -148,6 +148,10 @@ kind: Gate
 metadata: {name: broken}
 spec:
   tokenReview: {}
+  liveOwners:
+    - {apiVersion: trustyai.opendatahub.io/v1alpha1, kind: lmevaljob}
+    - {apiVersion: batch/v1, kind: Job}
+    - {apiVersion: example.io/v1, kind: JOB}
   rules:
     - name: both routes
       http: {path: /a}
@@ -177,6 +181,9 @@ spec:
     assert_eq!(
         problems,
         [
+            "bad.yaml: spec.liveOwners[0].kind \"lmevaljob\" is not a Kubernetes kind (as the API names it: LMEvalJob)",
+            "bad.yaml: spec.liveOwners[2]: another entry watches kind \"job\"; an identity names its owner's kind in lower case, without a group, so give each kind once",
+            "bad.yaml: spec.liveOwners watches the owners of workload identities, which need spec.trustDomain",
             "bad.yaml: spec.rules[0] (\"both routes\"): give exactly one of http and grpc",
             "bad.yaml: spec.rules[1] (\"nobody\").http.methods: \"get\" is not an HTTP method in upper case",
             "bad.yaml: spec.rules[1] (\"nobody\").http.path: path pattern \"/a/{x}/{x}\" captures {x} twice",

@@ -82,6 +82,19 @@ pub fn check(args: &CheckGateArgs) -> anyhow::Result<ExitCode> {
             r.name
         );
     }
+    // Offline, the owner watch is not there either: say what the gate would also require.
+    let owner = match &caller {
+        Caller::Workload(id) => loaded.gate.live_owner(&id.kind).map(|o| (o, id)),
+        Caller::ServiceAccount(_) => None,
+    };
+    if let (Some((owner, id)), Some(_)) = (owner, &verdict.allowed_by) {
+        println!(
+            "  spec.liveOwners: only while {} {}/{} exists (the gate's watch decides that; not checked offline)",
+            owner.describe(),
+            id.namespace,
+            id.name
+        );
+    }
     match &verdict.allowed_by {
         Some(rule) => {
             println!("allowed by rule {rule:?}");

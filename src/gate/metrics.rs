@@ -6,6 +6,7 @@ use std::time::Duration;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 
 use crate::metrics::Metrics;
@@ -23,6 +24,11 @@ struct ReviewLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReloadLabels {
     file: &'static str,
     result: &'static str,
@@ -36,6 +42,8 @@ pub struct GateMetrics {
     reviews: Family<ReviewLabels, Counter>,
     reloads: Family<ReloadLabels, Counter>,
     upstream_errors: Counter,
+    owners: Family<KindLabels, Gauge>,
+    owner_watch_errors: Family<KindLabels, Counter>,
 }
 
 /// How the gate answered a request (a metrics label and a log field).
@@ -94,7 +102,19 @@ impl GateMetrics {
             "Allowed requests the upstream could not be sent (connection refused, reset, bad answer)",
             upstream_errors.clone(),
         );
-        Self { shared, requests, duration, reviews, reloads, upstream_errors }
+        let owners = Family::<KindLabels, Gauge>::default();
+        shared.register(
+            "gate_live_owners",
+            "Owners of each watched kind (spec.liveOwners, kind in lower case) that exist, as the gate's watch has seen them",
+            owners.clone(),
+        );
+        let owner_watch_errors = Family::<KindLabels, Counter>::default();
+        shared.register(
+            "gate_owner_watch_errors",
+            "Failures of the watch of a spec.liveOwners kind (each retried with backoff; the owners known meanwhile still decide)",
+            owner_watch_errors.clone(),
+        );
+        Self { shared, requests, duration, reviews, reloads, upstream_errors, owners, owner_watch_errors }
     }
 
     pub fn observe_request(&self, rule: Option<&str>, decision: Decision, took: Duration) {
@@ -113,5 +133,18 @@ impl GateMetrics {
 
     pub fn observe_upstream_error(&self) {
         self.upstream_errors.inc();
+    }
+
+    /// A label value that lives as long as the process (a gate file's kind).
+    pub fn intern(&self, value: &str) -> &'static str {
+        self.shared.intern(value)
+    }
+
+    pub fn observe_owners(&self, kind: &'static str, count: usize) {
+        self.owners.get_or_create(&KindLabels { kind }).set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
+    pub fn observe_owner_watch_error(&self, kind: &'static str) {
+        self.owner_watch_errors.get_or_create(&KindLabels { kind }).inc();
     }
 }

@@ -14,6 +14,7 @@ mod check;
 mod client_ca;
 pub(crate) mod config;
 mod metrics;
+mod owners;
 mod proxy;
 mod reviews;
 mod store;
@@ -41,6 +42,7 @@ use crate::metrics::Metrics;
 use crate::serve::connections::{self, Connections, Transport};
 use client_ca::ClientCa;
 use metrics::GateMetrics;
+use owners::LiveOwners;
 use proxy::GateState;
 use store::GateStore;
 use upstream::Upstream;
@@ -78,6 +80,8 @@ struct Gate {
     certs: Arc<CertStore>,
     client_ca: Option<Arc<ClientCa>>,
     shared: Arc<Metrics>,
+    /// The watches of `spec.liveOwners`, ended with the gate.
+    _owner_watches: tokio::task::JoinSet<()>,
 }
 
 impl Gate {
@@ -93,10 +97,17 @@ impl Gate {
             Some(client) => Some(client),
             None if loaded.gate.asks_api_server() => {
                 Some(crate::controller::kube_client(config.review_timeout).await.context(
-                    "the gate file reviews tokens or asks SubjectAccessReviews, so the gate needs the API server",
+                    "the gate file reviews tokens, asks SubjectAccessReviews or watches owners, so the gate needs the API server",
                 )?)
             }
             None => None,
+        };
+        let mut owner_watches = tokio::task::JoinSet::new();
+        let owners = match (&client, loaded.gate.live_owners()) {
+            (Some(client), kinds) if !kinds.is_empty() => {
+                Some(LiveOwners::watch(client, kinds, &metrics, &mut owner_watches))
+            }
+            _ => None,
         };
         let reviews = client.map(|c| Arc::new(reviews::Reviews::new(c, config.review_timeout, metrics.clone())));
         let client_ca = match &config.client_ca {
@@ -125,12 +136,13 @@ impl Gate {
         let state = GateState {
             gate: store,
             reviews,
+            owners,
             upstream: Arc::new(upstream),
             metrics,
             read_timeout: config.listener.request_read_timeout,
             body_budget: Arc::new(tokio::sync::Semaphore::new(config.message_bytes_in_flight)),
         };
-        Ok(Self { state, certs, client_ca, shared })
+        Ok(Self { state, certs, client_ca, shared, _owner_watches: owner_watches })
     }
 
     fn acceptor(&self) -> anyhow::Result<TlsAcceptor> {
@@ -159,7 +171,12 @@ async fn gate(config: GateConfig) -> anyhow::Result<()> {
     let listener = crate::serve::bind(config.listen, "--listen").await?;
     let metrics_task = match config.metrics_listen {
         Some(addr) => {
-            let health = Health { certs: gate.certs.clone(), metrics: gate.shared.clone(), draining };
+            let health = Health {
+                certs: gate.certs.clone(),
+                metrics: gate.shared.clone(),
+                draining,
+                owners: gate.state.owners.clone(),
+            };
             let listener = crate::serve::bind(addr, "--metrics-listen").await?;
             tracing::info!(role = "metrics", addr = %listener.local_addr()?, "listening (plain HTTP: GET /metrics, /healthz, /readyz)");
             let connections = Connections::new("metrics", metrics_limits, gate.shared.clone());
@@ -189,12 +206,14 @@ async fn gate(config: GateConfig) -> anyhow::Result<()> {
 }
 
 /// The gate's metrics port: /metrics, /healthz, /readyz (ready while a valid serving
-/// certificate is served and the gate is not shutting down).
+/// certificate is served, every owner kind it watches has been listed, and the gate is not
+/// shutting down).
 #[derive(Clone)]
 struct Health {
     certs: Arc<CertStore>,
     metrics: Arc<Metrics>,
     draining: Arc<AtomicBool>,
+    owners: Option<Arc<LiveOwners>>,
 }
 
 impl Health {
@@ -218,6 +237,14 @@ impl Health {
 async fn ready(State(h): State<Health>) -> Response {
     if h.draining.load(Ordering::Relaxed) {
         return (StatusCode::SERVICE_UNAVAILABLE, "not ready: shutting down\n").into_response();
+    }
+    let unlisted = h.owners.as_ref().map(|o| o.unlisted()).unwrap_or_default();
+    if !unlisted.is_empty() {
+        let reason = format!(
+            "not ready: the gate has not yet listed {} (spec.liveOwners) from the API server\n",
+            unlisted.join(", ")
+        );
+        return (StatusCode::SERVICE_UNAVAILABLE, reason).into_response();
     }
     match h.certs.ready(SystemTime::now()) {
         Ok(()) => (StatusCode::OK, "ok\n").into_response(),

@@ -27,6 +27,7 @@ use tokio::sync::Semaphore;
 
 use super::caller::{bearer_token, workload_of};
 use super::metrics::{Decision, GateMetrics};
+use super::owners::{LiveOwners, OwnerRefusal};
 use super::reviews::{Reviews, TokenRefused};
 use super::store::GateStore;
 use super::upstream::Upstream;
@@ -40,6 +41,8 @@ pub struct GateState {
     pub gate: Arc<GateStore>,
     /// `None`: no API server to ask (the gate file accepts no tokens and asks no reviews).
     pub reviews: Option<Arc<Reviews>>,
+    /// The owner kinds watched (`spec.liveOwners`); `None`: none.
+    pub owners: Option<Arc<LiveOwners>>,
     pub upstream: Arc<Upstream>,
     pub metrics: Arc<GateMetrics>,
     pub read_timeout: Duration,
@@ -129,6 +132,13 @@ async fn decide(
     let (caller, groups) = authenticate(state, gate, parts, grpc).await.map_err(|stop| (stop, None))?;
     // The caller is written out only for a refusal's log line, not on every request.
     let fail = |decision, reason: String| (Stop::new(decision, grpc, reason), Some(describe(&caller)));
+    if let (Caller::Workload(id), Some(owners)) = (&caller, &state.owners) {
+        owners.check(id).map_err(|refusal| match refusal {
+            // The credential no longer names a live workload: as a revoked one.
+            OwnerRefusal::Gone(why) => fail(Decision::Unauthenticated, why),
+            OwnerRefusal::NotListed(why) => fail(Decision::Unavailable, why),
+        })?;
+    }
     let path = parts.uri.path();
     let checked = RequestPath::parse(path).map_err(|e| fail(Decision::Refused, e.to_string()))?;
     let method = parts.method.as_str();

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use keyward_certs::{ReloadSource, Trigger};
 use keyward_gate::config::Loaded;
+use keyward_gate::owners::LiveOwner;
 
 use super::Reload;
 
@@ -22,6 +23,8 @@ pub struct GateStore {
     current: ArcSwap<Loaded>,
     /// The text the current rules were read from, to tell a change from a poll.
     text: std::sync::Mutex<String>,
+    /// The owner kinds watched since start-up: a reload cannot change them.
+    watched: Vec<LiveOwner>,
     observer: Option<Observer>,
 }
 
@@ -37,6 +40,7 @@ impl GateStore {
         Ok(Self {
             file: file.to_path_buf(),
             dir,
+            watched: loaded.gate.live_owners().to_vec(),
             current: ArcSwap::from_pointee(loaded),
             text: std::sync::Mutex::new(text),
             observer: None,
@@ -59,6 +63,11 @@ impl GateStore {
         let outcome = match read(&self.file) {
             Ok(text) if text == *last => Reload::Unchanged,
             Ok(text) => match keyward_gate::config::load(&self.file.display().to_string(), &text) {
+                Ok(loaded) if loaded.gate.live_owners() != self.watched.as_slice() => Reload::Failed(format!(
+                    "{}: spec.liveOwners is not the one the gate started with ({}): the gate watches the owner kinds it started with; restart it to watch others",
+                    self.file.display(),
+                    describe(&self.watched)
+                )),
                 Ok(loaded) => {
                     self.current.store(Arc::new(loaded));
                     *last = text;
@@ -85,6 +94,13 @@ impl GateStore {
         }
         outcome
     }
+}
+
+fn describe(owners: &[LiveOwner]) -> String {
+    if owners.is_empty() {
+        return "none".into();
+    }
+    owners.iter().map(LiveOwner::describe).collect::<Vec<_>>().join(", ")
 }
 
 fn read(file: &Path) -> Result<String, String> {

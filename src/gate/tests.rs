@@ -32,6 +32,10 @@ use tokio_rustls::TlsConnector;
 
 use super::*;
 use crate::logging::LogFormat;
+
+/// The controller tests' fake API server (lists, watches, 410 Gone, restarts, hangs, failures).
+#[path = "../../controller/tests/support/mod.rs"]
+mod kube_fake;
 use crate::serve::{ListenerConfig, TlsSource};
 
 const DAY: Duration = Duration::from_secs(86_400);
@@ -340,12 +344,13 @@ impl Fixture {
     }
 
     async fn start_with(gate_yaml: &str) -> Self {
-        Self::start_full(gate_yaml, false).await
+        Self::start_full(gate_yaml, false, None).await
     }
 
     /// With `tls_upstream`, the upstream serves TLS (a certificate for `localhost` from the
-    /// server CA) and the gate verifies it with `--upstream-ca`.
-    async fn start_full(gate_yaml: &str, tls_upstream: bool) -> Self {
+    /// server CA) and the gate verifies it with `--upstream-ca`. With `kube`, the gate asks that
+    /// API server instead of the review fake's.
+    async fn start_full(gate_yaml: &str, tls_upstream: bool, kube: Option<kube::Client>) -> Self {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let dir = tempfile::tempdir().unwrap();
         let now = SystemTime::now();
@@ -396,7 +401,7 @@ impl Fixture {
             message_bytes_in_flight: 64 << 20,
             worker_threads: 1,
         };
-        let gate = Gate::build(&config, Some(api.client())).await.unwrap();
+        let gate = Gate::build(&config, Some(kube.unwrap_or_else(|| api.client()))).await.unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (limits, _) = crate::serve::connection_limits(&config.listener);
@@ -802,7 +807,7 @@ async fn a_silent_client_and_a_message_that_never_ends_are_cut_off() {
 
 #[tokio::test]
 async fn an_upstream_over_tls_is_verified_and_spoken_to_in_the_callers_protocol() {
-    let f = Fixture::start_full(GATE, true).await;
+    let f = Fixture::start_full(GATE, true, None).await;
     let driver = f.driver("team-a", "evaljob-sample");
     let grpc = f.call(true, Some(&driver), update_status("evaljob-sample", "team-a")).await;
     assert_eq!(grpc.grpc().0, "0");
@@ -926,4 +931,206 @@ async fn requests_needing_the_same_new_access_review_share_one() {
     ] {
         assert!(text.contains(line), "{line} in {text}");
     }
+}
+
+// === spec.liveOwners: a certificate buys nothing once its job is gone ===
+
+/// The LMEvalJob status route, with the owners watched.
+const LIVE_OWNERS_GATE: &str = r#"
+apiVersion: keyward.io/v1alpha1
+kind: Gate
+metadata: {name: live-owners}
+spec:
+  trustDomain: cluster.local
+  liveOwners:
+    - {apiVersion: trustyai.opendatahub.io/v1alpha1, kind: LMEvalJob}
+  rules:
+    - name: a driver updates only its own job
+      grpc: {service: LMEvalJobUpdateService, methods: [UpdateStatus]}
+      callers: {workloads: {kinds: [lmevaljob]}}
+      when:
+        - {caller: name, equals: {grpcField: 1}}
+        - {caller: namespace, equals: {grpcField: 2}}
+"#;
+
+const LMEVAL: &str = "trustyai.opendatahub.io/v1alpha1";
+const LMEVALJOBS: &str = "trustyai.opendatahub.io/v1alpha1/lmevaljobs";
+
+/// An LMEvalJob as the API server stores it (the fields the gate reads are its metadata's).
+fn lmevaljob(namespace: &str, name: &str) -> Value {
+    json!({
+        "apiVersion": LMEVAL,
+        "kind": "LMEvalJob",
+        "metadata": {"namespace": namespace, "name": name, "generation": 1},
+        "spec": {"model": "hf", "taskList": {"taskNames": ["unfair_tos"]}, "logSamples": true},
+    })
+}
+
+/// The gate, its owner watch on `kube` (as client "gate", whose requests give up after 500 ms).
+async fn live_owners_gate(kube: &kube_fake::FakeApi) -> Fixture {
+    Fixture::start_full(LIVE_OWNERS_GATE, false, Some(kube.client_with_deadline("gate", REVIEW_TIMEOUT))).await
+}
+
+impl Fixture {
+    fn owners(&self) -> &LiveOwners {
+        self.gate.state.owners.as_deref().expect("the gate file watches owners")
+    }
+
+    /// The gRPC status (and message) of `driver`'s update of its own job.
+    async fn own_update(&self, driver: &Minted, namespace: &str, name: &str) -> (String, String) {
+        let (status, message) = self.call(true, Some(driver), update_status(name, namespace)).await.grpc();
+        (status, percent_decode(&message))
+    }
+}
+
+/// The identity of the driver of `namespace/name`.
+fn driver_id(namespace: &str, name: &str) -> keyward_gate::identity::WorkloadIdentity {
+    keyward_gate::identity::WorkloadIdentity::parse(&format!("spiffe://cluster.local/ns/{namespace}/lmevaljob/{name}"))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_drivers_certificate_buys_nothing_once_its_job_is_gone() {
+    let kube = kube_fake::FakeApi::default();
+    kube.seed(lmevaljob("team-a", "evaljob-sample"));
+    let f = live_owners_gate(&kube).await;
+    kube.until(EVENT_TIMEOUT, |_| f.owners().unlisted().is_empty().then_some(())).await;
+    let driver = f.driver("team-a", "evaljob-sample");
+    assert_eq!(f.own_update(&driver, "team-a", "evaljob-sample").await, ("0".into(), String::new()));
+
+    // A certificate of the same CA for a job that does not exist: refused as a revoked one.
+    let stranger = f.driver("team-a", "never-created");
+    let (status, message) = f.own_update(&stranger, "team-a", "never-created").await;
+    assert_eq!(status, "16", "UNAUTHENTICATED");
+    assert_eq!(message, "keyward gate: LMEvalJob (trustyai.opendatahub.io/v1alpha1) team-a/never-created does not exist (or is being deleted): this gate admits a LMEvalJob identity only while its owner exists (spec.liveOwners); a job's certificate does not outlive its job");
+
+    // The job is deleted: its still-valid certificate is refused as soon as the watch says so.
+    kube.remove(LMEVAL, "LMEvalJob", "team-a", "evaljob-sample");
+    kube.until(EVENT_TIMEOUT, |_| f.owners().check(&driver_id("team-a", "evaljob-sample")).is_err().then_some(()))
+        .await;
+    assert_eq!(f.own_update(&driver, "team-a", "evaljob-sample").await.0, "16");
+
+    // Over HTTP/1.1 (a REST control plane) the same refusal is a 401.
+    let http = f.call(false, Some(&driver), http_get("/anything")).await;
+    assert_eq!(http.status, 401);
+    assert!(http.text().contains("team-a/evaljob-sample does not exist"), "{}", http.text());
+
+    // Marked for deletion (finalizers pending) counts as gone.
+    kube.seed(lmevaljob("team-a", "finalizing"));
+    kube.until(EVENT_TIMEOUT, |_| f.owners().check(&driver_id("team-a", "finalizing")).is_ok().then_some(())).await;
+    let mut deleting = lmevaljob("team-a", "finalizing");
+    deleting["metadata"]["deletionTimestamp"] = json!("2026-12-04T02:00:00Z");
+    deleting["metadata"]["finalizers"] = json!(["trustyai.opendatahub.io/lmes-finalizer"]);
+    kube.seed(deleting);
+    kube.until(EVENT_TIMEOUT, |_| f.owners().check(&driver_id("team-a", "finalizing")).is_err().then_some(())).await;
+    let finalizing = f.driver("team-a", "finalizing");
+    assert_eq!(f.own_update(&finalizing, "team-a", "finalizing").await.0, "16");
+
+    assert_eq!(f.upstream_calls().len(), 1, "only the live job's update reached the upstream");
+    let watches: Vec<_> = kube.calls().into_iter().filter(|c| c.resource == LMEVALJOBS).collect();
+    assert!(watches.iter().all(|c| c.method == "GET" && c.namespace.is_empty()), "cluster-wide list and watch only");
+    let text = f.gate.shared.encode();
+    assert!(text.contains("keyward_gate_live_owners{kind=\"lmevaljob\"} 0"), "{text}");
+    assert!(text.contains("keyward_gate_requests_total{rule=\"\",decision=\"unauthenticated\"} 4"), "{text}");
+}
+
+#[tokio::test]
+async fn until_the_owners_are_listed_their_identities_wait_and_the_gate_is_not_ready() {
+    let kube = kube_fake::FakeApi::default();
+    kube.seed(lmevaljob("team-a", "evaljob-sample"));
+    // The first list is refused (a loaded API server), then hangs past the client's deadline.
+    kube.fail("GET", LMEVALJOBS, 429, 1);
+    kube.hang("GET", "lmevaljobs", None);
+    let f = live_owners_gate(&kube).await;
+    let health = Health {
+        certs: f.gate.certs.clone(),
+        metrics: f.gate.shared.clone(),
+        draining: Arc::new(AtomicBool::new(false)),
+        owners: f.gate.state.owners.clone(),
+    };
+    let readiness = |h: Health| async move {
+        let response = ready(State(h)).await;
+        let status = response.status().as_u16();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    };
+    assert_eq!(
+        readiness(health.clone()).await,
+        (503, "not ready: the gate has not yet listed lmevaljobs (spec.liveOwners) from the API server\n".into())
+    );
+    let driver = f.driver("team-a", "evaljob-sample");
+    let (status, message) = f.own_update(&driver, "team-a", "evaljob-sample").await;
+    assert_eq!(status, "14", "UNAVAILABLE, which a gRPC client retries");
+    assert!(message.contains("has not yet listed the lmevaljobs"), "{message}");
+    // The refused list and the hung one were both asked, and the hung one given up on.
+    kube.until(EVENT_TIMEOUT, |k| {
+        let asked = k.calls().iter().filter(|c| c.resource == LMEVALJOBS).count();
+        let text = f.gate.shared.encode();
+        let errors = text
+            .lines()
+            .find_map(|l| l.strip_prefix("keyward_gate_owner_watch_errors_total{kind=\"lmevaljob\"} "))
+            .and_then(|n| n.parse::<u64>().ok());
+        let failed = errors.is_some_and(|n| n >= 2);
+        (asked >= 2 && failed).then_some(())
+    })
+    .await;
+    assert!(f.owners().check(&driver_id("team-a", "evaljob-sample")).is_err(), "still nothing known");
+
+    kube.unhang();
+    kube.until(EVENT_TIMEOUT, |_| f.owners().unlisted().is_empty().then_some(())).await;
+    assert_eq!(readiness(health).await, (200, "ok\n".into()));
+    assert_eq!(f.own_update(&driver, "team-a", "evaljob-sample").await, ("0".into(), String::new()));
+}
+
+#[tokio::test]
+async fn a_job_deleted_while_the_watch_is_down_is_gone_after_the_relist() {
+    let kube = kube_fake::FakeApi::default();
+    kube.seed(lmevaljob("team-a", "kept"));
+    kube.seed(lmevaljob("team-a", "deleted-meanwhile"));
+    let f = live_owners_gate(&kube).await;
+    kube.until(EVENT_TIMEOUT, |_| f.owners().unlisted().is_empty().then_some(())).await;
+    let (kept, deleted) = (driver_id("team-a", "kept"), driver_id("team-a", "deleted-meanwhile"));
+    assert_eq!((f.owners().check(&kept), f.owners().check(&deleted)), (Ok(()), Ok(())));
+
+    // The watch ends and cannot come back (the API server hangs); meanwhile the job goes and the
+    // history is compacted, so no DELETED event will ever say so.
+    kube.hang("GET", "lmevaljobs", None);
+    kube.expire_watches(LMEVALJOBS);
+    kube.until(EVENT_TIMEOUT, |k| {
+        k.calls()
+            .iter()
+            .any(|c| c.resource == LMEVALJOBS && c.status == 0 && c.query.contains("watch=true"))
+            .then_some(())
+    })
+    .await;
+    kube.remove(LMEVAL, "LMEvalJob", "team-a", "deleted-meanwhile");
+    kube.expire_watches(LMEVALJOBS);
+    assert_eq!(f.owners().check(&deleted), Ok(()), "what was known still answers while the API server is away");
+
+    // Back: the resumed watch is told 410 Gone, lists again, and the list has no such job.
+    kube.unhang();
+    kube.until(EVENT_TIMEOUT, |_| f.owners().check(&deleted).is_err().then_some(())).await;
+    assert_eq!(f.owners().check(&kept), Ok(()), "the relist never showed a gap");
+    let gone = kube.calls().iter().filter(|c| c.resource == LMEVALJOBS && !c.query.contains("watch=true")).count();
+    assert_eq!(gone, 2, "listed again after the 410");
+
+    // An API server restart: every watch ends; the watch comes back and sees what changes next.
+    kube.restart();
+    kube.seed(lmevaljob("team-b", "after-restart"));
+    kube.until(EVENT_TIMEOUT, |_| f.owners().check(&driver_id("team-b", "after-restart")).is_ok().then_some(())).await;
+}
+
+#[tokio::test]
+async fn a_reload_cannot_change_the_owners_watched() {
+    let kube = kube_fake::FakeApi::default();
+    let f = live_owners_gate(&kube).await;
+    let without = LIVE_OWNERS_GATE
+        .replace("  liveOwners:\n    - {apiVersion: trustyai.opendatahub.io/v1alpha1, kind: LMEvalJob}\n", "");
+    std::fs::write(&f.gate_file, &without).unwrap();
+    let Reload::Failed(why) = f.gate.state.gate.reload_now() else { panic!("a reload that drops liveOwners") };
+    assert!(why.ends_with("spec.liveOwners is not the one the gate started with (LMEvalJob (trustyai.opendatahub.io/v1alpha1)): the gate watches the owner kinds it started with; restart it to watch others"), "{why}");
+    assert_eq!(f.gate.state.gate.current().gate.live_owners().len(), 1, "the rules in force are unchanged");
+    // Any other change reloads.
+    std::fs::write(&f.gate_file, LIVE_OWNERS_GATE.replace("name: live-owners", "name: renamed")).unwrap();
+    assert_eq!(f.gate.state.gate.reload_now(), Reload::Loaded(1));
 }
