@@ -491,7 +491,7 @@ fn check_gate_validates_the_recipe_and_decides_a_request_offline() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(
         stdout(&o),
-        "  a driver updates only its own job: allows it\n  spec.liveOwners: only while LMEvalJob (trustyai.opendatahub.io/v1alpha1) team-a/evaljob-sample exists (the gate's watch decides that; not checked offline)\nallowed by rule \"a driver updates only its own job\"\n"
+        "  a driver updates only its own job: allows it\n  spec.liveOwners: only while LMEvalJob (foundation-model-stack.github.com.github.com/v1beta1) team-a/evaljob-sample exists (the gate's watch decides that; not checked offline)\nallowed by rule \"a driver updates only its own job\"\n"
     );
     let o = ask("another-job");
     assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));

@@ -61,7 +61,12 @@ impl LiveOwner {
             }
         }
         if problems.is_empty() {
-            Ok(Self { group: group.unwrap_or_default().to_string(), version: version.to_string(), kind: spec.kind, plural: spec.plural })
+            Ok(Self {
+                group: group.unwrap_or_default().to_string(),
+                version: version.to_string(),
+                kind: spec.kind,
+                plural: spec.plural,
+            })
         } else {
             Err(problems)
         }

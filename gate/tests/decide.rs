@@ -321,6 +321,28 @@ fn tokens_are_accepted_only_with_a_token_review_and_its_audiences_are_words() {
 }
 
 #[test]
+fn live_owners_are_found_by_the_kind_an_identity_names_and_need_the_api_server() {
+    let file = |owners: &str| {
+        format!(
+            "apiVersion: keyward.io/v1alpha1\nkind: Gate\nmetadata: {{name: g}}\nspec:\n  trustDomain: cluster.local\n{owners}  rules:\n    - name: drivers\n      grpc: {{service: LMEvalJobUpdateService}}\n      callers: {{workloads: {{kinds: [lmevaljob]}}}}\n"
+        )
+    };
+    let plain = load("plain.yaml", &file("")).unwrap().gate;
+    assert!(plain.live_owners().is_empty());
+    assert_eq!(plain.live_owner("lmevaljob"), None);
+    assert!(!plain.asks_api_server(), "certificates and plain rules need no API server");
+
+    let owners = "  liveOwners:\n    - {apiVersion: foundation-model-stack.github.com.github.com/v1beta1, kind: LMEvalJob}\n    - {apiVersion: ray.io/v1, kind: RayJob, plural: rayjobs}\n";
+    let gate = load("owners.yaml", &file(owners)).unwrap().gate;
+    assert!(gate.asks_api_server(), "the owners are watched through the API server");
+    let kinds: Vec<String> = gate.live_owners().iter().map(|o| o.describe()).collect();
+    assert_eq!(kinds, ["LMEvalJob (foundation-model-stack.github.com.github.com/v1beta1)", "RayJob (ray.io/v1)"]);
+    assert_eq!(gate.live_owner("lmevaljob").map(|o| o.kind.as_str()), Some("LMEvalJob"));
+    assert_eq!(gate.live_owner("rayjob").and_then(|o| o.plural.as_deref()), Some("rayjobs"));
+    assert_eq!(gate.live_owner("raycluster"), None, "a kind not listed is not watched");
+}
+
+#[test]
 fn the_body_is_held_back_only_for_a_route_whose_rule_reads_a_grpc_field() {
     let gate = load("lmeval.yaml", LMEVAL).unwrap().gate;
     let reads = |method: &str, path: &str| gate.reads_message(method, &RequestPath::parse(path).unwrap());

@@ -216,8 +216,8 @@ mod tests {
 
     fn lmeval() -> LiveOwner {
         LiveOwner {
-            group: "trustyai.opendatahub.io".into(),
-            version: "v1alpha1".into(),
+            group: "foundation-model-stack.github.com.github.com".into(),
+            version: "v1beta1".into(),
             kind: "LMEvalJob".into(),
             plural: None,
         }
@@ -254,7 +254,7 @@ mod tests {
         for other in [id("team-a", "lmevaljob", "being-deleted"), id("team-c", "lmevaljob", "evaljob-sample")] {
             assert_eq!(
                 gate.check(&other),
-                Err(OwnerRefusal::Gone(format!("LMEvalJob (trustyai.opendatahub.io/v1alpha1) {}/{} does not exist (or is being deleted): this gate admits a LMEvalJob identity only while its owner exists (spec.liveOwners); a job's certificate does not outlive its job", other.namespace, other.name)))
+                Err(OwnerRefusal::Gone(format!("LMEvalJob (foundation-model-stack.github.com.github.com/v1beta1) {}/{} does not exist (or is being deleted): this gate admits a LMEvalJob identity only while its owner exists (spec.liveOwners); a job's certificate does not outlive its job", other.namespace, other.name)))
             );
         }
     }

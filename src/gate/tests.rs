@@ -943,7 +943,7 @@ metadata: {name: live-owners}
 spec:
   trustDomain: cluster.local
   liveOwners:
-    - {apiVersion: trustyai.opendatahub.io/v1alpha1, kind: LMEvalJob}
+    - {apiVersion: foundation-model-stack.github.com.github.com/v1beta1, kind: LMEvalJob}
   rules:
     - name: a driver updates only its own job
       grpc: {service: LMEvalJobUpdateService, methods: [UpdateStatus]}
@@ -953,10 +953,12 @@ spec:
         - {caller: namespace, equals: {grpcField: 2}}
 "#;
 
-const LMEVAL: &str = "trustyai.opendatahub.io/v1alpha1";
-const LMEVALJOBS: &str = "trustyai.opendatahub.io/v1alpha1/lmevaljobs";
+const LMEVAL: &str = "foundation-model-stack.github.com.github.com/v1beta1";
+const LMEVALJOBS: &str = "foundation-model-stack.github.com.github.com/v1beta1/lmevaljobs";
 
-/// An LMEvalJob as the API server stores it (the fields the gate reads are its metadata's).
+/// An LMEvalJob of fms-lm-eval-service (api/v1beta1/groupversion_info.go, 757bb44f: group
+/// foundation-model-stack.github.com.github.com, version v1beta1), as the API server stores it;
+/// the gate reads its metadata only.
 fn lmevaljob(namespace: &str, name: &str) -> Value {
     json!({
         "apiVersion": LMEVAL,
@@ -1002,7 +1004,7 @@ async fn a_drivers_certificate_buys_nothing_once_its_job_is_gone() {
     let stranger = f.driver("team-a", "never-created");
     let (status, message) = f.own_update(&stranger, "team-a", "never-created").await;
     assert_eq!(status, "16", "UNAUTHENTICATED");
-    assert_eq!(message, "keyward gate: LMEvalJob (trustyai.opendatahub.io/v1alpha1) team-a/never-created does not exist (or is being deleted): this gate admits a LMEvalJob identity only while its owner exists (spec.liveOwners); a job's certificate does not outlive its job");
+    assert_eq!(message, "keyward gate: LMEvalJob (foundation-model-stack.github.com.github.com/v1beta1) team-a/never-created does not exist (or is being deleted): this gate admits a LMEvalJob identity only while its owner exists (spec.liveOwners); a job's certificate does not outlive its job");
 
     // The job is deleted: its still-valid certificate is refused as soon as the watch says so.
     kube.remove(LMEVAL, "LMEvalJob", "team-a", "evaljob-sample");
@@ -1020,7 +1022,7 @@ async fn a_drivers_certificate_buys_nothing_once_its_job_is_gone() {
     kube.until(EVENT_TIMEOUT, |_| f.owners().check(&driver_id("team-a", "finalizing")).is_ok().then_some(())).await;
     let mut deleting = lmevaljob("team-a", "finalizing");
     deleting["metadata"]["deletionTimestamp"] = json!("2026-12-04T02:00:00Z");
-    deleting["metadata"]["finalizers"] = json!(["trustyai.opendatahub.io/lmes-finalizer"]);
+    deleting["metadata"]["finalizers"] = json!(["lm-eval-job.foundation-model-stack.github.com.github.com/finalizer"]);
     kube.seed(deleting);
     kube.until(EVENT_TIMEOUT, |_| f.owners().check(&driver_id("team-a", "finalizing")).is_err().then_some(())).await;
     let finalizing = f.driver("team-a", "finalizing");
@@ -1124,13 +1126,17 @@ async fn a_job_deleted_while_the_watch_is_down_is_gone_after_the_relist() {
 async fn a_reload_cannot_change_the_owners_watched() {
     let kube = kube_fake::FakeApi::default();
     let f = live_owners_gate(&kube).await;
-    let without = LIVE_OWNERS_GATE
-        .replace("  liveOwners:\n    - {apiVersion: trustyai.opendatahub.io/v1alpha1, kind: LMEvalJob}\n", "");
+    let without = LIVE_OWNERS_GATE.replace(
+        "  liveOwners:\n    - {apiVersion: foundation-model-stack.github.com.github.com/v1beta1, kind: LMEvalJob}\n",
+        "",
+    );
     std::fs::write(&f.gate_file, &without).unwrap();
     let Reload::Failed(why) = f.gate.state.gate.reload_now() else { panic!("a reload that drops liveOwners") };
-    assert!(why.ends_with("spec.liveOwners is not the one the gate started with (LMEvalJob (trustyai.opendatahub.io/v1alpha1)): the gate watches the owner kinds it started with; restart it to watch others"), "{why}");
+    assert!(why.ends_with("spec.liveOwners is not the one the gate started with (LMEvalJob (foundation-model-stack.github.com.github.com/v1beta1)): the gate watches the owner kinds it started with; restart it to watch others"), "{why}");
     assert_eq!(f.gate.state.gate.current().gate.live_owners().len(), 1, "the rules in force are unchanged");
     // Any other change reloads.
     std::fs::write(&f.gate_file, LIVE_OWNERS_GATE.replace("name: live-owners", "name: renamed")).unwrap();
     assert_eq!(f.gate.state.gate.reload_now(), Reload::Loaded(1));
+    assert_eq!(f.gate.state.gate.current().name, "renamed");
+    assert_eq!(f.gate.state.gate.reload_now(), Reload::Unchanged, "a poll that finds the same text reloads nothing");
 }
