@@ -488,10 +488,23 @@ async fn sigterm_first_reports_not_ready_while_still_serving() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn huge_pods_being_decided_do_not_hold_up_the_health_endpoints() {
     let tls = TlsDir::new();
-    let server = tls.start(&["--max-concurrent-decisions", "2"]);
+    // A profile that injects an env var into every container of the fms driver pods: their
+    // spec is scanned whole. (The built-in lmeval profile attests its pods, and refuses one
+    // this large as soon as its binding's budget is spent: too soon for this test.)
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("profile.yaml"), numbered_profile(0)).unwrap();
+    let server = tls.start(&[
+        "--max-concurrent-decisions",
+        "2",
+        "--no-default-profiles",
+        "--profiles",
+        dir.path().to_str().unwrap(),
+    ]);
     // A 5 MB LMEvalJob pod: 100,000 volumes and 10,000 containers (most of a second to decide
     // in a test build). Two at once would take both async workers if they decided there.
     let mut review: Value = serde_json::from_slice(&fixture("admissionreview-lmeval.json")).unwrap();
+    review["request"]["userInfo"]["username"] =
+        json!("system:serviceaccount:lm-eval:trustyai-service-operator-controller-manager");
     let pod = &mut review["request"]["object"];
     let mut volumes: Vec<Value> = (0..100_000).map(|i| json!({"name": format!("v{i}"), "emptyDir": {}})).collect();
     volumes.extend(pod["spec"]["volumes"].as_array().unwrap().iter().cloned());
@@ -525,7 +538,7 @@ async fn huge_pods_being_decided_do_not_hold_up_the_health_endpoints() {
     }
     assert_eq!(done.load(Ordering::SeqCst), 0, "the health checks were answered while both decisions ran");
     for task in tasks {
-        // More than a patch may hold: answered with the reason.
+        // More containers than keyward injects into: answered with the reason, after the scan.
         let response = task.await.unwrap();
         assert_eq!(response["response"]["allowed"], false);
         let message = response["response"]["status"]["message"].as_str().unwrap();

@@ -106,11 +106,13 @@ pub(crate) fn of_tree(spec: &Node<'_>, masks: &Masks<'_>) -> Digest32 {
 /// The canonical JSON of the bound view of a pod's `spec` (raw JSON), under `masks`: the bytes
 /// the binding is the digest of.
 pub fn canonical_view(spec: Option<&RawValue>, masks: &Masks<'_>) -> Result<Vec<u8>, String> {
+    // Within the tree's budget: the webhook refuses to attest a larger spec, so no pod it
+    // admitted has one, and a hostile one costs no more memory here than there.
     let spec = match spec {
-        Some(raw) => match tree::read_spec(raw, usize::MAX) {
+        Some(raw) => match tree::read_spec(raw, tree::MAX_SPEC_VALUES) {
             Ok(spec) => spec,
             Err(ReadError::Json(e)) => return Err(format!("spec: {e}")),
-            Err(ReadError::TooLarge) => return Err("spec: more values than a tree may hold".into()),
+            Err(ReadError::TooLarge) => return Err(tree::too_large_message()),
         },
         None => Node::Null,
     };
@@ -577,6 +579,20 @@ mod tests {
             assert!(of_raw(Some(&raw(&spec)), &masks).is_ok(), "{spec}");
         }
         assert!(of_raw(None, &masks).is_ok());
+    }
+
+    #[test]
+    fn a_spec_past_the_trees_budget_is_not_bound() {
+        let none: Vec<(&'static str, Injection)> = Vec::new();
+        let masks = Masks::of(&none);
+        // The spec, its containers list, the container, its name and its args list: 5 values
+        // besides the args.
+        let spec = |args: usize| json!({"containers": [{"name": "c", "args": vec![""; args]}]});
+        assert!(of_raw(Some(&raw(&spec(tree::MAX_SPEC_VALUES - 5))), &masks).is_ok());
+        assert_eq!(of_raw(Some(&raw(&spec(tree::MAX_SPEC_VALUES - 4))), &masks), Err(tree::too_large_message()));
+        // A list the view leaves out costs nothing from the budget: it is never read.
+        let ports = json!({"containers": [{"name": "c", "ports": vec![1; 3 * tree::MAX_SPEC_VALUES]}]});
+        assert!(of_raw(Some(&raw(&ports)), &masks).is_ok());
     }
 
     proptest::proptest! {

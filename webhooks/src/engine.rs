@@ -270,9 +270,23 @@ fn inject(
         }
     }
     // A spec the attestation binds is read once, into a tree that the scan and the binding
-    // share; one too large for a tree (or not JSON) is scanned from its JSON.
+    // share; one that is not what the tree reads is scanned from its JSON, for the scan's exact
+    // refusal. One too large for a tree is refused: its binding would need the tree.
     let tree = match (raw_spec, attests(facts, meta, profile)) {
-        (Some(raw), true) => tree::read_spec(raw, tree::MAX_SPEC_VALUES).ok(),
+        (Some(raw), true) => match tree::read_spec(raw, tree::MAX_SPEC_VALUES) {
+            Ok(tree) => Some(tree),
+            Err(tree::ReadError::Json(_)) => None,
+            Err(tree::ReadError::TooLarge) => {
+                return Decision::deny(
+                    Reason::TooLarge,
+                    format!(
+                        "keyward: profile {:?} selects this pod and binds its credentials to what the pod runs, but its {}; keyward refuses rather than hold that much per admission: keep data out of the pod spec (a ConfigMap mounted as a volume, say)",
+                        profile.name,
+                        tree::too_large_message()
+                    ),
+                )
+            }
+        },
         _ => None,
     };
     let wanted = wanted_by(&injections);

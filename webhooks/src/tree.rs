@@ -5,8 +5,8 @@
 //!
 //! Strings borrow from the JSON where they have no escapes; objects keep their entries in order,
 //! duplicates included (a reader takes them in order, as a streaming decoder meets them). Depth
-//! is bounded by serde_json's recursion limit; size by a budget of values, past which the
-//! caller reads the spec from its JSON instead (see [`MAX_SPEC_VALUES`]).
+//! is bounded by serde_json's recursion limit; size by a budget of values, past which a scan
+//! reads the spec from its JSON instead and a binding is refused (see [`MAX_SPEC_VALUES`]).
 
 use std::borrow::Cow;
 use std::cell::Cell;
@@ -31,11 +31,19 @@ pub(crate) const EXEC_HANDLERS: [(&str, &str, Option<&str>); 5] = [
     ("startupProbe.exec", "startupProbe", None),
 ];
 
-/// The most values (objects, arrays, strings, numbers...) a spec's tree holds: about 2 MB of
-/// tree. A real pod's kept fields are some hundred values at most (the KubeRay worker's, about 100); a
-/// spec with more is scanned from its JSON instead, in memory a small multiple of its size (at
-/// 100,000, four hostile 7 MB pods at once took 23 MiB more than without trees).
+/// The most values (objects, arrays, strings, numbers...) a spec's tree holds: about 1 MB of
+/// tree. A real pod's kept fields are some hundred values at most (the KubeRay worker's, about
+/// 100). A spec the attestation would bind with more is refused (the webhook) or not bound (the
+/// controller): unbudgeted, one hostile 6.6 MB pod of empty `args` built 83 MB of tree; a spec
+/// that is only scanned is scanned from its JSON instead, in memory a small multiple of its size
+/// (at 100,000, four hostile 7 MB pods at once took 23 MiB more than without trees).
 pub const MAX_SPEC_VALUES: usize = 20_000;
+
+/// Why a spec over [`MAX_SPEC_VALUES`] cannot be bound (the binding's error; the webhook's
+/// refusal says it with the profile and the fix).
+pub fn too_large_message() -> String {
+    format!("spec: more than {MAX_SPEC_VALUES} values in the fields the admission attestation binds (containers, volumes, the pod's identity and host fields)")
+}
 
 /// A JSON value whose strings borrow from the text where they have no escapes, and whose
 /// objects keep their entries in order.
@@ -118,7 +126,8 @@ impl<'a> Node<'a> {
 /// Why a spec was not read into a tree.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReadError {
-    /// More than the budget of values: read it from its JSON instead.
+    /// More than the budget of values: a scan reads it from its JSON instead; a binding is
+    /// refused.
     TooLarge,
     /// Not JSON (serde_json's message).
     Json(String),

@@ -650,6 +650,28 @@ fn wide_pod(volumes: usize, containers: usize) -> Value {
 }
 
 #[test]
+fn an_attested_pod_too_large_to_bind_is_refused_not_read_whole() {
+    // The attestation binds what the pod runs, read into a tree of at most MAX_SPEC_VALUES
+    // values. A driver pod with 20,000 empty args (hostile: unbudgeted, 2.2 million of them, a
+    // 6.6 MB body, built 83 MB of tree) is refused before anything else is read of it.
+    let attestor = TestAttestor { key: Some(1) };
+    let facts = create("team-a", LMEVAL_OPERATOR).attested_by(&attestor);
+    let mut pod = fixture("lmeval-driver-pod.json");
+    let (d, _) = admit(&facts, &fixture("lmeval-driver-pod.json"), &examples());
+    assert_eq!(d.reason, Reason::Injected, "the driver as the operator creates it is attested");
+    pod["spec"]["containers"][0]["args"] = Value::Array(vec![json!(""); keyward_engine::tree::MAX_SPEC_VALUES]);
+    let d = decide(&facts, &pod, &examples());
+    assert_eq!(d.reason, Reason::TooLarge);
+    assert_eq!(
+        d.message().unwrap(),
+        format!("keyward: profile \"lmeval-job\" selects this pod and binds its credentials to what the pod runs, but its spec: more than {} values in the fields the admission attestation binds (containers, volumes, the pod's identity and host fields); keyward refuses rather than hold that much per admission: keep data out of the pod spec (a ConfigMap mounted as a volume, say)", keyward_engine::tree::MAX_SPEC_VALUES)
+    );
+    // Without the attestation (no key), nothing is bound, and the pod is scanned from its JSON.
+    let unattested = decide(&create("team-a", LMEVAL_OPERATOR), &pod, &examples());
+    assert_eq!(unattested.reason, Reason::Injected);
+}
+
+#[test]
 fn a_huge_pod_is_answered_in_linear_time_and_bounded_work() {
     // 100,000 volumes and 10,000 containers: a 4.8 MB body. The old engine took seconds on pods
     // like this (its token removal was quadratic); this one reads each element once, and
