@@ -149,7 +149,7 @@ fn standing(
     for (n, (_, injection)) in injections.iter().enumerate() {
         let Some((volume, mount)) = &injection.volume else { continue };
         match spec.volume_hits.iter().find(|h| h.name == volume.name && !removed(h.index)) {
-            Some(hit) if hit.raw.is_some_and(|raw| same_volume(raw.value(), volume)) => volume_there[n] = true,
+            Some(hit) if hit.raw.and_then(|raw| raw.value()).is_some_and(|v| same_volume(v, volume)) => volume_there[n] = true,
             Some(hit) => conflicts.push(format!(
                 "spec.volumes[{}] is a volume named {:?} that differs from the one profile {:?} injects; rename your volume (names starting with keyward- are reserved for keyward)",
                 hit.index, volume.name, profile.name
@@ -172,7 +172,7 @@ fn standing(
                 Some(hit)
                     if hit.volume == volume.name
                         && volume_there[n]
-                        && hit.raw.is_some_and(|raw| same_mount(raw.value(), mount)) =>
+                        && hit.raw.and_then(|raw| raw.value()).is_some_and(|v| same_mount(v, mount)) =>
                 {
                     MountState::There
                 }
@@ -309,7 +309,7 @@ fn warn_accepted(
 /// or, where the profile says so, a warning that keeps the container's.
 fn merge_env(profile: &Profile, container: &Container<'_>, var: &EnvSpec, plan: &mut Plan<'_>) -> bool {
     match container.env_hits.iter().find(|h| h.name == var.name) {
-        Some(hit) if hit.raw.is_some_and(|raw| same_env(&raw.value(), var)) => false,
+        Some(hit) if hit.raw.and_then(|raw| raw.value()).is_some_and(|v| same_env(&v, var)) => false,
         Some(hit) => {
             let what = format!(
                 "container {:?} already sets {} (spec.{}[{}].env[{}]) to {}, profile {:?} sets it to {}",
@@ -318,7 +318,10 @@ fn merge_env(profile: &Profile, container: &Container<'_>, var: &EnvSpec, plan: 
                 container.list.field(),
                 container.index,
                 hit.index,
-                describe_env(&hit.raw.map_or_else(|| Value::Object(Default::default()), |raw| raw.value())),
+                hit.raw.map_or_else(|| Some(Value::Object(Default::default())), |raw| raw.value()).map_or_else(
+                    || format!("a value of more than {} JSON values", crate::tree::MAX_COMPARED_VALUES),
+                    |v| describe_env(&v)
+                ),
                 profile.name,
                 describe_env(&var.to_json())
             );
@@ -449,7 +452,7 @@ fn delivers(spec: &Spec<'_>, name: &str, ours: &Source, removed: &dyn Fn(usize) 
     let Some(raw) = spec.volume_hits.iter().find(|h| h.name == name && !removed(h.index)).and_then(|h| h.raw) else {
         return false;
     };
-    let theirs = raw.value();
+    let Some(theirs) = raw.value() else { return false };
     let files = |source: &Value, keys: &Option<Vec<String>>| match (keys, source.get("items").and_then(Value::as_array))
     {
         // Ours is the whole object: so must theirs be.

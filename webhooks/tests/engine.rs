@@ -650,6 +650,38 @@ fn wide_pod(volumes: usize, containers: usize) -> Value {
 }
 
 #[test]
+fn a_huge_element_named_like_keywards_is_unlike_it_and_never_decoded() {
+    // A volume named like the profile's, with 3,000,000 items (a 6 MB body: decoded whole for
+    // the comparison, it took 260 MB), and an env var the profile sets, with a huge valueFrom.
+    let set = profiles(MINIMAL_PROFILE);
+    let pod = |volumes: Value, env: Value| {
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "labels": {"app": "minimal", "team": "blue"}},
+            "spec": {"containers": [{"name": "c", "image": "busybox", "env": env}], "volumes": volumes}
+        })
+    };
+    let huge_volume =
+        json!([{"name": "keyward-token", "secret": {"secretName": "blue-api-key", "items": vec![0; 3_000_000]}}]);
+    let d = decide(&create("default", "ci-bot"), &pod(huge_volume, json!([])), &set);
+    assert_eq!(d.reason, Reason::Conflict);
+    assert!(
+        d.message().unwrap().starts_with("keyward: profile \"minimal\" cannot inject into this pod: spec.volumes[0] is a volume named \"keyward-token\" that differs from the one profile \"minimal\" injects"),
+        "{:?}",
+        d.message()
+    );
+    let huge_env = json!([{"name": "API_KEY", "valueFrom": {"x": vec![0; 30_000]}}]);
+    let d = decide(&create("default", "ci-bot"), &pod(json!([]), huge_env), &set);
+    assert_eq!(d.reason, Reason::Injected, "onEnvConflict: keepUser");
+    assert!(
+        d.warnings.iter().any(|w| w
+            .contains("already sets API_KEY (spec.containers[0].env[0]) to a value of more than 20000 JSON values")),
+        "{:?}",
+        d.warnings
+    );
+}
+
+#[test]
 fn an_attested_pod_too_large_to_bind_is_refused_not_read_whole() {
     // The attestation binds what the pod runs, read into a tree of at most MAX_SPEC_VALUES
     // values. A driver pod with 20,000 empty args (hostile: unbudgeted, 2.2 million of them, a

@@ -17,7 +17,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use crate::names::{Labels, KUBE_API_ACCESS_PREFIX, SERVICE_ACCOUNT_MOUNT_PATH};
-use crate::tree::Node;
+use crate::tree::{self, Node};
 
 mod from_tree;
 
@@ -130,11 +130,14 @@ pub enum Element<'a> {
 }
 
 impl Element<'_> {
-    /// As serde_json decodes it (`null` if it is not JSON, which a request's element always is).
-    pub fn value(&self) -> serde_json::Value {
+    /// As serde_json decodes it; `None` when it holds more than [`tree::MAX_COMPARED_VALUES`]
+    /// values (unlike any of keyward's, and not decoded) or is not JSON (which a request's
+    /// element always is).
+    pub fn value(&self) -> Option<serde_json::Value> {
         match self {
-            Element::Json(raw) => serde_json::from_str(raw.get()).unwrap_or(serde_json::Value::Null),
-            Element::Tree(node) => node.to_value(),
+            Element::Json(raw) => tree::value_within(raw, tree::MAX_COMPARED_VALUES),
+            // A spec's tree holds at most MAX_SPEC_VALUES (= MAX_COMPARED_VALUES) values.
+            Element::Tree(node) => Some(node.to_value()),
         }
     }
 }
