@@ -450,6 +450,7 @@ fn reinvocation_after_apiserver_defaulting_is_a_no_op() {
     let again = decide(&facts, &after, &set);
     assert_eq!(again.reason, Reason::AlreadyInjected, "{:?}", again.message());
     assert!(again.patch().is_empty(), "{:?}", again.patch());
+    assert!(again.warnings.is_empty(), "keyward's own mounts are there, not another volume's: {:?}", again.warnings);
 
     // The same with a profile that leaves the token's expiration to its default, and a mount
     // the apiserver writes without `readOnly: false`.
