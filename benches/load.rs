@@ -521,6 +521,21 @@ async fn hostile(keyward: &Server, _tls: &TlsDir) {
         pod["spec"]["containers"][0]["args"] = Value::Array(vec![json!(""); 2_200_000]);
     });
 
+    // An InferenceGraph router pod (the example profile, which issues nothing per owner, so its
+    // pods are not attested and are scanned from their JSON) with a volume named like the
+    // profile's of 3 million items, ~6 MB: compared with keyward's own, it was decoded whole.
+    let mut router = lmeval.clone();
+    router["request"]["userInfo"]["username"] = json!("system:serviceaccount:kube-system:replicaset-controller");
+    let pod = &mut router["request"]["object"];
+    pod["metadata"]["labels"] = json!({"serving.kserve.io/inferencegraph": "g"});
+    pod["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "g-7d4f", "uid": "5f3c1d2e-0000-4000-8000-000000000001", "controller": true}]);
+    let mut volumes = pod["spec"]["volumes"].as_array().cloned().unwrap_or_default();
+    volumes.push(
+        json!({"name": "keyward-server-ca", "configMap": {"name": "keyward-server-ca", "items": vec![0; 3_000_000]}}),
+    );
+    pod["spec"]["volumes"] = Value::Array(volumes);
+    let router = compact(&router);
+
     println!();
     println!("### Hostile pods (one at a time, then four 7 MB requests at once)");
     println!();
@@ -531,6 +546,7 @@ async fn hostile(keyward: &Server, _tls: &TlsDir) {
         ("174,000 volumes, no profile selects it", &unselected),
         ("176,000 alternating kube-api-access-N volumes, selected", &alternating),
         ("2,200,000 empty args in the attested driver's container", &args),
+        ("a router pod's volume named like keyward's, of 3,000,000 items, not attested", &router),
     ] {
         let (mut client, _) = keyward.endpoint.connect().await.unwrap();
         let t = Instant::now();
@@ -544,7 +560,11 @@ async fn hostile(keyward: &Server, _tls: &TlsDir) {
         );
     }
     println!();
-    for (name, body) in [("alternating volumes", alternating), ("attested driver's args", args)] {
+    for (name, body) in [
+        ("alternating volumes", alternating),
+        ("attested driver's args", args),
+        ("router's huge volume named like keyward's", router),
+    ] {
         let (_, before) = process_usage(pid);
         let body = Arc::new(body);
         let mut tasks = Vec::new();
