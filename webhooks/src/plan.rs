@@ -308,35 +308,33 @@ fn warn_accepted(
 /// Whether `var` is to be added to `container`; a different value already there is a conflict,
 /// or, where the profile says so, a warning that keeps the container's.
 fn merge_env(profile: &Profile, container: &Container<'_>, var: &EnvSpec, plan: &mut Plan<'_>) -> bool {
-    match container.env_hits.iter().find(|h| h.name == var.name) {
-        Some(hit) if hit.raw.and_then(|raw| raw.value()).is_some_and(|v| same_env(&v, var)) => false,
-        Some(hit) => {
-            let what = format!(
-                "container {:?} already sets {} (spec.{}[{}].env[{}]) to {}, profile {:?} sets it to {}",
-                container.name,
-                var.name,
-                container.list.field(),
-                container.index,
-                hit.index,
-                hit.raw.map_or_else(|| Some(Value::Object(Default::default())), |raw| raw.value()).map_or_else(
-                    || format!("a value of more than {} JSON values", crate::tree::MAX_COMPARED_VALUES),
-                    |v| describe_env(&v)
-                ),
-                profile.name,
-                describe_env(&var.to_json())
-            );
-            match profile.spec.on_env_conflict {
-                EnvConflictPolicy::KeepUser => {
-                    plan.warnings.push(format!("keyward: {what}; keeping the container's value"))
-                }
-                EnvConflictPolicy::Deny => plan.conflicts.push(format!(
-                    "{what}; remove it from the container, or set spec.onEnvConflict: keepUser in the profile"
-                )),
-            }
-            false
-        }
-        None => true,
+    let Some(hit) = container.env_hits.iter().find(|h| h.name == var.name) else { return true };
+    // Decoded once, for the comparison and the message (`None`: too large to be ours).
+    let theirs = hit.raw.map_or_else(|| Some(Value::Object(Default::default())), |raw| raw.value());
+    if hit.raw.is_some() && theirs.as_ref().is_some_and(|v| same_env(v, var)) {
+        return false;
     }
+    let what = format!(
+        "container {:?} already sets {} (spec.{}[{}].env[{}]) to {}, profile {:?} sets it to {}",
+        container.name,
+        var.name,
+        container.list.field(),
+        container.index,
+        hit.index,
+        theirs.as_ref().map_or_else(
+            || format!("a value of more than {} JSON values", crate::tree::MAX_COMPARED_VALUES),
+            describe_env
+        ),
+        profile.name,
+        describe_env(&var.to_json())
+    );
+    match profile.spec.on_env_conflict {
+        EnvConflictPolicy::KeepUser => plan.warnings.push(format!("keyward: {what}; keeping the container's value")),
+        EnvConflictPolicy::Deny => plan
+            .conflicts
+            .push(format!("{what}; remove it from the container, or set spec.onEnvConflict: keepUser in the profile")),
+    }
+    false
 }
 
 /// Counts one more item in an array; true when the array is absent or `null`, so the first
