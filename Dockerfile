@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# keyward: a static binary on a distroless base, running as non-root. No shell at run time.
+# keyward: one binary on a distroless base (glibc, no shell), running as non-root.
 #
 #   docker build -t keyward:dev --build-arg VERSION=$(git describe --tags --always) .
 #
@@ -7,37 +7,32 @@
 
 ARG RUST_VERSION=1.95
 
-# Built natively for each platform (buildx runs arm64 under QEMU): ring needs a C compiler
-# for the target, and musl-tools provides the native one.
+# Built natively for each platform (buildx runs arm64 under QEMU) against the glibc of the
+# Debian release the run stage's distroless base also ships (bookworm: 2.36). Not a static musl
+# binary: musl's allocator made every admission cost 1.8-2.2x the CPU of the glibc build the
+# benchmarks measure (BENCHMARKS.md, "The image's build"), and MALLOC_ARENA_MAX, which the
+# controller's Deployment sets, is a glibc setting.
 FROM rust:${RUST_VERSION}-bookworm AS build
+# The cache mounts below are kept per architecture (build scripts run on the build host).
 ARG TARGETARCH
 # `keyward version` and keyward_build_info name it (build.rs; .git is not in the context).
 ARG VERSION=dev
 ENV KEYWARD_BUILD_VERSION=${VERSION}
-# musl-tools is a build-only tool from the pinned Debian release; nothing from apt ships.
-# hadolint ignore=DL3008
-RUN apt-get update \
- && apt-get install -y --no-install-recommends musl-tools \
- && rm -rf /var/lib/apt/lists/*
-RUN case "$TARGETARCH" in \
-      amd64) echo x86_64-unknown-linux-musl > /target ;; \
-      arm64) echo aarch64-unknown-linux-musl > /target ;; \
-      *) echo "unsupported TARGETARCH $TARGETARCH" >&2; exit 1 ;; \
-    esac \
- && rustup target add "$(cat /target)"
 WORKDIR /src
 # The whole workspace in one COPY: a hand-made dependency layer (manifests and stub sources)
 # drifts from the workspace the moment a crate is added. BuildKit cache mounts keep the
-# registry and the target directory between builds instead, per architecture (build scripts
-# run on the build host). CI checks that every cargo command here sees a complete workspace
+# registry and the target directory between builds instead. `dist` is the release profile with
+# whole-program LTO (Cargo.toml; the build `make bench` measures). CI checks that every cargo
+# command here sees a complete workspace and names a profile and binary that exist
 # (deploy/check_image.py).
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,target=/src/target,id=keyward-target-${TARGETARCH},sharing=locked \
-    cargo build --release --locked --bin keyward --target "$(cat /target)" \
- && cp "target/$(cat /target)/release/keyward" /keyward
+    cargo build --profile dist --locked --bin keyward \
+ && cp target/dist/keyward /keyward
 
-FROM gcr.io/distroless/static-debian12:nonroot
+# distroless/cc: glibc and libgcc_s (what `ldd` lists for the binary), no shell.
+FROM gcr.io/distroless/cc-debian12:nonroot
 ARG VERSION=dev
 LABEL org.opencontainers.image.title="keyward" \
       org.opencontainers.image.description="Kubernetes mutating admission webhook that injects control-plane credentials into operator pods" \

@@ -5,7 +5,7 @@ The build context is assembled as Docker would send it (`.dockerignore` applied,
 own matcher), and each stage's WORKDIR and COPY instructions are replayed into a scratch
 directory. At every RUN that invokes cargo, the files copied so far must form a workspace that
 cargo accepts as the RUN runs it: `cargo metadata --locked --offline` succeeds for every target
-platform the Dockerfile builds, and every `--bin`/`-p` it names exists. Files that a RUN line
+platform the Dockerfile builds, and every `--bin`/`-p`/`--profile` it names exists. Files that a RUN line
 would create (stub sources of a hand-made dependency layer) are deliberately not modeled: such
 a layer drifts from the workspace, and this check exists to catch exactly that.
 
@@ -22,13 +22,16 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import tomllib
 from glob import glob
 
 from docker.utils.build import exclude_paths
 from dockerfile_parse import DockerfileParser
 
-# The Rust targets the build stage may build for (its TARGETARCH case).
-TARGET_PLATFORMS = ("x86_64-unknown-linux-musl", "aarch64-unknown-linux-musl")
+# The Rust targets the build stage builds for: each platform's own (buildx builds natively).
+TARGET_PLATFORMS = ("x86_64-unknown-linux-gnu", "aarch64-unknown-linux-gnu")
+# Profiles cargo knows without a `[profile.NAME]` table.
+BUILTIN_PROFILES = {"dev", "release", "test", "bench"}
 CARGO = re.compile(r"(?:^|[\s;&|(])cargo\s+(\S+)(.*?)(?=&&|\|\||;|$)", re.S)
 
 
@@ -111,13 +114,21 @@ def check_cargo(line, command, cwd):
     problems += missing_includes(line, members)
     bins = {t["name"] for p in members for t in p["targets"] if "bin" in t["kind"]}
     names = {p["name"] for p in members}
+    profiles = BUILTIN_PROFILES | workspace_profiles(cwd)
     for sub, args in CARGO.findall(command):
         words = shlex.split(args.replace("\\\n", " "), posix=True) if args.strip() else []
-        for flag, known, what in (("--bin", bins, "binary"), ("-p", names, "package"), ("--package", names, "package")):
+        named = (("--bin", bins, "binary"), ("-p", names, "package"), ("--package", names, "package"), ("--profile", profiles, "profile"))
+        for flag, known, what in named:
             for i, w in enumerate(words):
                 if w == flag and i + 1 < len(words) and words[i + 1] not in known:
                     problems.append(f"line {line}: cargo {sub} {flag} {words[i + 1]}: no such {what} in the workspace ({', '.join(sorted(known))})")
     return problems
+
+
+def workspace_profiles(cwd):
+    """The `[profile.NAME]` tables of the workspace's root manifest."""
+    with open(os.path.join(cwd, "Cargo.toml"), "rb") as f:
+        return set(tomllib.load(f).get("profile", {}))
 
 
 INCLUDE = re.compile(r'include_(?:str|bytes)!\(\s*"([^"]+)"\s*\)')

@@ -60,7 +60,7 @@ class CheckImage(unittest.TestCase):
         self.assertEqual(
             problems,
             [
-                f"line 35: webhooks/src/profile/load.rs includes '../../profiles/{name}.yaml', which is not in the stage (.dockerignore or a COPY left it out)"
+                f"line 29: webhooks/src/profile/load.rs includes '../../profiles/{name}.yaml', which is not in the stage (.dockerignore or a COPY left it out)"
                 for name in ("lmeval", "kfp")
             ],
         )
@@ -73,7 +73,19 @@ class CheckImage(unittest.TestCase):
             f.write(text.replace("--bin keyward", "--bin keywrad"))
         problems, _ = check_image.check(self.dir)
         self.assertEqual(len(problems), 1)
-        self.assertTrue(problems[0].startswith("line 35: cargo build --bin keywrad: no such binary in the workspace"), problems[0])
+        self.assertTrue(problems[0].startswith("line 29: cargo build --bin keywrad: no such binary in the workspace"), problems[0])
+
+    def test_a_profile_that_does_not_exist_is_refused(self):
+        path = os.path.join(self.dir, "Dockerfile")
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text.replace("--profile dist", "--profile distribution"))
+        problems, _ = check_image.check(self.dir)
+        self.assertEqual(
+            problems,
+            ["line 29: cargo build --profile distribution: no such profile in the workspace (bench, dev, dist, mutants, release, test)"],
+        )
 
 
 if __name__ == "__main__":
