@@ -19,6 +19,12 @@ use kube::api::ListParams;
 use serde_json::json;
 use support::*;
 
+/// The keyward binary to run: `KEYWARD_BIN` when set (another build of it, to compare), else
+/// the one cargo built with this benchmark.
+fn keyward_bin() -> std::ffi::OsString {
+    std::env::var_os("KEYWARD_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_keyward").into())
+}
+
 fn main() {
     let pods: usize = std::env::var("KEYWARD_BENCH_PODS").ok().and_then(|n| n.parse().ok()).unwrap_or(10_000);
     let injected = pods / 10;
@@ -77,7 +83,7 @@ fn main() {
 
     fake.clear_calls();
     let started = Instant::now();
-    let out = Command::new(env!("CARGO_BIN_EXE_keyward"))
+    let out = Command::new(keyward_bin())
         .args(["audit", "-A", "-o", "json", "--kubeconfig"])
         .arg(&kubeconfig)
         .env_remove("KEYWARD_PROFILES")

@@ -19,6 +19,12 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use support::*;
 
+/// The keyward binary to run: `KEYWARD_BIN` when set (another build of it, to compare), else
+/// the one cargo built with this benchmark.
+fn keyward_bin() -> std::ffi::OsString {
+    std::env::var_os("KEYWARD_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_keyward").into())
+}
+
 fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
@@ -114,7 +120,7 @@ async fn main() {
     let log_file = std::env::var("KEYWARD_BENCH_LOG").ok().map(|p| std::fs::File::create(p).unwrap());
     let log = log_file.as_ref();
     let started = Instant::now();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_keyward"))
+    let mut child = Command::new(keyward_bin())
         .args([
             "controller",
             "--identity",

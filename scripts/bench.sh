@@ -7,9 +7,11 @@ cd "$(dirname "$0")/.."
 # a benchmark that did not build must not look like one that printed nothing.
 log=target/bench-cargo.log
 mkdir -p target
+# Everything is built with the `dist` profile, the image's (Cargo.toml): keyward as it ships,
+# and the floors and load generators built the same way.
 bench() {
-  if ! cargo bench -q "$@" 2>"$log"; then
-    echo "cargo bench $* failed:" >&2
+  if ! cargo bench -q --profile dist "$@" 2>"$log"; then
+    echo "cargo bench --profile dist $* failed:" >&2
     cat "$log" >&2
     exit 1
   fi
@@ -19,17 +21,17 @@ echo "- CPU: $(lscpu | sed -n 's/^Model name: *//p') ($(nproc) cores)"
 echo "- memory: $(free -g | awk '/^Mem:/ {print $2}') GiB; kernel $(uname -r); $(rustc --version)"
 echo "- date: $(date -u +%Y-%m-%dT%H:%MZ); commit $(git rev-parse --short HEAD)"
 echo
-echo "## engine (criterion, cargo bench -p keyward-engine --bench decide)"
+echo "## engine (criterion, cargo bench --profile dist -p keyward-engine --bench decide)"
 bench -p keyward-engine --bench decide | grep -E "time:" -B1 | grep -v "^--"
 echo
-echo "## server under load (cargo bench --bench load)"
+echo "## server under load (cargo bench --profile dist --bench load)"
 bench --bench load
 echo
-echo "## the controller at scale (cargo bench --bench controller)"
+echo "## the controller at scale (cargo bench --profile dist --bench controller)"
 bench --bench controller
 echo
-echo "## keyward audit at 10,000 pods (cargo bench --bench audit)"
+echo "## keyward audit at 10,000 pods (cargo bench --profile dist --bench audit)"
 bench --bench audit
 echo
-echo "## keyward gate against the upstream directly (cargo bench --bench gate)"
+echo "## keyward gate against the upstream directly (cargo bench --profile dist --bench gate)"
 bench --bench gate

@@ -97,13 +97,13 @@ impl Server {
     /// Starts keyward with `args` added to the loopback listeners and JSON logs, and waits
     /// until both listeners are up.
     pub fn start(args: &[&str], ca_pem: Vec<u8>) -> Server {
-        Self::spawn(Command::new(env!("CARGO_BIN_EXE_keyward")), args, ca_pem, false)
+        Self::spawn(Command::new(keyward_bin()), args, ca_pem, false)
     }
 
     /// Starts `keyward gate` with `args` added to the loopback listeners and JSON logs, and
     /// waits until both listeners are up; `quiet` as in [`Server::start_quiet`].
     pub fn start_gate(args: &[&str], ca_pem: Vec<u8>, quiet: bool) -> Server {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_keyward"));
+        let mut command = Command::new(keyward_bin());
         command.arg("gate");
         Self::spawn(command, args, ca_pem, quiet)
     }
@@ -111,14 +111,14 @@ impl Server {
     /// Like [`Server::start`], but once it listens its log lines are discarded unread (for
     /// benchmarks: parsing them would load the machine being measured).
     pub fn start_quiet(args: &[&str], ca_pem: Vec<u8>) -> Server {
-        Self::spawn(Command::new(env!("CARGO_BIN_EXE_keyward")), args, ca_pem, true)
+        Self::spawn(Command::new(keyward_bin()), args, ca_pem, true)
     }
 
     /// Like [`Server::start`], with the process's open-files limit (soft and hard) set to
     /// `nofile`, as `ulimit -n` or a container runtime would.
     pub fn start_with_open_files(nofile: u32, args: &[&str], ca_pem: Vec<u8>) -> Server {
         let mut command = Command::new("bash");
-        command.args(["-c", &format!("ulimit -n {nofile} && exec \"$0\" \"$@\""), env!("CARGO_BIN_EXE_keyward")]);
+        command.args(["-c", &format!("ulimit -n {nofile} && exec \"$0\" \"$@\"")]).arg(keyward_bin());
         Self::spawn(command, args, ca_pem, false)
     }
 
@@ -230,6 +230,12 @@ impl Server {
 }
 
 /// A client TLS configuration that trusts `ca_pem`, presents `identity`'s certificate when
+/// The keyward binary the tests and benchmarks run: `KEYWARD_BIN` when set (another build of
+/// it, to compare), else the one cargo built for this test.
+pub fn keyward_bin() -> std::ffi::OsString {
+    std::env::var_os("KEYWARD_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_keyward").into())
+}
+
 /// given (a keyward workload's, to `keyward gate`), and offers `alpn`.
 pub fn client_config(ca_pem: &[u8], identity: Option<&Minted>, alpn: &[u8]) -> rustls::ClientConfig {
     let mut roots = rustls::RootCertStore::empty();
