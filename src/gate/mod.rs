@@ -13,6 +13,7 @@ mod caller;
 mod check;
 mod client_ca;
 pub(crate) mod config;
+mod held_h2;
 mod metrics;
 mod owners;
 mod proxy;

@@ -30,7 +30,7 @@ use super::metrics::{Decision, GateMetrics};
 use super::owners::{LiveOwners, OwnerRefusal};
 use super::reviews::{Reviews, TokenRefused};
 use super::store::GateStore;
-use super::upstream::Upstream;
+use super::upstream::{Outgoing, Upstream};
 use crate::serve::connections::{Guarded, PeerCertificate, RequestProgress};
 
 /// The most of a request path written into a log line.
@@ -107,10 +107,10 @@ pub async fn handle(State(state): State<GateState>, request: Request) -> Respons
         }
     }
     let answering = parts.extensions.get::<RequestProgress>().map(RequestProgress::read_whole);
-    let sent = state.upstream.send(http::Request::from_parts(parts, body)).await;
+    let sent = state.upstream.send(parts, body).await;
     drop(permit);
     match sent {
-        Ok(response) => response.map(|incoming| Guarded::wrap(Body::new(incoming), answering)),
+        Ok(response) => response.map(|body| Guarded::wrap(body, answering)),
         Err(e) => {
             state.metrics.observe_upstream_error();
             tracing::warn!(upstream = ?state.upstream, error = %e, "gate could not reach the upstream");
@@ -119,7 +119,7 @@ pub async fn handle(State(state): State<GateState>, request: Request) -> Respons
     }
 }
 
-type Allowed = (Caller, Vec<String>, String, Body, Option<tokio::sync::OwnedSemaphorePermit>);
+type Allowed = (Caller, Vec<String>, String, Outgoing, Option<tokio::sync::OwnedSemaphorePermit>);
 
 /// Everything before forwarding: the caller, the path, the held message, the rules.
 async fn decide(
@@ -145,9 +145,9 @@ async fn decide(
     let (message, body, permit) = if gate.reads_message(method, &checked) {
         let (bytes, permit) = hold_message(state, body).await.map_err(|why| fail(Decision::Refused, why))?;
         grpc::only_message(&bytes).map_err(|e| fail(Decision::Refused, e.to_string()))?;
-        (bytes.clone(), Body::from(bytes), Some(permit))
+        (bytes.clone(), Outgoing::Held(bytes), Some(permit))
     } else {
-        (Bytes::new(), body, None)
+        (Bytes::new(), Outgoing::Streamed(body), None)
     };
     let headers: Vec<(&str, &str)> =
         parts.headers.iter().filter_map(|(n, v)| Some((n.as_str(), v.to_str().ok()?))).collect();

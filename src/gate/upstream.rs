@@ -6,15 +6,17 @@ use std::path::Path;
 use std::time::Duration;
 
 use axum::body::Body;
+use bytes::Bytes;
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderMap, HeaderName, Uri, Version};
-use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
+
+use super::held_h2::HeldCalls;
 
 /// How long connecting to the upstream may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -26,6 +28,16 @@ pub struct Upstream {
     authority: Authority,
     h1: Client<HttpsConnector<HttpConnector>, Body>,
     h2: Client<HttpsConnector<HttpConnector>, Body>,
+    /// HTTP/2 calls whose body the gate holds: HEADERS and DATA in one write.
+    held_h2: HeldCalls,
+}
+
+/// The body of a request to forward.
+pub enum Outgoing {
+    /// Read whole by the gate (a gRPC message a rule read).
+    Held(Bytes),
+    /// Passed on as it arrives.
+    Streamed(Body),
 }
 
 impl std::fmt::Debug for Upstream {
@@ -94,33 +106,47 @@ impl Upstream {
             .https_or_http()
             .enable_http2()
             .wrap_connector(http());
+        let port = authority.port_u16().unwrap_or(80);
+        let held_tls = if scheme == Scheme::HTTPS { Some(tls()?) } else { None };
+        let held_h2 = HeldCalls::new(authority.host(), port, held_tls, CONNECT_TIMEOUT);
         Ok(Self {
             scheme,
             authority,
+            held_h2,
             h1: Client::builder(TokioExecutor::new()).pool_max_idle_per_host(POOL_IDLE).build(h1),
             h2: Client::builder(TokioExecutor::new()).http2_only(true).pool_max_idle_per_host(POOL_IDLE).build(h2),
         })
     }
 
-    /// Sends `request` (its headers already the gate's) to the upstream, in the protocol it
-    /// came in, and returns the upstream's response with its hop-by-hop headers removed.
-    pub async fn send(&self, mut request: http::Request<Body>) -> Result<http::Response<Incoming>, String> {
-        let path = request.uri().path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
-        *request.uri_mut() = Uri::builder()
+    /// Sends the request (`parts`, its headers already the gate's, and `body`) to the
+    /// upstream, in the protocol it came in, and returns the upstream's response with its
+    /// hop-by-hop headers removed.
+    pub async fn send(&self, mut parts: http::request::Parts, body: Outgoing) -> Result<http::Response<Body>, String> {
+        let path = parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
+        parts.uri = Uri::builder()
             .scheme(self.scheme.clone())
             .authority(self.authority.clone())
             .path_and_query(path)
             .build()
             .map_err(|e| format!("cannot address the upstream: {e}"))?;
-        strip_hop_by_hop(request.headers_mut());
-        let h2 = request.version() == Version::HTTP_2;
-        let sent = if h2 {
-            self.h2.request(request).await
-        } else {
-            *request.version_mut() = Version::HTTP_11;
-            self.h1.request(request).await
+        strip_hop_by_hop(&mut parts.headers);
+        let h2 = parts.version == Version::HTTP_2;
+        let mut response = match (h2, body) {
+            (true, Outgoing::Held(bytes)) => {
+                self.held_h2.send(http::Request::from_parts(parts, ()), bytes).await?.map(Body::new)
+            }
+            (true, Outgoing::Streamed(body)) => {
+                self.h2.request(http::Request::from_parts(parts, body)).await.map_err(|e| describe(&e))?.map(Body::new)
+            }
+            (false, body) => {
+                parts.version = Version::HTTP_11;
+                let body = match body {
+                    Outgoing::Held(bytes) => Body::from(bytes),
+                    Outgoing::Streamed(body) => body,
+                };
+                self.h1.request(http::Request::from_parts(parts, body)).await.map_err(|e| describe(&e))?.map(Body::new)
+            }
         };
-        let mut response = sent.map_err(|e| describe(&e))?;
         strip_hop_by_hop(response.headers_mut());
         Ok(response)
     }

@@ -1,0 +1,365 @@
+//! HTTP/2 to the upstream for a call whose whole body the gate already holds (a gRPC call whose
+//! rule reads its message), spoken with the `h2` crate so that the call's HEADERS and its DATA
+//! leave in one write.
+//!
+//! hyper's client sends a body only once its stream has send capacity, which h2 grants a new
+//! stream when the connection task opens it, after writing its HEADERS: every such call cost a
+//! second `writev`, a second wake-up of the gate's connection task and of the upstream
+//! (BENCHMARKS.md, keyward gate). Here the held body is queued with the HEADERS before the
+//! connection task runs (h2 buffers it for the stream), and both go out in one write. Bodies
+//! that stream (the gate does not hold them) stay with hyper, which bounds what it buffers by
+//! the upstream's flow control.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use h2::client::SendRequest;
+use http_body::Frame;
+use rustls::pki_types::ServerName;
+use tokio::net::TcpStream;
+
+/// One HTTP/2 connection to the upstream, shared by the held calls, opened again when it ends.
+pub struct HeldCalls {
+    host: String,
+    port: u16,
+    /// `None`: plain text (prior knowledge); `Some`: TLS with ALPN `h2`.
+    tls: Option<tokio_rustls::TlsConnector>,
+    connect_timeout: Duration,
+    /// The connection's sender and its number: a caller whose sender failed replaces the
+    /// connection only if no other caller has replaced it since.
+    current: tokio::sync::Mutex<Option<(u64, SendRequest<Bytes>)>>,
+}
+
+// === impl HeldCalls ===
+
+impl HeldCalls {
+    pub fn new(host: &str, port: u16, tls: Option<rustls::ClientConfig>, connect_timeout: Duration) -> Self {
+        let tls = tls.map(|mut config| {
+            config.alpn_protocols = vec![b"h2".to_vec()];
+            tokio_rustls::TlsConnector::from(Arc::new(config))
+        });
+        Self { host: host.to_string(), port, tls, connect_timeout, current: tokio::sync::Mutex::new(None) }
+    }
+
+    /// Sends `head` (absolute URI, headers already the gate's, hop-by-hop ones removed) with
+    /// `body`, and returns the upstream's response, its body streamed with its trailers.
+    pub async fn send(&self, head: http::Request<()>, body: Bytes) -> Result<http::Response<Received>, String> {
+        send_on(self.ready_sender().await?, head, body).await
+    }
+
+    /// A sender ready for a new stream: the current connection's, or a new connection's when
+    /// there is none or it has ended (the upstream restarted, or closed it idle).
+    async fn ready_sender(&self) -> Result<SendRequest<Bytes>, String> {
+        let cached = self.current.lock().await.clone();
+        let failed = match cached {
+            Some((number, sender)) => match sender.ready().await {
+                Ok(ready) => return Ok(ready),
+                Err(_) => Some(number),
+            },
+            None => None,
+        };
+        let mut current = self.current.lock().await;
+        let number = match (&*current, failed) {
+            // Another call opened a connection, or replaced the failed one, meanwhile: use it.
+            (Some((n, sender)), failed) if Some(*n) != failed => {
+                return sender.clone().ready().await.map_err(|e| describe("the upstream connection", &e))
+            }
+            (Some((n, _)), _) => n + 1,
+            (None, _) => 0,
+        };
+        let sender = self.connect().await?;
+        *current = Some((number, sender.clone()));
+        drop(current);
+        sender.ready().await.map_err(|e| describe("the upstream connection", &e))
+    }
+
+    async fn connect(&self) -> Result<SendRequest<Bytes>, String> {
+        let address = format!("{}:{}", self.host, self.port);
+        let tcp = tokio::time::timeout(self.connect_timeout, TcpStream::connect(&address))
+            .await
+            .map_err(|_| format!("connecting to {address}: no answer within {:?}", self.connect_timeout))?
+            .map_err(|e| format!("connecting to {address}: {e}"))?;
+        tcp.set_nodelay(true).map_err(|e| format!("connecting to {address}: {e}"))?;
+        match &self.tls {
+            None => handshake(tcp).await,
+            Some(connector) => {
+                // An IPv6 literal is bracketed in a URL, not in a server name.
+                let name = ServerName::try_from(self.host.trim_start_matches('[').trim_end_matches(']').to_string())
+                    .map_err(|e| format!("the upstream's host {:?}: {e}", self.host))?;
+                let tls = tokio::time::timeout(self.connect_timeout, connector.connect(name, tcp))
+                    .await
+                    .map_err(|_| format!("TLS with {address}: no handshake within {:?}", self.connect_timeout))?
+                    .map_err(|e| format!("TLS with {address}: {e}"))?;
+                if tls.get_ref().1.alpn_protocol() != Some(b"h2") {
+                    return Err(format!("TLS with {address}: the upstream did not agree to HTTP/2 (ALPN h2)"));
+                }
+                handshake(tls).await
+            }
+        }
+    }
+}
+
+/// One call on a ready sender: the HEADERS and the whole body queued before the connection
+/// task writes either.
+async fn send_on(
+    mut sender: SendRequest<Bytes>,
+    head: http::Request<()>,
+    body: Bytes,
+) -> Result<http::Response<Received>, String> {
+    let end = body.is_empty();
+    let (response, mut stream) = sender.send_request(head, end).map_err(|e| describe("the request", &e))?;
+    if !end {
+        // Buffered by h2 for the stream: no capacity is needed to queue it.
+        stream.send_data(body, true).map_err(|e| describe("the request body", &e))?;
+    }
+    let response = response.await.map_err(|e| describe("the response", &e))?;
+    Ok(response.map(|recv| Received { recv, state: State::Data }))
+}
+
+/// The HTTP/2 handshake, and the connection driven by a task of its own until it ends.
+async fn handshake<T>(io: T) -> Result<SendRequest<Bytes>, String>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, connection) =
+        h2::client::Builder::new().handshake(io).await.map_err(|e| describe("the HTTP/2 handshake", &e))?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %e, "the gate's HTTP/2 connection to the upstream ended");
+        }
+    });
+    Ok(sender)
+}
+
+fn describe(what: &str, e: &h2::Error) -> String {
+    format!("{what}: {e}")
+}
+
+/// The upstream's response body: its DATA, then its trailers (gRPC's status), each DATA's
+/// flow-control window given back as it is passed on, so the upstream sends on only as fast
+/// as the caller reads.
+pub struct Received {
+    recv: h2::RecvStream,
+    state: State,
+}
+
+enum State {
+    Data,
+    Trailers,
+    Done,
+}
+
+impl http_body::Body for Received {
+    type Data = Bytes;
+    type Error = h2::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
+        loop {
+            match self.state {
+                State::Data => match ready!(self.recv.poll_data(cx)) {
+                    Some(Ok(data)) => {
+                        // Fails only for a stream already ended, whose window no longer matters.
+                        let _ = self.recv.flow_control().release_capacity(data.len());
+                        return Poll::Ready(Some(Ok(Frame::data(data))));
+                    }
+                    Some(Err(e)) => {
+                        self.state = State::Done;
+                        return Poll::Ready(Some(Err(e)));
+                    }
+                    None => self.state = State::Trailers,
+                },
+                State::Trailers => {
+                    let trailers = ready!(self.recv.poll_trailers(cx));
+                    self.state = State::Done;
+                    return match trailers {
+                        Ok(Some(trailers)) => Poll::Ready(Some(Ok(Frame::trailers(trailers)))),
+                        Ok(None) => Poll::Ready(None),
+                        Err(e) => Poll::Ready(Some(Err(e))),
+                    };
+                }
+                State::Done => return Poll::Ready(None),
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self.state, State::Done)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use http_body_util::BodyExt;
+    use std::sync::Mutex;
+    use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+    use tokio::net::TcpListener;
+
+    /// An h2 upstream: each call answered with its path and body and gRPC-style trailers, for
+    /// `per_connection` calls, then the connection shut down.
+    async fn upstream<T>(io: T, per_connection: usize)
+    where
+        T: AsyncRead + AsyncWrite + Unpin,
+    {
+        let mut connection = h2::server::handshake(io).await.unwrap();
+        for _ in 0..per_connection {
+            let Some(Ok((request, respond))) = connection.accept().await else { return };
+            // Answered by a task of its own: the connection is polled meanwhile, or a body
+            // that arrives after its headers would never be read.
+            tokio::spawn(answer(request, respond));
+        }
+        // GOAWAY, as a server shutting down: the answers are written, then the connection ends.
+        connection.graceful_shutdown();
+        let _ = std::future::poll_fn(|cx| connection.poll_closed(cx)).await;
+    }
+
+    async fn answer(request: http::Request<h2::RecvStream>, mut respond: h2::server::SendResponse<Bytes>) {
+        let path = request.uri().path().to_string();
+        let mut recv = request.into_body();
+        let mut body = Vec::new();
+        while let Some(data) = recv.data().await {
+            let data = data.unwrap();
+            let _ = recv.flow_control().release_capacity(data.len());
+            body.extend_from_slice(&data);
+        }
+        let mut send = respond.send_response(http::Response::new(()), false).unwrap();
+        send.send_data(Bytes::from(format!("{path} {}", String::from_utf8_lossy(&body))), false).unwrap();
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+        send.send_trailers(trailers).unwrap();
+    }
+
+    fn call(path: &str) -> http::Request<()> {
+        http::Request::post(format!("http://upstream{path}"))
+            .header("content-type", "application/grpc")
+            .body(())
+            .unwrap()
+    }
+
+    async fn read(response: http::Response<Received>) -> (String, Option<String>) {
+        let collected = response.into_body().collect().await.unwrap();
+        let status = collected.trailers().and_then(|t| t.get("grpc-status")).map(|v| v.to_str().unwrap().to_string());
+        (String::from_utf8(collected.to_bytes().to_vec()).unwrap(), status)
+    }
+
+    /// The gate's side of a connection, each write it makes kept.
+    struct Recorded<T> {
+        io: T,
+        writes: Arc<Mutex<Vec<Vec<u8>>>>,
+    }
+
+    impl<T: AsyncRead + Unpin> AsyncRead for Recorded<T> {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            Pin::new(&mut self.io).poll_read(cx, buf)
+        }
+    }
+
+    impl<T: AsyncWrite + Unpin> AsyncWrite for Recorded<T> {
+        fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+            let written = ready!(Pin::new(&mut self.io).poll_write(cx, buf))?;
+            self.writes.lock().unwrap().push(buf[..written].to_vec());
+            Poll::Ready(Ok(written))
+        }
+        fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Pin::new(&mut self.io).poll_flush(cx)
+        }
+        fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Pin::new(&mut self.io).poll_shutdown(cx)
+        }
+    }
+
+    /// (type, flags, stream) of each HTTP/2 frame in `write`, after the connection preface.
+    fn frames(mut write: &[u8]) -> Vec<(u8, u8, u32)> {
+        const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+        write = write.strip_prefix(PREFACE).unwrap_or(write);
+        let mut out = Vec::new();
+        while write.len() >= 9 {
+            let length = usize::from(write[0]) << 16 | usize::from(write[1]) << 8 | usize::from(write[2]);
+            let stream = u32::from_be_bytes([write[5], write[6], write[7], write[8]]) & 0x7fff_ffff;
+            out.push((write[3], write[4], stream));
+            write = &write[(9 + length).min(write.len())..];
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn a_held_call_leaves_in_one_write_headers_and_data_together() {
+        let (gate_side, upstream_side) = tokio::io::duplex(64 * 1024);
+        tokio::spawn(upstream(upstream_side, 1));
+        let writes = Arc::new(Mutex::new(Vec::new()));
+        let sender = handshake(Recorded { io: gate_side, writes: writes.clone() }).await.unwrap();
+        let sender = sender.ready().await.unwrap();
+        let response =
+            send_on(sender, call("/LMEvalJobUpdateService/UpdateStatus"), Bytes::from_static(b"job-a")).await;
+        assert_eq!(
+            read(response.unwrap()).await,
+            ("/LMEvalJobUpdateService/UpdateStatus job-a".into(), Some("0".into()))
+        );
+        // HEADERS (type 1, END_HEADERS) and DATA (type 0, END_STREAM) of stream 1, in one write.
+        let writes = writes.lock().unwrap();
+        let together = writes.iter().map(|w| frames(w)).find(|f| f.contains(&(1, 0x4, 1)));
+        assert_eq!(
+            together.map(|f| f.into_iter().filter(|(_, _, s)| *s == 1).collect::<Vec<_>>()),
+            Some(vec![(1, 0x4, 1), (0, 0x1, 1)])
+        );
+    }
+
+    #[tokio::test]
+    async fn an_empty_body_ends_the_stream_with_the_headers() {
+        let (gate_side, upstream_side) = tokio::io::duplex(64 * 1024);
+        tokio::spawn(upstream(upstream_side, 1));
+        let writes = Arc::new(Mutex::new(Vec::new()));
+        let sender = handshake(Recorded { io: gate_side, writes: writes.clone() }).await.unwrap();
+        let response = send_on(sender.ready().await.unwrap(), call("/Empty"), Bytes::new()).await.unwrap();
+        assert_eq!(read(response).await, ("/Empty ".into(), Some("0".into())));
+        let sent: Vec<_> = writes.lock().unwrap().iter().flat_map(|w| frames(w)).filter(|(_, _, s)| *s == 1).collect();
+        // HEADERS with END_STREAM and END_HEADERS, and no DATA.
+        assert_eq!(sent, [(1, 0x5, 1)]);
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_upstream_closed_is_opened_again() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let accepted = Arc::new(Mutex::new(0));
+        let counted = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                *counted.lock().unwrap() += 1;
+                // One call a connection: as an upstream that restarts between calls.
+                tokio::spawn(upstream(tcp, 1));
+            }
+        });
+        let calls = HeldCalls::new("127.0.0.1", port, None, Duration::from_secs(5));
+        let first = calls.send(call("/One"), Bytes::from_static(b"1")).await.unwrap();
+        assert_eq!(read(first).await.0, "/One 1");
+        // A call may meet the old connection before the gate saw it close (an error, as
+        // with any proxy); the one after it opens a new connection.
+        let second = match calls.send(call("/Two"), Bytes::from_static(b"2")).await {
+            Ok(answer) => answer,
+            Err(_) => calls.send(call("/Two"), Bytes::from_static(b"2")).await.unwrap(),
+        };
+        assert_eq!(read(second).await.0, "/Two 2");
+        assert_eq!(*accepted.lock().unwrap(), 2);
+    }
+
+    #[tokio::test]
+    async fn an_upstream_that_is_not_there_is_an_error_naming_it() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        drop(listener);
+        let calls = HeldCalls::new("127.0.0.1", port, None, Duration::from_secs(5));
+        let Err(err) = calls.send(call("/One"), Bytes::from_static(b"1")).await else {
+            panic!("sent to a closed port")
+        };
+        assert!(err.starts_with(&format!("connecting to 127.0.0.1:{port}: ")), "{err}");
+    }
+}
