@@ -30,7 +30,7 @@ pub struct HeldCalls {
     connect_timeout: Duration,
     /// The connection's sender and its number: a caller whose sender failed replaces the
     /// connection only if no other caller has replaced it since.
-    current: tokio::sync::Mutex<Option<(u64, SendRequest<Bytes>)>>,
+    current: std::sync::Mutex<Option<(u64, SendRequest<Bytes>)>>,
 }
 
 // === impl HeldCalls ===
@@ -41,7 +41,7 @@ impl HeldCalls {
             config.alpn_protocols = vec![b"h2".to_vec()];
             tokio_rustls::TlsConnector::from(Arc::new(config))
         });
-        Self { host: host.to_string(), port, tls, connect_timeout, current: tokio::sync::Mutex::new(None) }
+        Self { host: host.to_string(), port, tls, connect_timeout, current: std::sync::Mutex::new(None) }
     }
 
     /// Sends `head` (absolute URI, headers already the gate's, hop-by-hop ones removed) with
@@ -51,9 +51,11 @@ impl HeldCalls {
     }
 
     /// A sender ready for a new stream: the current connection's, or a new connection's when
-    /// there is none or it has ended (the upstream restarted, or closed it idle).
+    /// there is none or it has ended (the upstream restarted, or closed it idle). Connections
+    /// are opened without holding the slot: with an upstream that does not answer, each call
+    /// waits its own connect timeout, not those of every call queued before it.
     async fn ready_sender(&self) -> Result<SendRequest<Bytes>, String> {
-        let cached = self.current.lock().await.clone();
+        let cached = self.slot().clone();
         let failed = match cached {
             Some((number, sender)) => match sender.ready().await {
                 Ok(ready) => return Ok(ready),
@@ -61,19 +63,26 @@ impl HeldCalls {
             },
             None => None,
         };
-        let mut current = self.current.lock().await;
-        let number = match (&*current, failed) {
-            // Another call opened a connection, or replaced the failed one, meanwhile: use it.
-            (Some((n, sender)), failed) if Some(*n) != failed => {
-                return sender.clone().ready().await.map_err(|e| describe("the upstream connection", &e))
+        let opened = self.connect().await?;
+        let sender = {
+            let mut current = self.slot();
+            match &*current {
+                // Another call opened a connection, or replaced the failed one, meanwhile: use
+                // it (the one opened here closes when dropped).
+                Some((n, sender)) if Some(*n) != failed => sender.clone(),
+                slot => {
+                    let number = slot.as_ref().map_or(0, |(n, _)| n + 1);
+                    *current = Some((number, opened.clone()));
+                    opened
+                }
             }
-            (Some((n, _)), _) => n + 1,
-            (None, _) => 0,
         };
-        let sender = self.connect().await?;
-        *current = Some((number, sender.clone()));
-        drop(current);
         sender.ready().await.map_err(|e| describe("the upstream connection", &e))
+    }
+
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<(u64, SendRequest<Bytes>)>> {
+        // Never held across an await: a poisoned lock still holds a whole value.
+        self.current.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     async fn connect(&self) -> Result<SendRequest<Bytes>, String> {
@@ -349,6 +358,35 @@ mod tests {
         };
         assert_eq!(read(second).await.0, "/Two 2");
         assert_eq!(*accepted.lock().unwrap(), 2);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn calls_that_find_no_connection_at_once_all_get_through_and_then_share_one() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let accepted = Arc::new(Mutex::new(0));
+        let counted = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                *counted.lock().unwrap() += 1;
+                tokio::spawn(upstream(tcp, usize::MAX));
+            }
+        });
+        let calls = Arc::new(HeldCalls::new("127.0.0.1", port, None, Duration::from_secs(5)));
+        let burst: Vec<_> = (0..8)
+            .map(|i| {
+                let calls = calls.clone();
+                tokio::spawn(async move { calls.send(call(&format!("/Call{i}")), Bytes::from(i.to_string())).await })
+            })
+            .collect();
+        for (i, call) in burst.into_iter().enumerate() {
+            assert_eq!(read(call.await.unwrap().unwrap()).await.0, format!("/Call{i} {i}"));
+        }
+        // Each of the burst may have opened one; the slot keeps one, and the next call uses it.
+        let opened = *accepted.lock().unwrap();
+        assert!((1..=8).contains(&opened), "{opened}");
+        assert_eq!(read(calls.send(call("/After"), Bytes::from_static(b"x")).await.unwrap()).await.0, "/After x");
+        assert_eq!(*accepted.lock().unwrap(), opened);
     }
 
     #[tokio::test]
