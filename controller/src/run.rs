@@ -368,8 +368,11 @@ pub async fn run(
             () = sleep_until(next) => {}
         }
     }
-    workers.abort_all();
-    tasks.abort_all();
+    // Waited for, not only aborted: a task on another thread finishes the poll it is in, and a
+    // write it makes then must not land after the next loop (a reload's, with other profiles)
+    // or another leader has started.
+    workers.shutdown().await;
+    tasks.shutdown().await;
 }
 
 fn queue_everything(queue: &mut Queue<Key>, index: &Index) {

@@ -471,7 +471,7 @@ async fn the_client_ca_is_each_signers_trust_bundle_with_both_cas_through_a_rota
         ..signing(ApiVersion::V1beta1)
     };
     let r = reconciler_with(fake.client("keyward"), profiles(), &ca, Leadership::always(), settings.clone());
-    let run = start(&fake, r, Leadership::always(), &ca, "keyward");
+    let (run, stop) = start_stoppable(&fake, r, Leadership::always(), &ca, "keyward");
     let bundle = fake.until(LIMIT, bundle_of).await;
     assert_eq!(bundle["spec"]["signerName"], SIGNER);
     assert_eq!(bundle["metadata"]["labels"]["app.kubernetes.io/managed-by"], "keyward");
@@ -534,8 +534,8 @@ async fn the_client_ca_is_each_signers_trust_bundle_with_both_cas_through_a_rota
 
     // No profile uses the signer any more (a reload ends the loop of the old set, whose watch
     // would write the bundle back): its bundle is removed; another's is never touched.
-    run.abort();
-    let _ = run.await;
+    let _ = stop.send(());
+    run.await.unwrap();
     fake.seed(json!({"apiVersion": "certificates.k8s.io/v1beta1", "kind": "ClusterTrustBundle",
         "metadata": {"name": "example.com:other:ca"}, "spec": {"signerName": "example.com/other", "trustBundle": new_cert}}));
     let without =
@@ -683,16 +683,17 @@ async fn the_server_ca_is_one_cluster_trust_bundle_kept_equal_to_its_source_and_
     let ca = client_ca();
     // Through the loop: published once the controller runs (deploy/profiles/lmeval-pod-certificate.yaml).
     let r = reconciler_with(fake.client("keyward"), profiles(), &ca, Leadership::always(), signing(version));
-    let run = start(&fake, r.clone(), Leadership::always(), &ca, "keyward");
+    let (run, stop) = start_stoppable(&fake, r.clone(), Leadership::always(), &ca, "keyward");
     let bundle = fake.until(LIMIT, server_ca_bundle).await;
     // Deleted by hand, it is back at once (watched), as are the cluster facts.
     fake.until(LIMIT, facts_of).await;
     fake.remove("certificates.k8s.io/v1beta1", "ClusterTrustBundle", "", "keyward-lmeval-server-ca");
     fake.remove("v1", "ConfigMap", "keyward-system", "keyward-cluster-facts");
     fake.until(LIMIT, |f| server_ca_bundle(f).and(facts_of(f))).await;
-    // Stopped, and waited for: a write of the loop still in flight would race the calls below.
-    run.abort();
-    let _ = run.await;
+    // Stopped, and waited for with every task it started: a write of the loop still in flight
+    // would race the calls below (an abort of `run` alone left one to land after `before`).
+    let _ = stop.send(());
+    run.await.unwrap();
     assert_eq!(bundle["spec"], json!({"trustBundle": first.cert_pem()}), "unlinked: no signerName, {bundle:#}");
     assert_eq!(bundle["metadata"]["labels"]["app.kubernetes.io/managed-by"], "keyward");
     assert_eq!(bundle["metadata"]["labels"]["keyward.io/provisioned-for"], "server-ca-bundle");

@@ -1116,6 +1116,28 @@ pub fn start(
     start_with(fake.client(id), r, leadership, ca, run::LoopSettings { resync: Duration::from_secs(3600), workers: 8 })
 }
 
+/// Like [`start`], stopped by sending on the returned channel: the loop then returns once every
+/// task it started has ended, so no write of it lands after (an abort of its task leaves the
+/// tasks it spawned to end on their own).
+pub fn start_stoppable(
+    fake: &FakeApi,
+    r: Arc<Context>,
+    leadership: Leadership,
+    ca: &ClientCa,
+    id: &str,
+) -> (tokio::task::JoinHandle<()>, tokio::sync::oneshot::Sender<()>) {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (client, status, reloads) = (fake.client(id), Arc::new(run::Status::default()), ca.store.subscribe());
+    let settings = run::LoopSettings { resync: Duration::from_secs(3600), workers: 8 };
+    let task = tokio::spawn(async move {
+        run::run(client, r, leadership, settings, status, reloads, async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    (task, stop)
+}
+
 pub fn start_with(
     client: Client,
     r: Arc<Context>,
