@@ -65,22 +65,22 @@ class CheckImage(unittest.TestCase):
             ],
         )
 
-    def test_a_bin_that_does_not_exist_is_refused(self):
+    def edit_dockerfile(self, old, new):
         path = os.path.join(self.dir, "Dockerfile")
         with open(path, encoding="utf-8") as f:
             text = f.read()
+        self.assertIn(old, text)
         with open(path, "w", encoding="utf-8") as f:
-            f.write(text.replace("--bin keyward", "--bin keywrad"))
+            f.write(text.replace(old, new))
+
+    def test_a_bin_that_does_not_exist_is_refused(self):
+        self.edit_dockerfile("--bin keyward", "--bin keywrad")
         problems, _ = check_image.check(self.dir)
         self.assertEqual(len(problems), 1)
         self.assertTrue(problems[0].startswith("line 29: cargo build --bin keywrad: no such binary in the workspace"), problems[0])
 
     def test_a_profile_that_does_not_exist_is_refused(self):
-        path = os.path.join(self.dir, "Dockerfile")
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text.replace("--profile dist", "--profile distribution"))
+        self.edit_dockerfile("--profile dist", "--profile distribution")
         problems, _ = check_image.check(self.dir)
         self.assertEqual(
             problems,

@@ -242,6 +242,22 @@ mod tests {
         send.send_trailers(trailers).unwrap();
     }
 
+    /// An upstream on a loopback port, `per_connection` calls a connection; and how many
+    /// connections it has accepted.
+    async fn listening(per_connection: usize) -> (u16, Arc<Mutex<usize>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let accepted = Arc::new(Mutex::new(0));
+        let counted = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                *counted.lock().unwrap() += 1;
+                tokio::spawn(upstream(tcp, per_connection));
+            }
+        });
+        (port, accepted)
+    }
+
     fn call(path: &str) -> http::Request<()> {
         http::Request::post(format!("http://upstream{path}"))
             .header("content-type", "application/grpc")
@@ -336,17 +352,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_connection_the_upstream_closed_is_opened_again() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let accepted = Arc::new(Mutex::new(0));
-        let counted = accepted.clone();
-        tokio::spawn(async move {
-            while let Ok((tcp, _)) = listener.accept().await {
-                *counted.lock().unwrap() += 1;
-                // One call a connection: as an upstream that restarts between calls.
-                tokio::spawn(upstream(tcp, 1));
-            }
-        });
+        // One call a connection: as an upstream that restarts between calls.
+        let (port, accepted) = listening(1).await;
         let calls = HeldCalls::new("127.0.0.1", port, None, Duration::from_secs(5));
         let first = calls.send(call("/One"), Bytes::from_static(b"1")).await.unwrap();
         assert_eq!(read(first).await.0, "/One 1");
@@ -362,16 +369,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn calls_that_find_no_connection_at_once_all_get_through_and_then_share_one() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let accepted = Arc::new(Mutex::new(0));
-        let counted = accepted.clone();
-        tokio::spawn(async move {
-            while let Ok((tcp, _)) = listener.accept().await {
-                *counted.lock().unwrap() += 1;
-                tokio::spawn(upstream(tcp, usize::MAX));
-            }
-        });
+        let (port, accepted) = listening(usize::MAX).await;
         let calls = Arc::new(HeldCalls::new("127.0.0.1", port, None, Duration::from_secs(5)));
         let burst: Vec<_> = (0..8)
             .map(|i| {
