@@ -265,10 +265,23 @@ mod tests {
             .unwrap()
     }
 
+    /// The body's text and its `grpc-status` trailer; the body says it has ended only once it has.
     async fn read(response: http::Response<Received>) -> (String, Option<String>) {
-        let collected = response.into_body().collect().await.unwrap();
-        let status = collected.trailers().and_then(|t| t.get("grpc-status")).map(|v| v.to_str().unwrap().to_string());
-        (String::from_utf8(collected.to_bytes().to_vec()).unwrap(), status)
+        use http_body::Body as _;
+        let mut body = response.into_body();
+        let (mut text, mut status) = (Vec::new(), None);
+        while !body.is_end_stream() {
+            let Some(frame) = body.frame().await else { panic!("the body ended without saying so") };
+            match frame.unwrap().into_data() {
+                Ok(data) => text.extend_from_slice(&data),
+                Err(frame) => {
+                    let trailers = frame.into_trailers().unwrap();
+                    status = trailers.get("grpc-status").map(|v| v.to_str().unwrap().to_string());
+                }
+            }
+        }
+        assert!(body.frame().await.is_none());
+        (String::from_utf8(text).unwrap(), status)
     }
 
     /// The gate's side of a connection, each write it makes kept.
@@ -385,6 +398,25 @@ mod tests {
         assert!((1..=8).contains(&opened), "{opened}");
         assert_eq!(read(calls.send(call("/After"), Bytes::from_static(b"x")).await.unwrap()).await.0, "/After x");
         assert_eq!(*accepted.lock().unwrap(), opened);
+    }
+
+    #[tokio::test]
+    async fn an_upstream_that_does_not_speak_http2_is_an_error_saying_where_it_failed() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut tcp, _)) = listener.accept().await {
+                use tokio::io::AsyncWriteExt;
+                // An HTTP/1.1 server's answer to the preface, then the connection closed.
+                let _ = tcp.write_all(b"HTTP/1.1 400 Bad Request\r\nconnection: close\r\n\r\n").await;
+            }
+        });
+        let calls = HeldCalls::new("127.0.0.1", port, None, Duration::from_secs(5));
+        let Err(err) = calls.send(call("/One"), Bytes::from_static(b"1")).await else { panic!("answered") };
+        // Which step meets the failure depends on timing (here, the response: "stream closed
+        // because of a broken pipe"); each names its step, then h2's reason.
+        let said = ["the HTTP/2 handshake: ", "the upstream connection: ", "the request: ", "the response: "];
+        assert!(said.iter().any(|s| err.starts_with(s) && err.len() > s.len()), "{err}");
     }
 
     #[tokio::test]
