@@ -11,23 +11,25 @@
 //! the upstream's flow control.
 
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{ready, Context, Poll};
-use std::time::Duration;
 
 use bytes::Bytes;
 use h2::client::SendRequest;
+use http::uri::Scheme;
+use http::Uri;
 use http_body::Frame;
-use rustls::pki_types::ServerName;
-use tokio::net::TcpStream;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::{Connection, HttpConnector};
+use hyper_util::rt::TokioIo;
+use tower::ServiceExt;
 
 /// One HTTP/2 connection to the upstream, shared by the held calls, opened again when it ends.
 pub struct HeldCalls {
-    host: String,
-    port: u16,
-    /// `None`: plain text (prior knowledge); `Some`: TLS with ALPN `h2`.
-    tls: Option<tokio_rustls::TlsConnector>,
-    connect_timeout: Duration,
+    /// The upstream, as the connector takes it (`http://` or `https://`, host and port).
+    address: Uri,
+    /// The upstream's HTTP/2 connector (`Upstream`'s own: connect timeout, TCP_NODELAY, TLS with
+    /// ALPN `h2` and the upstream's CA).
+    connector: HttpsConnector<HttpConnector>,
     /// The connection's sender and its number: a caller whose sender failed replaces the
     /// connection only if no other caller has replaced it since.
     current: std::sync::Mutex<Option<(u64, SendRequest<Bytes>)>>,
@@ -36,12 +38,8 @@ pub struct HeldCalls {
 // === impl HeldCalls ===
 
 impl HeldCalls {
-    pub fn new(host: &str, port: u16, tls: Option<rustls::ClientConfig>, connect_timeout: Duration) -> Self {
-        let tls = tls.map(|mut config| {
-            config.alpn_protocols = vec![b"h2".to_vec()];
-            tokio_rustls::TlsConnector::from(Arc::new(config))
-        });
-        Self { host: host.to_string(), port, tls, connect_timeout, current: std::sync::Mutex::new(None) }
+    pub fn new(address: Uri, connector: HttpsConnector<HttpConnector>) -> Self {
+        Self { address, connector, current: std::sync::Mutex::new(None) }
     }
 
     /// Sends `head` (absolute URI, headers already the gate's, hop-by-hop ones removed) with
@@ -86,28 +84,20 @@ impl HeldCalls {
     }
 
     async fn connect(&self) -> Result<SendRequest<Bytes>, String> {
-        let address = format!("{}:{}", self.host, self.port);
-        let tcp = tokio::time::timeout(self.connect_timeout, TcpStream::connect(&address))
-            .await
-            .map_err(|_| format!("connecting to {address}: no answer within {:?}", self.connect_timeout))?
-            .map_err(|e| format!("connecting to {address}: {e}"))?;
-        tcp.set_nodelay(true).map_err(|e| format!("connecting to {address}: {e}"))?;
-        match &self.tls {
-            None => handshake(tcp).await,
-            Some(connector) => {
-                // An IPv6 literal is bracketed in a URL, not in a server name.
-                let name = ServerName::try_from(self.host.trim_start_matches('[').trim_end_matches(']').to_string())
-                    .map_err(|e| format!("the upstream's host {:?}: {e}", self.host))?;
-                let tls = tokio::time::timeout(self.connect_timeout, connector.connect(name, tcp))
-                    .await
-                    .map_err(|_| format!("TLS with {address}: no handshake within {:?}", self.connect_timeout))?
-                    .map_err(|e| format!("TLS with {address}: {e}"))?;
-                if tls.get_ref().1.alpn_protocol() != Some(b"h2") {
-                    return Err(format!("TLS with {address}: the upstream did not agree to HTTP/2 (ALPN h2)"));
-                }
-                handshake(tls).await
+        let shown = self.address.authority().map_or("the upstream", |a| a.as_str());
+        let stream = self.connector.clone().oneshot(self.address.clone()).await.map_err(|e| {
+            let mut out = format!("connecting to {shown}: {e}");
+            let mut source = e.source();
+            while let Some(cause) = source {
+                out.push_str(&format!(": {cause}"));
+                source = cause.source();
             }
+            out
+        })?;
+        if self.address.scheme() == Some(&Scheme::HTTPS) && !stream.connected().is_negotiated_h2() {
+            return Err(format!("TLS with {shown}: the upstream did not agree to HTTP/2 (ALPN h2)"));
         }
+        handshake(TokioIo::new(stream)).await
     }
 }
 
@@ -204,7 +194,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use http_body_util::BodyExt;
-    use std::sync::Mutex;
+    use std::sync::{Arc, Mutex};
     use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
     use tokio::net::TcpListener;
 
@@ -256,6 +246,23 @@ mod tests {
             }
         });
         (port, accepted)
+    }
+
+    fn held_calls(port: u16) -> HeldCalls {
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(
+                rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                    .with_safe_default_protocol_versions()
+                    .unwrap()
+                    .with_root_certificates(rustls::RootCertStore::empty())
+                    .with_no_client_auth(),
+            )
+            .https_or_http()
+            .enable_http2()
+            .wrap_connector(http);
+        HeldCalls::new(format!("http://127.0.0.1:{port}").parse().unwrap(), connector)
     }
 
     fn call(path: &str) -> http::Request<()> {
@@ -367,7 +374,7 @@ mod tests {
     async fn a_connection_the_upstream_closed_is_opened_again() {
         // One call a connection: as an upstream that restarts between calls.
         let (port, accepted) = listening(1).await;
-        let calls = HeldCalls::new("127.0.0.1", port, None, Duration::from_secs(5));
+        let calls = held_calls(port);
         let first = calls.send(call("/One"), Bytes::from_static(b"1")).await.unwrap();
         assert_eq!(read(first).await.0, "/One 1");
         // A call may meet the old connection before the gate saw it close (an error, as
@@ -383,7 +390,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn calls_that_find_no_connection_at_once_all_get_through_and_then_share_one() {
         let (port, accepted) = listening(usize::MAX).await;
-        let calls = Arc::new(HeldCalls::new("127.0.0.1", port, None, Duration::from_secs(5)));
+        let calls = Arc::new(held_calls(port));
         let burst: Vec<_> = (0..8)
             .map(|i| {
                 let calls = calls.clone();
@@ -411,7 +418,7 @@ mod tests {
                 let _ = tcp.write_all(b"HTTP/1.1 400 Bad Request\r\nconnection: close\r\n\r\n").await;
             }
         });
-        let calls = HeldCalls::new("127.0.0.1", port, None, Duration::from_secs(5));
+        let calls = held_calls(port);
         let Err(err) = calls.send(call("/One"), Bytes::from_static(b"1")).await else { panic!("answered") };
         // Which step meets the failure depends on timing (here, the response: "stream closed
         // because of a broken pipe"); each names its step, then h2's reason.
@@ -424,10 +431,13 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         drop(listener);
-        let calls = HeldCalls::new("127.0.0.1", port, None, Duration::from_secs(5));
+        let calls = held_calls(port);
         let Err(err) = calls.send(call("/One"), Bytes::from_static(b"1")).await else {
             panic!("sent to a closed port")
         };
-        assert!(err.starts_with(&format!("connecting to 127.0.0.1:{port}: ")), "{err}");
+        assert_eq!(
+            err,
+            format!("connecting to 127.0.0.1:{port}: tcp connect error: Connection refused (os error 111)")
+        );
     }
 }

@@ -106,9 +106,7 @@ impl Upstream {
             .https_or_http()
             .enable_http2()
             .wrap_connector(http());
-        let port = authority.port_u16().unwrap_or(80);
-        let held_tls = if scheme == Scheme::HTTPS { Some(tls()?) } else { None };
-        let held_h2 = HeldCalls::new(authority.host(), port, held_tls, CONNECT_TIMEOUT);
+        let held_h2 = HeldCalls::new(uri.clone(), h2.clone());
         Ok(Self {
             scheme,
             authority,
