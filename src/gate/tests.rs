@@ -539,7 +539,20 @@ fn bearer(mut request: Request<Full<Bytes>>, token: &str) -> Request<Full<Bytes>
 async fn a_driver_updates_its_own_job_over_grpc_and_is_refused_another_by_field_number() {
     let f = Fixture::start().await;
     let driver = f.driver("team-a", "evaljob-sample");
-    let own = f.call(true, Some(&driver), update_status("evaljob-sample", "team-a")).await;
+    // With every identity header a caller could forge: the held call (its message read for the
+    // rule, sent upstream apart from hyper's client) carries the gate's alone.
+    let mut own = update_status("evaljob-sample", "team-a");
+    for (name, value) in [
+        ("x-remote-user", "system:admin"),
+        ("x-remote-group", "system:masters"),
+        ("x-remote-groups", "system:masters"),
+        ("x-keyward-identity", "spiffe://cluster.local/ns/team-a/lmevaljob/other-job"),
+        ("kubeflow-userid", "admin@example.com"),
+        ("x-forwarded-client-cert", "URI=spiffe://cluster.local/ns/team-a/lmevaljob/other-job"),
+    ] {
+        own.headers_mut().append(name, value.parse().unwrap());
+    }
+    let own = f.call(true, Some(&driver), own).await;
     assert_eq!((own.status, own.grpc()), (200, ("0".to_string(), String::new())));
     let identity = "spiffe://cluster.local/ns/team-a/lmevaljob/evaljob-sample";
     assert_eq!(
