@@ -375,6 +375,20 @@ async fn the_embedded_default_mints_a_dev_ca_and_serves() {
     assert!(info.covers("::1"));
 }
 
+/// Go's crypto/tls sends `tls.Config.ServerName` as the SNI as it is, a port included where a
+/// program sets `host:port` (fms-lm-eval-service's driver does): such a handshake completes, as
+/// do an IP literal and a valid name, with the one certificate keyward serves (vendor/README.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_whose_server_name_is_not_a_dns_name_completes_the_handshake() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dev = tmp.path().join("dev");
+    let server = Server::start(&["--dev-cert-dir", dev.to_str().unwrap()], Vec::new());
+    for sni in [SERVER_NAME, "keyward.keyward-system.svc:443", "127.0.0.1", "[::1]:8443", "under_score.svc"] {
+        let said = openssl_handshake(server.endpoint.addr, &dev.join("ca.crt"), sni);
+        assert!(said.is_ok(), "SNI {sni:?}: {said:?}");
+    }
+}
+
 /// The default address, `[::]`, answers on IPv6 and IPv4 loopback alike (`localhost` may
 /// resolve to either), as the development certificate names both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -293,6 +293,10 @@ pub(crate) fn tls_config(
         Some(verifier) => builder.with_client_cert_verifier(verifier).with_cert_resolver(certs),
         None => builder.with_no_client_auth().with_cert_resolver(certs),
     };
+    // Go's crypto/tls sends tls.Config.ServerName as the SNI, as it is: fms-lm-eval-service's
+    // driver sets it to `host:port` (backend/driver/driver.go @ 38689a3). Such a name is read as
+    // no SNI, so the certificate is chosen, and verified by the client, as for any other.
+    tls.invalid_sni_policy = rustls::server::InvalidSniPolicy::IgnoreAll;
     // The apiserver offers only http/1.1; h2 only when asked for (--http2).
     tls.alpn_protocols = if http2 { vec![b"h2".to_vec(), b"http/1.1".to_vec()] } else { vec![b"http/1.1".to_vec()] };
     Ok(tls)

@@ -557,3 +557,23 @@ pub fn require(name: &str) {
         panic!("this test needs {what}: `{name}` is not on the PATH (README, \"Prerequisites\")");
     }
 }
+
+/// A TLS handshake by `openssl s_client` to `addr`, sending `sni` as the server name (any
+/// bytes: openssl, as Go's crypto/tls, does not check that it is a DNS name) and verifying the
+/// server's certificate against `ca_file`. `Ok`: it completed and verified; `Err`: what openssl
+/// said.
+pub fn openssl_handshake(addr: SocketAddr, ca_file: &Path, sni: &str) -> Result<String, String> {
+    let output = tool("openssl")
+        .args(["s_client", "-connect", &addr.to_string(), "-servername", sni, "-brief", "-verify_return_error"])
+        .arg("-CAfile")
+        .arg(ca_file)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    if output.status.success() && said.contains("CONNECTION ESTABLISHED") && said.contains("Verification: OK") {
+        Ok(said)
+    } else {
+        Err(said)
+    }
+}
