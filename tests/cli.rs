@@ -475,7 +475,10 @@ fn explain_several_documents_and_lists_one_report_each_and_exits_3_if_any_is_ref
 fn check_gate_validates_the_recipe_and_decides_a_request_offline() {
     let recipe = "gate/recipes/lmeval-status.yaml";
     let o = keyward(&["check-gate", recipe], None);
-    assert_eq!((o.status.code(), stdout(&o)), (Some(0), format!("gate \"lmeval-status\" OK ({recipe})\n")));
+    assert_eq!(
+        (o.status.code(), stdout(&o)),
+        (Some(0), format!("gate \"lmeval-status\" OK ({recipe})\n  rule \"a driver updates only its own job\": gRPC LMEvalJobUpdateService/UpdateStatus; callers: workloads (lmevaljob, any namespace) by client certificate; over TLS only (a client certificate)\n"))
+    );
 
     let driver = "spiffe://cluster.local/ns/team-a/lmevaljob/evaljob-sample";
     let update = "POST /LMEvalJobUpdateService/UpdateStatus";

@@ -166,6 +166,40 @@ async fn the_gate_serves_a_dev_certificate_allows_by_its_file_and_reloads_it() {
     assert!(gate.terminate().success());
 }
 
+/// fms-lm-eval-service's driver sets `ServerName` to `<service>.<namespace>.svc:8082`
+/// (backend/driver/driver.go @ 38689a3, l.161-167), and Go sends it as the SNI: the gate's
+/// handshake completes with the certificate it serves (the driver verifies that certificate's
+/// `host:port` name itself; tests/interop.rs runs the driver's Go client). A client the gate
+/// refuses at the handshake is said at info, with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_name_with_a_port_is_served_and_a_refused_handshake_is_logged_with_its_reason() {
+    let setup = Setup::new().await;
+    let mut gate = setup.start(&["--dns-name", "lm-eval-grpc.lm-eval.svc:8082"]);
+    let said =
+        openssl_handshake(gate.endpoint.addr, &setup.dir.path().join("dev/ca.crt"), "lm-eval-grpc.lm-eval.svc:8082");
+    assert!(said.is_ok(), "{said:?}");
+    assert!(gate.all_logs().iter().all(|v| v["message"] != "TLS handshake refused"));
+
+    let stranger = Ca::mint("another CA", SystemTime::now(), DAY).unwrap();
+    let foreign = stranger
+        .issue_client_identity(&[], "spiffe://cluster.local/ns/team-a/lmevaljob/job", SystemTime::now(), DAY)
+        .unwrap();
+    let tls = client_config(&gate.endpoint.ca_pem, Some(&foreign), b"http/1.1");
+    let tcp = TcpStream::connect(gate.endpoint.addr).await.unwrap();
+    let mut stream =
+        tokio_rustls::TlsConnector::from(Arc::new(tls)).connect(ServerName::try_from(SERVER_NAME).unwrap(), tcp).await;
+    if let Ok(stream) = &mut stream {
+        // TLS 1.3: the client learns of the refusal on its first read.
+        let _ = tokio::time::timeout(EVENT_TIMEOUT, stream.read(&mut [0u8; 1])).await.unwrap();
+    }
+    let refused = gate.wait_log(|v| v["message"].as_str().is_some_and(|m| m.starts_with("TLS handshake refused")));
+    assert_eq!(refused["level"], "INFO", "{refused}");
+    assert_eq!(refused["role"], "gate");
+    assert_eq!(refused["not_logged"], 0);
+    let error = refused["error"].as_str().unwrap();
+    assert!(error.contains("UnknownIssuer"), "{error}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gate_resists_the_webhooks_connection_attacks() {
     let setup = Setup::new().await;

@@ -167,6 +167,11 @@ impl PathPattern {
     pub fn as_str(&self) -> &str {
         &self.source
     }
+
+    /// Whether it ends in `**` (matches any number of further segments).
+    pub fn has_rest(&self) -> bool {
+        self.rest
+    }
 }
 
 #[cfg(test)]

@@ -130,6 +130,11 @@ pub struct Callers {
     /// `subjectAccessReview` decides, as the ODH InferenceGraph router's does.
     #[serde(default)]
     pub any_service_account: bool,
+    /// Every caller, with no credential at all: for a route the upstream itself serves without
+    /// authentication (KFP's v2 cache calls). Only on a named route (gRPC methods listed; HTTP
+    /// methods listed and no `**`), alone: never with other callers, conditions or a review.
+    #[serde(default)]
+    pub anonymous: bool,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -284,6 +289,16 @@ impl Gate {
                 }
             };
             let workloads = r.callers.workloads.is_some();
+            if r.callers.anonymous {
+                anonymous_problems(
+                    &at,
+                    &r.callers,
+                    &r.when,
+                    r.subject_access_review.is_some(),
+                    route.as_ref(),
+                    &mut problems,
+                );
+            }
             if r.callers.any_service_account && r.subject_access_review.is_none() {
                 problems.push(format!(
                     "{at}.callers.anyServiceAccount admits every account in the cluster; give the rule a subjectAccessReview, or list serviceAccounts"
@@ -294,7 +309,11 @@ impl Gate {
                     "{at}.callers admits service accounts, whose tokens the gate checks only with spec.tokenReview: add it (with the audiences the tokens are bound to)"
                 ));
             }
-            if !workloads && r.callers.service_accounts.is_empty() && !r.callers.any_service_account {
+            if !workloads
+                && r.callers.service_accounts.is_empty()
+                && !r.callers.any_service_account
+                && !r.callers.anonymous
+            {
                 problems.push(format!(
                     "{at}.callers admits no one: list workloads (client certificates) or serviceAccounts (tokens)"
                 ));
@@ -375,6 +394,42 @@ impl Gate {
     }
 }
 
+/// What makes an `anonymous` rule wrong: a route that is not named, or anything that reads an
+/// identity an anonymous caller does not have.
+fn anonymous_problems(
+    at: &str,
+    callers: &Callers,
+    when: &[Condition],
+    reviews: bool,
+    route: Option<&Route>,
+    problems: &mut Vec<String>,
+) {
+    if callers.workloads.is_some() || !callers.service_accounts.is_empty() || callers.any_service_account {
+        problems.push(format!(
+            "{at}.callers.anonymous admits every caller, so listing workloads or serviceAccounts beside it means nothing: give them a rule of their own"
+        ));
+    }
+    if !when.is_empty() {
+        problems.push(format!(
+            "{at}.when compares the caller's identity, which an anonymous caller does not have: an anonymous rule has no conditions"
+        ));
+    }
+    if reviews {
+        problems.push(format!(
+            "{at}.subjectAccessReview asks about the caller, whom an anonymous caller does not name: an anonymous rule has no review"
+        ));
+    }
+    match route {
+        Some(Route::Grpc { methods, .. }) if methods.is_empty() => problems.push(format!(
+            "{at}.callers.anonymous needs a named route: list the gRPC methods the upstream serves without authentication"
+        )),
+        Some(Route::Http { methods, path }) if methods.is_empty() || path.has_rest() => problems.push(format!(
+            "{at}.callers.anonymous needs a named route: list the HTTP methods, and a path without '**'"
+        )),
+        _ => {}
+    }
+}
+
 // === deciding ===
 
 /// Who is calling, as the transport verified it.
@@ -382,6 +437,8 @@ impl Gate {
 pub enum Caller {
     Workload(WorkloadIdentity),
     ServiceAccount(ServiceAccount),
+    /// No client certificate and no bearer token.
+    Anonymous,
 }
 
 /// A request, as far as the rules read it.
@@ -435,6 +492,33 @@ impl Gate {
     /// SubjectAccessReview, or owners to watch.
     pub fn asks_api_server(&self) -> bool {
         self.token_review.is_some() || self.rules.iter().any(|r| r.review.is_some()) || !self.live_owners.is_empty()
+    }
+
+    /// Whether a rule admits callers with no credential (`callers.anonymous`).
+    pub fn admits_anonymous(&self) -> bool {
+        self.rules.iter().any(|r| r.callers.anonymous)
+    }
+
+    /// Whether a caller with no client certificate can be admitted by any rule: one bringing a
+    /// token, or none. Only such callers can use the gate's plaintext listener.
+    pub fn admits_without_certificate(&self) -> bool {
+        self.rules.iter().any(|r| r.without_certificate())
+    }
+
+    /// One line a rule: its name, route and callers, and whether a caller without a client
+    /// certificate (over the plaintext listener, say) can reach it.
+    pub fn summary(&self) -> Vec<String> {
+        self.rules
+            .iter()
+            .map(|r| {
+                let reach = if r.without_certificate() {
+                    "over TLS and over --listen-plaintext"
+                } else {
+                    "over TLS only (a client certificate)"
+                };
+                format!("rule {:?}: {}; {}; {reach}", r.name, r.route.describe(), r.callers.describe())
+            })
+            .collect()
     }
 
     /// The owner kinds whose identities are admitted only while their owner exists.
@@ -496,6 +580,15 @@ impl Gate {
 }
 
 impl Route {
+    fn describe(&self) -> String {
+        match self {
+            Route::Http { methods, path } if methods.is_empty() => format!("any method {}", path.as_str()),
+            Route::Http { methods, path } => format!("{} {}", methods.join("|"), path.as_str()),
+            Route::Grpc { service, methods } if methods.is_empty() => format!("gRPC {service}/*"),
+            Route::Grpc { service, methods } => format!("gRPC {service}/{}", methods.join("|")),
+        }
+    }
+
     /// The path's captures when `method` `path` is this route's; else why not.
     fn fits<'p>(&self, method: &str, path: &RequestPath<'p>) -> Result<BTreeMap<&str, &'p str>, String> {
         match self {
@@ -545,8 +638,8 @@ impl Rule {
             return Err(format!("it does not admit {}", describe(caller)).into());
         }
         for c in &self.when {
-            let have =
-                field_of(caller, c.caller).ok_or_else(|| "the caller has no kind (a service account)".to_string())?;
+            let have = field_of(caller, c.caller)
+                .ok_or_else(|| format!("the caller has no {} ({})", field_name(c.caller), describe(caller)))?;
             let want = operand(&c.equals, request, &captures)?;
             if want.as_deref() != Some(have) {
                 return Err(format!(
@@ -571,6 +664,8 @@ impl Rule {
             user: match caller {
                 Caller::Workload(id) => id.to_string(),
                 Caller::ServiceAccount(sa) => sa.to_string(),
+                // Never reached: an anonymous rule has no review, and no other admits one.
+                Caller::Anonymous => "system:anonymous".into(),
             },
             verb: value(&spec.verb)?,
             group: value(&spec.group)?,
@@ -591,7 +686,16 @@ impl Rule {
         }
     }
 
+    /// Whether a caller without a client certificate can match: a token, or no credential.
+    fn without_certificate(&self) -> bool {
+        self.callers.anonymous || self.callers.any_service_account || !self.callers.service_accounts.is_empty()
+    }
+
     fn admits(&self, caller: &Caller) -> bool {
+        if self.callers.anonymous {
+            // A route the upstream serves to anyone: a credential adds nothing, and takes nothing.
+            return true;
+        }
         match caller {
             Caller::Workload(id) => self.callers.workloads.as_ref().is_some_and(|w| {
                 (w.kinds.is_empty() || w.kinds.contains(&id.kind))
@@ -601,7 +705,30 @@ impl Rule {
                 self.callers.any_service_account
                     || self.callers.service_accounts.iter().any(|a| a.namespace == sa.namespace && a.name == sa.name)
             }
+            Caller::Anonymous => false,
         }
+    }
+}
+
+impl Callers {
+    fn describe(&self) -> String {
+        if self.anonymous {
+            return "callers: anyone, with no credential (anonymous)".into();
+        }
+        let mut who = Vec::new();
+        if let Some(w) = &self.workloads {
+            let kinds = if w.kinds.is_empty() { "any kind".to_string() } else { w.kinds.join("|") };
+            let namespaces = if w.namespaces.is_empty() { "any namespace".to_string() } else { w.namespaces.join("|") };
+            who.push(format!("workloads ({kinds}, {namespaces}) by client certificate"));
+        }
+        if self.any_service_account {
+            who.push("any service account by token".into());
+        } else if !self.service_accounts.is_empty() {
+            let names: Vec<String> =
+                self.service_accounts.iter().map(|a| format!("{}/{}", a.namespace, a.name)).collect();
+            who.push(format!("service accounts {} by token", names.join(", ")));
+        }
+        format!("callers: {}", who.join("; "))
     }
 }
 
@@ -709,6 +836,7 @@ fn field_of(caller: &Caller, field: CallerField) -> Option<&str> {
         (Caller::ServiceAccount(sa), CallerField::Namespace) => Some(&sa.namespace),
         (Caller::ServiceAccount(sa), CallerField::Name) => Some(&sa.name),
         (Caller::ServiceAccount(_), CallerField::Kind) => None,
+        (Caller::Anonymous, _) => None,
     }
 }
 
@@ -733,5 +861,6 @@ fn describe(caller: &Caller) -> String {
     match caller {
         Caller::Workload(id) => format!("workload {id}"),
         Caller::ServiceAccount(sa) => format!("service account {sa}"),
+        Caller::Anonymous => "an anonymous caller (no client certificate, no bearer token)".into(),
     }
 }

@@ -442,3 +442,102 @@ fn a_listed_service_account_is_matched_by_namespace_and_name_together() {
     let no_tokens = load("w.yaml", workloads_only).unwrap().gate;
     assert!(!no_tokens.asks_api_server(), "workloads only, no review");
 }
+
+/// KFP's v2 driver and launcher call the cache methods with no credential, and KFP serves them
+/// without authentication (kubeflow/pipelines 7b70c7b, backend/src/v2/cacheutils/cache.go and
+/// backend/src/apiserver/server/task_server.go): a rule may be open to anonymous callers, on
+/// those named methods only.
+const KFP: &str = r#"
+apiVersion: keyward.io/v1alpha1
+kind: Gate
+metadata: {name: kfp-api}
+spec:
+  tokenReview: {audiences: [pipelines.kubeflow.org]}
+  rules:
+    - name: the agent reports workflows
+      grpc: {service: api.ReportService, methods: [ReportWorkflowV1]}
+      callers: {serviceAccounts: [{namespace: kubeflow, name: ml-pipeline-persistenceagent}]}
+    - name: cache lookups
+      grpc: {service: api.TaskService, methods: [ListTasksV1, CreateTaskV1]}
+      callers: {anonymous: true}
+"#;
+
+#[test]
+fn an_anonymous_rule_admits_every_caller_on_its_named_methods_only() {
+    let gate = load("kfp.yaml", KFP).unwrap().gate;
+    assert!(gate.admits_anonymous() && gate.admits_without_certificate());
+    let ask = |caller: &Caller, path: &str| {
+        let request = Request { method: "POST", path, headers: &[], body: &[] };
+        gate.decide(caller, &request, &RequestPath::parse(path).unwrap(), &|_| None)
+    };
+    let agent = Caller::ServiceAccount(
+        ServiceAccount::parse("system:serviceaccount:kubeflow:ml-pipeline-persistenceagent").unwrap(),
+    );
+    for caller in [Caller::Anonymous, agent.clone(), driver("team-a", "job")] {
+        let verdict = ask(&caller, "/api.TaskService/ListTasksV1");
+        assert_eq!(verdict.allowed_by.as_deref(), Some("cache lookups"), "{caller:?}");
+    }
+    let verdict = ask(&Caller::Anonymous, "/api.TaskService/DeleteTaskV1");
+    assert_eq!(verdict.reason(), "no rule of this gate covers this method and path");
+    let verdict = ask(&Caller::Anonymous, "/api.ReportService/ReportWorkflowV1");
+    assert_eq!(
+        verdict.reason(),
+        "rule \"the agent reports workflows\": it does not admit an anonymous caller (no client certificate, no bearer token)"
+    );
+    assert_eq!(
+        ask(&agent, "/api.ReportService/ReportWorkflowV1").allowed_by.as_deref(),
+        Some("the agent reports workflows")
+    );
+}
+
+#[test]
+fn an_anonymous_rule_is_alone_on_a_named_route_and_never_reads_an_identity() {
+    let file = |rule: &str| {
+        format!("apiVersion: keyward.io/v1alpha1\nkind: Gate\nmetadata: {{name: g}}\nspec:\n  trustDomain: cluster.local\n  tokenReview: {{}}\n  rules:\n    - name: r\n{rule}")
+    };
+    let problems = |rule: &str| load("g.yaml", &file(rule)).unwrap_err();
+    assert_eq!(
+        problems("      grpc: {service: api.TaskService}\n      callers: {anonymous: true, serviceAccounts: [{namespace: a, name: b}]}\n      when: [{caller: namespace, equals: {value: a}}]\n"),
+        [
+            "g.yaml: spec.rules[0] (\"r\").callers.anonymous admits every caller, so listing workloads or serviceAccounts beside it means nothing: give them a rule of their own",
+            "g.yaml: spec.rules[0] (\"r\").when compares the caller's identity, which an anonymous caller does not have: an anonymous rule has no conditions",
+            "g.yaml: spec.rules[0] (\"r\").callers.anonymous needs a named route: list the gRPC methods the upstream serves without authentication",
+        ]
+    );
+    assert_eq!(
+        problems("      http: {methods: [GET], path: /apis/**}\n      callers: {anonymous: true}\n      subjectAccessReview: {verb: get, resource: runs}\n"),
+        [
+            "g.yaml: spec.rules[0] (\"r\").subjectAccessReview asks about the caller, whom an anonymous caller does not name: an anonymous rule has no review",
+            "g.yaml: spec.rules[0] (\"r\").callers.anonymous needs a named route: list the HTTP methods, and a path without '**'",
+        ]
+    );
+    assert_eq!(
+        problems("      http: {path: /apis/v1beta1/healthz}\n      callers: {anonymous: true}\n"),
+        ["g.yaml: spec.rules[0] (\"r\").callers.anonymous needs a named route: list the HTTP methods, and a path without '**'"]
+    );
+    assert!(load(
+        "g.yaml",
+        &file("      http: {methods: [GET], path: /apis/v1beta1/healthz}\n      callers: {anonymous: true}\n")
+    )
+    .is_ok());
+}
+
+#[test]
+fn the_summary_says_which_rules_a_caller_without_a_certificate_can_reach() {
+    let lmeval = load("lmeval.yaml", LMEVAL).unwrap().gate;
+    assert_eq!(
+        lmeval.summary(),
+        [
+            "rule \"a driver updates only its own job\": gRPC LMEvalJobUpdateService/UpdateStatus; callers: workloads (lmevaljob, any namespace) by client certificate; over TLS only (a client certificate)",
+            "rule \"agents report runs in their namespace\": POST /apis/v1/namespaces/{namespace}/runs/{run}/report; callers: service accounts kubeflow/ml-pipeline-persistenceagent by token; over TLS and over --listen-plaintext",
+        ]
+    );
+    let kfp = load("kfp.yaml", KFP).unwrap().gate;
+    assert_eq!(
+        kfp.summary()[1],
+        "rule \"cache lookups\": gRPC api.TaskService/ListTasksV1|CreateTaskV1; callers: anyone, with no credential (anonymous); over TLS and over --listen-plaintext"
+    );
+    assert!(!lmeval.admits_anonymous());
+    let certificates_only = LMEVAL.split("    - name: agents").next().unwrap();
+    assert!(!load("only.yaml", certificates_only).unwrap().gate.admits_without_certificate());
+}

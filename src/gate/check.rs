@@ -15,8 +15,9 @@ use keyward_gate::rules::{Caller, Request};
 pub struct CheckGateArgs {
     /// The gate file (apiVersion keyward.io/v1alpha1, kind Gate).
     file: PathBuf,
-    /// Who calls: a keyward workload identity (spiffe://TRUST-DOMAIN/ns/NAMESPACE/KIND/NAME)
-    /// or a service account (system:serviceaccount:NAMESPACE:NAME).
+    /// Who calls: a keyward workload identity (spiffe://TRUST-DOMAIN/ns/NAMESPACE/KIND/NAME,
+    /// by client certificate), a service account (system:serviceaccount:NAMESPACE:NAME, by
+    /// token), or `anonymous` (no credential).
     #[arg(long, requires = "request", value_name = "IDENTITY")]
     caller: Option<String>,
     /// The request: `METHOD PATH` (`POST /LMEvalJobUpdateService/UpdateStatus` for gRPC).
@@ -39,10 +40,15 @@ pub fn check(args: &CheckGateArgs) -> anyhow::Result<ExitCode> {
     };
     let (Some(caller), Some(request)) = (&args.caller, &args.request) else {
         println!("gate {:?} OK ({source})", loaded.name);
+        for line in loaded.gate.summary() {
+            println!("  {line}");
+        }
         return Ok(ExitCode::SUCCESS);
     };
     let caller = if caller.starts_with("spiffe://") {
         Caller::Workload(WorkloadIdentity::parse(caller)?)
+    } else if caller == "anonymous" {
+        Caller::Anonymous
     } else {
         Caller::ServiceAccount(ServiceAccount::parse(caller)?)
     };
@@ -85,7 +91,7 @@ pub fn check(args: &CheckGateArgs) -> anyhow::Result<ExitCode> {
     // Offline, the owner watch is not there either: say what the gate would also require.
     let owner = match &caller {
         Caller::Workload(id) => loaded.gate.live_owner(&id.kind).map(|o| (o, id)),
-        Caller::ServiceAccount(_) => None,
+        Caller::ServiceAccount(_) | Caller::Anonymous => None,
     };
     if let (Some((owner, id)), Some(_)) = (owner, &verdict.allowed_by) {
         println!(

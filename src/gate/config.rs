@@ -11,6 +11,8 @@ use clap::Args;
 use crate::serve::config::{parse_duration, parse_metrics_listen, parse_size, ListenerArgs};
 use crate::serve::ListenerConfig;
 
+pub use super::upstream::UpstreamProtocol;
+
 #[derive(Debug, Args)]
 pub struct GateArgs {
     /// The gate file (apiVersion keyward.io/v1alpha1, kind Gate): the rules. Reloaded when it
@@ -24,6 +26,11 @@ pub struct GateArgs {
     /// The CA that signed an https:// upstream's certificate (PEM).
     #[arg(long, env = "KEYWARD_GATE_UPSTREAM_CA", value_name = "FILE")]
     upstream_ca: Option<PathBuf>,
+    /// What the gate speaks to the upstream, gRPC aside (always HTTP/2): `auto`, HTTP/1.1 to an
+    /// http:// upstream and what ALPN chooses with an https:// one; `http1`, HTTP/1.1 only
+    /// (gRPC refused); `h2c`, HTTP/2 with prior knowledge to an http:// upstream.
+    #[arg(long, env = "KEYWARD_GATE_UPSTREAM_PROTOCOL", value_enum, default_value_t = UpstreamProtocol::Auto)]
+    upstream_protocol: UpstreamProtocol,
     /// The client CA bundle keyward's client certificates chain to (PEM): the ConfigMap
     /// keyward-client-ca's ca.crt, or a ClusterTrustBundle projected into a volume. Reloaded
     /// when it changes. Without it the gate accepts no client certificates (tokens only).
@@ -32,6 +39,13 @@ pub struct GateArgs {
     /// HTTPS address the gate listens on (HTTP/1.1 and HTTP/2, so gRPC too).
     #[arg(long, env = "KEYWARD_GATE_LISTEN", default_value = "[::]:8444")]
     listen: SocketAddr,
+    /// A second address that serves the gate without TLS: HTTP/1.1, and HTTP/2 with prior
+    /// knowledge (gRPC), for callers that authenticate with a bearer token (Kubeflow Pipelines'
+    /// agents speak plaintext gRPC by default) or call routes open to anonymous callers. No
+    /// client certificate can arrive there, so rules that admit only workloads never match.
+    /// Off by default; keep the port inside the cluster (a NetworkPolicy, docs/gate.md).
+    #[arg(long, env = "KEYWARD_GATE_LISTEN_PLAINTEXT", value_name = "ADDR")]
+    listen_plaintext: Option<SocketAddr>,
     /// Plain-HTTP address for GET /metrics, /healthz, /readyz; `off` disables it.
     #[arg(long, env = "KEYWARD_GATE_METRICS_LISTEN", default_value = "[::]:9091")]
     metrics_listen: String,
@@ -57,8 +71,10 @@ pub struct GateConfig {
     pub config: PathBuf,
     pub upstream: String,
     pub upstream_ca: Option<PathBuf>,
+    pub upstream_protocol: UpstreamProtocol,
     pub client_ca: Option<PathBuf>,
     pub listen: SocketAddr,
+    pub listen_plaintext: Option<SocketAddr>,
     pub metrics_listen: Option<SocketAddr>,
     pub listener: ListenerConfig,
     pub review_timeout: Duration,
@@ -72,6 +88,12 @@ impl GateArgs {
         let listener = self.listener.into_config()?;
         if metrics_listen.is_some_and(|m: SocketAddr| m == self.listen && m.port() != 0) {
             bail!("--metrics-listen {}: must differ from --listen", self.listen);
+        }
+        if let Some(plain) = self.listen_plaintext {
+            let taken = [("--listen", Some(self.listen)), ("--metrics-listen", metrics_listen)];
+            if let Some((flag, _)) = taken.iter().find(|(_, a)| *a == Some(plain) && plain.port() != 0) {
+                bail!("--listen-plaintext {plain}: must differ from {flag}");
+            }
         }
         if self.review_timeout.is_zero() {
             bail!("--review-timeout: must be more than 0s");
@@ -93,8 +115,10 @@ impl GateArgs {
             config: self.config,
             upstream: self.upstream,
             upstream_ca: self.upstream_ca,
+            upstream_protocol: self.upstream_protocol,
             client_ca: self.client_ca,
             listen: self.listen,
+            listen_plaintext: self.listen_plaintext,
             metrics_listen,
             listener,
             review_timeout: self.review_timeout,
@@ -128,6 +152,10 @@ mod tests {
         assert_eq!(c.metrics_listen, Some("[::]:9091".parse().unwrap()));
         assert_eq!(c.review_timeout, Duration::from_secs(5));
         assert_eq!((c.client_ca, c.upstream_ca), (None, None));
+        assert_eq!(c.upstream_protocol, UpstreamProtocol::Auto);
+        assert_eq!(config(&["--upstream-protocol", "h2c"]).unwrap().upstream_protocol, UpstreamProtocol::H2c);
+        let e = config(&["--upstream-protocol", "h2"]).unwrap_err().to_string();
+        assert!(e.contains("possible values: auto, http1, h2c"), "{e}");
         assert_eq!((c.message_bytes_in_flight, c.worker_threads), (64 << 20, 1));
         assert_eq!(config(&["--worker-threads", "0"]).unwrap_err().to_string(), "--worker-threads: must be at least 1");
         assert_eq!(
@@ -141,6 +169,19 @@ mod tests {
         assert_eq!(
             config(&["--listen", "127.0.0.1:9", "--metrics-listen", "127.0.0.1:9"]).unwrap_err().to_string(),
             "--metrics-listen 127.0.0.1:9: must differ from --listen"
+        );
+        assert_eq!(c.listen_plaintext, None);
+        assert_eq!(
+            config(&["--listen-plaintext", "[::]:8444"]).unwrap_err().to_string(),
+            "--listen-plaintext [::]:8444: must differ from --listen"
+        );
+        assert_eq!(
+            config(&["--listen-plaintext", "[::]:9091"]).unwrap_err().to_string(),
+            "--listen-plaintext [::]:9091: must differ from --metrics-listen"
+        );
+        assert_eq!(
+            config(&["--listen-plaintext", "[::]:8887"]).unwrap().listen_plaintext,
+            Some("[::]:8887".parse().unwrap())
         );
     }
 }

@@ -121,7 +121,8 @@ impl Gate {
             }
             None => None,
         };
-        let upstream = Upstream::new(&config.upstream, config.upstream_ca.as_deref()).map_err(anyhow::Error::msg)?;
+        let upstream = Upstream::new(&config.upstream, config.upstream_ca.as_deref(), config.upstream_protocol)
+            .map_err(anyhow::Error::msg)?;
         let tls_dir = crate::serve::serving_dir(&config.listener.tls)?;
         let observer = shared.clone();
         let certs = Arc::new(CertStore::new(&tls_dir).with_observer(move |o| observer.observe_reload(o)));
@@ -150,6 +151,19 @@ impl Gate {
         let clients = self.client_ca.clone().map(|ca| ca as Arc<dyn rustls::server::danger::ClientCertVerifier>);
         // HTTP/2 always: gRPC needs it.
         Ok(TlsAcceptor::from(Arc::new(crate::serve::tls_config(self.certs.clone(), true, clients)?)))
+    }
+
+    /// The plaintext listener carries no client certificate: refused when no rule of the gate
+    /// file admits a caller without one (a token's, or an anonymous one).
+    fn plaintext_admits_someone(&self) -> anyhow::Result<()> {
+        let loaded = self.state.gate.current();
+        if loaded.gate.admits_without_certificate() {
+            return Ok(());
+        }
+        anyhow::bail!(
+            "--listen-plaintext: every rule of gate {:?} admits only client certificates, which a plaintext connection cannot carry; give a rule that admits serviceAccounts (with spec.tokenReview) or anonymous callers, or drop --listen-plaintext",
+            loaded.name
+        )
     }
 
     fn app(&self) -> Router {
@@ -197,9 +211,30 @@ async fn gate(config: GateConfig) -> anyhow::Result<()> {
         max_connections = limits.max_connections,
         "listening (HTTPS, HTTP/1.1 and HTTP/2: every request is decided by the gate file, then forwarded)"
     );
+    let plaintext_task = match config.listen_plaintext {
+        Some(addr) => {
+            gate.plaintext_admits_someone()?;
+            let listener = crate::serve::bind(addr, "--listen-plaintext").await?;
+            tracing::info!(
+                role = "gate-plaintext",
+                addr = %listener.local_addr()?,
+                max_connections = limits.max_connections,
+                "listening (plain HTTP/1.1 and HTTP/2 with prior knowledge: for callers with a bearer token or none; keep this port inside the cluster)"
+            );
+            let connections = Connections::new("gate-plaintext", limits.clone(), gate.shared.clone());
+            Some(tokio::spawn(connections::serve(
+                listener,
+                Transport::PlainOrH2c,
+                gate.app(),
+                connections,
+                stop.clone(),
+            )))
+        }
+        None => None,
+    };
     let connections = Connections::new("gate", limits, gate.shared.clone());
     connections::serve(listener, Transport::Tls(gate.acceptor()?), gate.app(), connections, stop).await;
-    if let Some(task) = metrics_task {
+    for task in [plaintext_task, metrics_task].into_iter().flatten() {
         let _ = task.await;
     }
     tracing::info!("stopped");

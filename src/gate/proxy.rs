@@ -30,8 +30,11 @@ use super::metrics::{Decision, GateMetrics};
 use super::owners::{LiveOwners, OwnerRefusal};
 use super::reviews::{Reviews, TokenRefused};
 use super::store::GateStore;
-use super::upstream::{Outgoing, Upstream};
+use super::upstream::{Outgoing, SendError, Upstream};
 use crate::serve::connections::{Guarded, PeerCertificate, RequestProgress};
+
+/// Why a caller with no credential is refused where no rule is open to anonymous callers.
+const NO_CREDENTIAL: &str = "no client certificate and no bearer token: present the keyward client certificate of your workload, or a service account token";
 
 /// The most of a request path written into a log line.
 const LOG_PATH_MAX: usize = 256;
@@ -107,14 +110,19 @@ pub async fn handle(State(state): State<GateState>, request: Request) -> Respons
         }
     }
     let answering = parts.extensions.get::<RequestProgress>().map(RequestProgress::read_whole);
-    let sent = state.upstream.send(parts, body).await;
+    let sent = state.upstream.send(parts, body, grpc).await;
     drop(permit);
     match sent {
         Ok(response) => response.map(|body| Guarded::wrap(body, answering)),
-        Err(e) => {
+        Err(SendError::Unreachable(e)) => {
             state.metrics.observe_upstream_error();
             tracing::warn!(upstream = ?state.upstream, error = %e, "gate could not reach the upstream");
             into_response(refusal::unavailable(grpc, 502, "the upstream could not be reached"))
+        }
+        Err(SendError::Unsupported(why)) => {
+            state.metrics.observe_upstream_error();
+            tracing::warn!(upstream = ?state.upstream, error = why, "gate could not send a request to the upstream");
+            into_response(refusal::unavailable(grpc, 502, why))
         }
     }
 }
@@ -174,6 +182,8 @@ async fn decide(
         None if !verdict.pending.is_empty() => {
             Err(fail(Decision::Unavailable, "the API server's answers did not decide the request".into()))
         }
+        // No rule is open to a caller without a credential here: asking for one is the answer.
+        None if caller == Caller::Anonymous => Err(fail(Decision::Unauthenticated, NO_CREDENTIAL.into())),
         None => Err(fail(Decision::Refused, verdict.reason())),
     }
 }
@@ -193,9 +203,8 @@ async fn authenticate(
     }
     let token = bearer_token(&parts.headers).map_err(unauthenticated)?;
     let Some(token) = token else {
-        return Err(unauthenticated(
-            "no client certificate and no bearer token: present the keyward client certificate of your workload, or a service account token".into(),
-        ));
+        // Admitted only by a rule open to anonymous callers (`callers.anonymous`).
+        return Ok((Caller::Anonymous, Vec::new()));
     };
     let (Some(audiences), Some(reviews)) = (gate.token_audiences(), &state.reviews) else {
         return Err(unauthenticated("this gate accepts client certificates only, not bearer tokens".into()));
@@ -260,6 +269,7 @@ fn describe(caller: &Caller) -> String {
     match caller {
         Caller::Workload(id) => id.to_string(),
         Caller::ServiceAccount(sa) => sa.to_string(),
+        Caller::Anonymous => "anonymous".into(),
     }
 }
 

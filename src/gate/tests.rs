@@ -293,6 +293,8 @@ fn acceptor(minted: &Minted) -> tokio_rustls::TlsAcceptor {
 
 struct Fixture {
     addr: SocketAddr,
+    /// The same gate without TLS (`--listen-plaintext`).
+    plain: SocketAddr,
     server_ca: Ca,
     client_ca: Ca,
     api: FakeApi,
@@ -382,8 +384,10 @@ impl Fixture {
                 format!("http://{upstream}")
             },
             upstream_ca: tls_upstream.then_some(upstream_ca),
+            upstream_protocol: upstream::UpstreamProtocol::Auto,
             client_ca: Some(ca_file.clone()),
             listen: "127.0.0.1:0".parse().unwrap(),
+            listen_plaintext: None,
             metrics_listen: None,
             listener: ListenerConfig {
                 tls: TlsSource::Dir(tls),
@@ -406,15 +410,19 @@ impl Fixture {
         let addr = listener.local_addr().unwrap();
         let (limits, _) = crate::serve::connection_limits(&config.listener);
         let (stop, stop_rx) = watch::channel(false);
-        let connections = Connections::new("gate", limits, gate.shared.clone());
+        let connections = Connections::new("gate", limits.clone(), gate.shared.clone());
         tokio::spawn(connections::serve(
             listener,
             Transport::Tls(gate.acceptor().unwrap()),
             gate.app(),
             connections,
-            stop_rx,
+            stop_rx.clone(),
         ));
-        Self { addr, server_ca, client_ca, api, calls, gate_file, ca_file, gate, _dir: dir, _stop: stop }
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let plain = listener.local_addr().unwrap();
+        let connections = Connections::new("gate-plaintext", limits, gate.shared.clone());
+        tokio::spawn(connections::serve(listener, Transport::PlainOrH2c, gate.app(), connections, stop_rx));
+        Self { addr, plain, server_ca, client_ca, api, calls, gate_file, ca_file, gate, _dir: dir, _stop: stop }
     }
 
     fn driver(&self, namespace: &str, name: &str) -> Minted {
@@ -487,6 +495,27 @@ impl Fixture {
 
     async fn call(&self, h2: bool, identity: Option<&Minted>, request: Request<Full<Bytes>>) -> Answer {
         tokio::time::timeout(EVENT_TIMEOUT, self.send(h2, identity, request)).await.unwrap().unwrap()
+    }
+
+    /// One request over the plaintext listener: HTTP/1.1, or HTTP/2 with prior knowledge.
+    async fn call_plain(&self, h2: bool, request: Request<Full<Bytes>>) -> Answer {
+        let exchange = async {
+            let io = TokioIo::new(TcpStream::connect(self.plain).await.unwrap());
+            let response = if h2 {
+                let (mut sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io).await.unwrap();
+                tokio::spawn(conn);
+                sender.send_request(request).await
+            } else {
+                let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+                tokio::spawn(conn);
+                sender.send_request(request).await
+            };
+            let (parts, body) = response.unwrap().into_parts();
+            let collected = body.collect().await.unwrap();
+            let trailers = collected.trailers().cloned();
+            Answer { status: parts.status.as_u16(), headers: parts.headers, body: collected.to_bytes(), trailers }
+        };
+        tokio::time::timeout(EVENT_TIMEOUT, exchange).await.unwrap()
     }
 }
 
@@ -608,10 +637,10 @@ async fn http_rules_hold_over_http1_and_http2_and_spoofed_identity_headers_are_s
         let answer = f.call(h2, Some(&driver), own).await;
         assert_eq!(answer.status, 200, "{}", answer.text());
         let id = "spiffe://cluster.local/ns/team-a/lmevaljob/evaljob-sample";
-        let version = if h2 { "HTTP/2.0" } else { "HTTP/1.1" };
+        // Not gRPC: HTTP/1.1 to the upstream, whatever the caller spoke (--upstream-protocol auto).
         assert_eq!(
             answer.text(),
-            format!("GET /apis/v1/namespaces/team-a/runs/r1 {version} user={id} groups=keyward:workloads|keyward:workloads:team-a|system:authenticated identity={id} kubeflow-userid= xfcc= body=0")
+            format!("GET /apis/v1/namespaces/team-a/runs/r1 HTTP/1.1 user={id} groups=keyward:workloads|keyward:workloads:team-a|system:authenticated identity={id} kubeflow-userid= xfcc= body=0")
         );
         let other = f.call(h2, Some(&driver), http_get("/apis/v1/namespaces/team-b/runs/r1")).await;
         assert_eq!(other.status, 403);
@@ -831,12 +860,10 @@ async fn an_upstream_over_tls_is_verified_and_spoken_to_in_the_callers_protocol(
     assert!(calls[1].starts_with("GET /apis/v1/namespaces/team-a/runs/r1 HTTP/1.1 "), "{calls:?}");
 }
 
-#[tokio::test]
-async fn an_upstream_that_cannot_be_reached_is_a_502_and_unavailable() {
-    let f = Fixture::start().await;
-    // The same gate, its upstream a port nothing listens on.
+/// The fixture's gate with another upstream, on a listener of its own.
+async fn serve_with_upstream(f: &Fixture, upstream: Upstream) -> SocketAddr {
     let mut state = f.gate.state.clone();
-    state.upstream = Arc::new(Upstream::new("http://127.0.0.1:1", None).unwrap());
+    state.upstream = Arc::new(upstream);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let limits = crate::serve::connections::ConnectionLimits {
@@ -855,6 +882,15 @@ async fn an_upstream_that_cannot_be_reached_is_a_502_and_unavailable() {
         connections,
         f._stop.subscribe(),
     ));
+    addr
+}
+
+#[tokio::test]
+async fn an_upstream_that_cannot_be_reached_is_a_502_and_unavailable() {
+    let f = Fixture::start().await;
+    // The same gate, its upstream a port nothing listens on.
+    let unreachable = Upstream::new("http://127.0.0.1:1", None, upstream::UpstreamProtocol::Auto).unwrap();
+    let addr = serve_with_upstream(&f, unreachable).await;
     let driver = f.driver("team-a", "evaljob-sample");
     let http = f.send_at(addr, false, Some(&driver), http_get("/apis/v1/namespaces/team-a/runs/r1")).await.unwrap();
     assert_eq!((http.status, http.text().as_str()), (502, "keyward gate: the upstream could not be reached\n"));
@@ -1152,4 +1188,190 @@ async fn a_reload_cannot_change_the_owners_watched() {
     assert_eq!(f.gate.state.gate.reload_now(), Reload::Loaded(1));
     assert_eq!(f.gate.state.gate.current().name, "renamed");
     assert_eq!(f.gate.state.gate.reload_now(), Reload::Unchanged, "a poll that finds the same text reloads nothing");
+}
+
+// === plaintext, anonymous callers, the upstream's protocol (issue 42) ===
+
+/// Kubeflow Pipelines' API server as the agents and the v2 driver call it (docs/gate.md,
+/// "kfp-api"): a token for the reports, nothing for the cache calls and the health check; and
+/// one rule that only a client certificate can meet.
+const KFP_GATE: &str = r#"
+apiVersion: keyward.io/v1alpha1
+kind: Gate
+metadata: {name: kfp}
+spec:
+  trustDomain: cluster.local
+  stripHeaders: [kubeflow-userid]
+  tokenReview: {audiences: [pipelines.kubeflow.org]}
+  rules:
+    - name: the agent reports workflows
+      grpc: {service: api.ReportService, methods: [ReportWorkflowV1]}
+      callers: {serviceAccounts: [{namespace: kubeflow, name: ml-pipeline-persistenceagent}]}
+    - name: cache lookups
+      grpc: {service: api.TaskService, methods: [ListTasksV1, CreateTaskV1]}
+      callers: {anonymous: true}
+    - name: health
+      http: {methods: [GET], path: /apis/v1beta1/healthz}
+      callers: {anonymous: true}
+    - name: drivers only
+      grpc: {service: LMEvalJobUpdateService, methods: [UpdateStatus]}
+      callers: {workloads: {kinds: [lmevaljob]}}
+"#;
+
+fn grpc_to(path: &str, body: Vec<u8>) -> Request<Full<Bytes>> {
+    Request::post(format!("http://ml-pipeline:8887{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap()
+}
+
+fn forged(mut request: Request<Full<Bytes>>) -> Request<Full<Bytes>> {
+    for (name, value) in [("x-remote-user", "system:admin"), ("kubeflow-userid", "admin@example.com")] {
+        request.headers_mut().insert(name, value.parse().unwrap());
+    }
+    request
+}
+
+#[tokio::test]
+async fn plaintext_callers_bring_a_token_or_nothing_over_http1_and_h2c() {
+    let f = Fixture::start_with(KFP_GATE).await;
+    let agent = "system:serviceaccount:kubeflow:ml-pipeline-persistenceagent";
+    f.api
+        .state
+        .lock()
+        .unwrap()
+        .tokens
+        .insert("agent-token".into(), (agent.into(), vec!["pipelines.kubeflow.org".into()]));
+    let report = || grpc_to("/api.ReportService/ReportWorkflowV1", encode_strings(&[(1, "{\"kind\":\"Workflow\"}")]));
+
+    let reported = f.call_plain(true, forged(bearer(report(), "agent-token"))).await;
+    assert_eq!(reported.grpc(), ("0".to_string(), String::new()));
+    let lookup = f.call_plain(true, forged(grpc_to("/api.TaskService/ListTasksV1", Vec::new()))).await;
+    assert_eq!(lookup.grpc(), ("0".to_string(), String::new()));
+    let health = f.call_plain(false, forged(http_get("/apis/v1beta1/healthz"))).await;
+    assert_eq!(health.status, 200, "{}", health.text());
+    assert_eq!(
+        f.upstream_calls(),
+        [
+            format!("POST /api.ReportService/ReportWorkflowV1 HTTP/2.0 user={agent} groups=system:serviceaccounts|system:authenticated identity= kubeflow-userid= xfcc= body=26"),
+            // Anonymous: the upstream learns of no one, whatever the caller wrote.
+            "POST /api.TaskService/ListTasksV1 HTTP/2.0 user= groups= identity= kubeflow-userid= xfcc= body=0".to_string(),
+            "GET /apis/v1beta1/healthz HTTP/1.1 user= groups= identity= kubeflow-userid= xfcc= body=0".to_string(),
+        ]
+    );
+
+    // A route that is not open to anyone: no credential is a 401, and a certificate rule can
+    // never match here.
+    let no_token = f.call_plain(true, report()).await;
+    let (status, message) = no_token.grpc();
+    assert_eq!(status, "16");
+    assert_eq!(
+        percent_decode(&message),
+        "keyward gate: no client certificate and no bearer token: present the keyward client certificate of your workload, or a service account token"
+    );
+    let driver = f.call_plain(true, update_status("evaljob-sample", "team-a")).await;
+    assert_eq!(driver.grpc().0, "16");
+    let other_method = f.call_plain(true, grpc_to("/api.TaskService/DeleteTaskV1", Vec::new())).await;
+    assert_eq!(other_method.grpc().0, "16", "only the named methods are open");
+    assert_eq!(f.upstream_calls().len(), 3, "refused calls never reach the upstream");
+}
+
+#[tokio::test]
+async fn an_anonymous_route_takes_a_caller_with_a_credential_as_itself() {
+    let f = Fixture::start_with(KFP_GATE).await;
+    let driver = f.driver("team-a", "evaljob-sample");
+    let lookup = f.call(true, Some(&driver), grpc_to("/api.TaskService/ListTasksV1", Vec::new())).await;
+    assert_eq!(lookup.grpc().0, "0");
+    let id = "spiffe://cluster.local/ns/team-a/lmevaljob/evaljob-sample";
+    assert_eq!(
+        f.upstream_calls(),
+        [format!("POST /api.TaskService/ListTasksV1 HTTP/2.0 user={id} groups=keyward:workloads|keyward:workloads:team-a|system:authenticated identity={id} kubeflow-userid= xfcc= body=0")]
+    );
+    // A token the API server rejects is refused even there, as the API server itself does.
+    let forged = f.call(true, None, bearer(grpc_to("/api.TaskService/ListTasksV1", Vec::new()), "forged")).await;
+    assert_eq!(forged.grpc().0, "16");
+    assert_eq!(f.upstream_calls().len(), 1);
+}
+
+#[tokio::test]
+async fn a_plaintext_connection_that_says_nothing_or_stalls_in_its_preface_is_closed() {
+    let f = Fixture::start_with(KFP_GATE).await;
+    for first in [&b""[..], b"PRI * HTTP/2.0\r\n", b"GET /apis/v1beta1/heal"] {
+        let mut client = TcpStream::connect(f.plain).await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut client, first).await.unwrap();
+        let mut buf = [0u8; 64];
+        let read = tokio::time::timeout(EVENT_TIMEOUT, client.read(&mut buf)).await.unwrap();
+        // Closed without an answer, at the first request's deadline (timed from the connection's
+        // start, whatever trickles in).
+        assert!(matches!(read, Ok(0) | Err(_)), "{:?}: {read:?}", String::from_utf8_lossy(first));
+    }
+    let metrics = f.gate.shared.encode();
+    let closed =
+        "keyward_connections_closed_by_server_total{listener=\"gate-plaintext\",reason=\"first-request-timeout\"} 3";
+    assert!(metrics.lines().any(|l| l == closed), "{metrics}");
+}
+
+/// An upstream that speaks HTTP/1.1 only, as many do: it answers an HTTP/2 preface with
+/// nothing.
+async fn spawn_http1_upstream(calls: Arc<Mutex<Vec<String>>>) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let calls = calls.clone();
+            tokio::spawn(async move {
+                let service = service_fn(move |req| upstream(req, calls.clone()));
+                let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tcp), service).await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn an_http2_caller_reaches_an_http1_only_upstream_unless_told_it_speaks_h2c() {
+    let f = Fixture::start().await;
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let http1_only = spawn_http1_upstream(calls.clone()).await;
+    let driver = f.driver("team-a", "evaljob-sample");
+    let path = "/apis/v1/namespaces/team-a/runs/r1";
+
+    let auto = Upstream::new(&format!("http://{http1_only}"), None, upstream::UpstreamProtocol::Auto).unwrap();
+    let gate = serve_with_upstream(&f, auto).await;
+    let answer = f.send_at(gate, true, Some(&driver), http_get(path)).await.unwrap();
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert!(answer.text().starts_with(&format!("GET {path} HTTP/1.1 user=spiffe://")), "{}", answer.text());
+
+    // Told the upstream speaks HTTP/2 without TLS, the gate says it; this one cannot answer.
+    let h2c = Upstream::new(&format!("http://{http1_only}"), None, upstream::UpstreamProtocol::H2c).unwrap();
+    let gate = serve_with_upstream(&f, h2c).await;
+    let answer = f.send_at(gate, true, Some(&driver), http_get(path)).await.unwrap();
+    assert_eq!((answer.status, answer.text().as_str()), (502, "keyward gate: the upstream could not be reached\n"));
+    // An upstream told to be HTTP/1.1 only refuses gRPC with the reason, not a failed connection.
+    let http1 = Upstream::new(&format!("http://{http1_only}"), None, upstream::UpstreamProtocol::Http1).unwrap();
+    let gate = serve_with_upstream(&f, http1).await;
+    let answer = f.send_at(gate, true, Some(&driver), update_status("evaljob-sample", "team-a")).await.unwrap();
+    let (status, message) = answer.grpc();
+    assert_eq!(
+        (status.as_str(), percent_decode(&message).as_str()),
+        ("14", "keyward gate: gRPC needs HTTP/2, and this gate was told its upstream speaks HTTP/1.1 only (--upstream-protocol http1)")
+    );
+    assert_eq!(calls.lock().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn with_h2c_an_http2_caller_goes_on_as_http2_and_http1_stays_http1() {
+    let f = Fixture::start().await;
+    let driver = f.driver("team-a", "evaljob-sample");
+    let path = "/apis/v1/namespaces/team-a/runs/r1";
+    let upstream_addr = spawn_upstream(f.calls.clone(), None).await;
+    let h2c = Upstream::new(&format!("http://{upstream_addr}"), None, upstream::UpstreamProtocol::H2c).unwrap();
+    let gate = serve_with_upstream(&f, h2c).await;
+    for h2 in [true, false] {
+        let answer = f.send_at(gate, h2, Some(&driver), http_get(path)).await.unwrap();
+        assert_eq!(answer.status, 200, "{}", answer.text());
+    }
+    let versions: Vec<String> = f.upstream_calls().iter().map(|c| c.split(' ').nth(2).unwrap().to_string()).collect();
+    assert_eq!(versions, ["HTTP/2.0", "HTTP/1.1"]);
 }

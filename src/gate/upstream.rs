@@ -1,6 +1,10 @@
 //! The upstream the gate forwards allowed requests to: plain text over loopback (a sidecar in
-//! the control plane's pod) or TLS, in the protocol the caller spoke: HTTP/2 (gRPC) as HTTP/2
-//! (prior knowledge over plain text, ALPN over TLS), HTTP/1.1 as HTTP/1.1.
+//! the control plane's pod) or TLS. gRPC goes as HTTP/2 (prior knowledge over plain text, ALPN
+//! `h2` over TLS); everything else as `--upstream-protocol` says: by default HTTP/1.1 over
+//! plain text, and over TLS what the upstream's ALPN chooses. A caller's HTTP/2 is not
+//! forwarded as HTTP/2 to an upstream that may not speak it: curl's and Go's defaults negotiate
+//! h2 with the gate, and an HTTP/1.1-only upstream would answer the HTTP/2 preface with nothing
+//! (kube-rbac-proxy makes h2c to its upstream opt-in too, `--upstream-force-h2c`).
 
 use std::path::Path;
 use std::time::Duration;
@@ -26,10 +30,34 @@ const POOL_IDLE: usize = 64;
 pub struct Upstream {
     scheme: Scheme,
     authority: Authority,
+    protocol: UpstreamProtocol,
     h1: Client<HttpsConnector<HttpConnector>, Body>,
     h2: Client<HttpsConnector<HttpConnector>, Body>,
+    /// An `https://` upstream in `auto`: ALPN offers h2 and http/1.1, and the upstream chooses.
+    negotiated: Client<HttpsConnector<HttpConnector>, Body>,
     /// HTTP/2 calls whose body the gate holds: HEADERS and DATA in one write.
     held_h2: HeldCalls,
+}
+
+/// What the gate speaks to the upstream for requests that are not gRPC (`--upstream-protocol`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum UpstreamProtocol {
+    /// HTTP/1.1 to an `http://` upstream; to an `https://` one, what its ALPN chooses.
+    #[default]
+    Auto,
+    /// HTTP/1.1 only; gRPC, which needs HTTP/2, is refused.
+    Http1,
+    /// HTTP/2 with prior knowledge to an `http://` upstream, for every request.
+    H2c,
+}
+
+/// Why a request could not be sent.
+#[derive(Debug)]
+pub enum SendError {
+    /// The upstream could not be reached, or failed mid-request (the detail is for the log).
+    Unreachable(String),
+    /// The gate was told the upstream cannot take this request: said to the caller.
+    Unsupported(&'static str),
 }
 
 /// The body of a request to forward.
@@ -48,7 +76,7 @@ impl std::fmt::Debug for Upstream {
 
 impl Upstream {
     /// `url`: `http://127.0.0.1:8082` or `https://HOST:PORT` (then `ca` verifies it); no path.
-    pub fn new(url: &str, ca: Option<&Path>) -> Result<Self, String> {
+    pub fn new(url: &str, ca: Option<&Path>, protocol: UpstreamProtocol) -> Result<Self, String> {
         let uri: Uri = url.parse().map_err(|e| format!("--upstream {url:?}: not a URL ({e})"))?;
         let (Some(scheme), Some(authority)) = (uri.scheme().cloned(), uri.authority().cloned()) else {
             return Err(format!("--upstream {url:?}: give scheme, host and port, as http://127.0.0.1:8082"));
@@ -80,6 +108,11 @@ impl Upstream {
             }
             (other, _) => return Err(format!("--upstream {url:?}: scheme {other:?}; use http or https")),
         }
+        if scheme == Scheme::HTTPS && protocol == UpstreamProtocol::H2c {
+            return Err(
+                "--upstream-protocol h2c: HTTP/2 over plain text, for an http:// upstream; an https:// upstream's protocol is chosen by ALPN (auto), or is HTTP/1.1 (http1)".into(),
+            );
+        }
         let tls = || -> Result<rustls::ClientConfig, String> {
             Ok(rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
                 rustls::crypto::ring::default_provider(),
@@ -106,48 +139,97 @@ impl Upstream {
             .https_or_http()
             .enable_http2()
             .wrap_connector(http());
+        let negotiated = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls()?)
+            .https_or_http()
+            .enable_all_versions()
+            .wrap_connector(http());
         let held_h2 = HeldCalls::new(uri.clone(), h2.clone());
         Ok(Self {
             scheme,
             authority,
+            protocol,
             held_h2,
             h1: Client::builder(TokioExecutor::new()).pool_max_idle_per_host(POOL_IDLE).build(h1),
             h2: Client::builder(TokioExecutor::new()).http2_only(true).pool_max_idle_per_host(POOL_IDLE).build(h2),
+            negotiated: Client::builder(TokioExecutor::new()).pool_max_idle_per_host(POOL_IDLE).build(negotiated),
+        })
+    }
+
+    /// How a request goes (`h2`: the caller spoke HTTP/2; `grpc`: with a gRPC content type):
+    /// gRPC as HTTP/2, HTTP/1.1 as HTTP/1.1, other HTTP/2 as `--upstream-protocol` says.
+    fn route(&self, h2: bool, grpc: bool) -> Result<Route, SendError> {
+        Ok(match (h2, grpc, self.protocol) {
+            (true, true, UpstreamProtocol::Http1) => return Err(SendError::Unsupported(
+                "gRPC needs HTTP/2, and this gate was told its upstream speaks HTTP/1.1 only (--upstream-protocol http1)",
+            )),
+            (true, true, _) | (true, false, UpstreamProtocol::H2c) => Route::Http2,
+            (true, false, UpstreamProtocol::Auto) if self.scheme == Scheme::HTTPS => Route::Negotiated,
+            _ => Route::Http1,
         })
     }
 
     /// Sends the request (`parts`, its headers already the gate's, and `body`) to the
-    /// upstream, in the protocol it came in, and returns the upstream's response with its
-    /// hop-by-hop headers removed.
-    pub async fn send(&self, mut parts: http::request::Parts, body: Outgoing) -> Result<http::Response<Body>, String> {
+    /// upstream (`grpc`: with a gRPC content type) and returns the upstream's response
+    /// with its hop-by-hop headers removed.
+    pub async fn send(
+        &self,
+        mut parts: http::request::Parts,
+        body: Outgoing,
+        grpc: bool,
+    ) -> Result<http::Response<Body>, SendError> {
+        let route = self.route(parts.version == Version::HTTP_2, grpc)?;
         let path = parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
+        // An HTTP/2 request's authority is in its URI, not a Host header: one going on as
+        // HTTP/1.1 carries it as its Host, as the caller's HTTP/1.1 requests do.
+        if let (None, Some(authority)) = (parts.headers.get(http::header::HOST), parts.uri.authority()) {
+            if let Ok(host) = http::HeaderValue::from_str(authority.as_str()) {
+                parts.headers.insert(http::header::HOST, host);
+            }
+        }
         parts.uri = Uri::builder()
             .scheme(self.scheme.clone())
             .authority(self.authority.clone())
             .path_and_query(path)
             .build()
-            .map_err(|e| format!("cannot address the upstream: {e}"))?;
+            .map_err(|e| SendError::Unreachable(format!("cannot address the upstream: {e}")))?;
         strip_hop_by_hop(&mut parts.headers);
-        let h2 = parts.version == Version::HTTP_2;
-        let mut response = match (h2, body) {
-            (true, Outgoing::Held(bytes)) => {
-                self.held_h2.send(http::Request::from_parts(parts, ()), bytes).await?.map(Body::new)
+        let unreachable = |e: hyper_util::client::legacy::Error| SendError::Unreachable(describe(&e));
+        let mut response = match (route, body) {
+            (Route::Http2, Outgoing::Held(bytes)) => {
+                // HTTP/2 names its authority itself.
+                parts.headers.remove(http::header::HOST);
+                parts.version = Version::HTTP_2;
+                let head = http::Request::from_parts(parts, ());
+                self.held_h2.send(head, bytes).await.map_err(SendError::Unreachable)?.map(Body::new)
             }
-            (true, Outgoing::Streamed(body)) => {
-                self.h2.request(http::Request::from_parts(parts, body)).await.map_err(|e| describe(&e))?.map(Body::new)
+            (Route::Http2, Outgoing::Streamed(body)) => {
+                parts.headers.remove(http::header::HOST);
+                parts.version = Version::HTTP_2;
+                self.h2.request(http::Request::from_parts(parts, body)).await.map_err(unreachable)?.map(Body::new)
             }
-            (false, body) => {
+            (route, body) => {
                 parts.version = Version::HTTP_11;
                 let body = match body {
                     Outgoing::Held(bytes) => Body::from(bytes),
                     Outgoing::Streamed(body) => body,
                 };
-                self.h1.request(http::Request::from_parts(parts, body)).await.map_err(|e| describe(&e))?.map(Body::new)
+                let client = if route == Route::Negotiated { &self.negotiated } else { &self.h1 };
+                client.request(http::Request::from_parts(parts, body)).await.map_err(unreachable)?.map(Body::new)
             }
         };
         strip_hop_by_hop(response.headers_mut());
         Ok(response)
     }
+}
+
+/// The client a request goes by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    Http1,
+    Http2,
+    /// TLS with ALPN h2 and http/1.1: the upstream chooses.
+    Negotiated,
 }
 
 /// The headers of one connection, not of the request (RFC 9110 7.6.1), and those the
@@ -201,24 +283,54 @@ mod tests {
 
     #[test]
     fn the_upstream_is_a_scheme_host_and_port_and_nothing_else() {
-        assert!(Upstream::new("http://127.0.0.1:8082", None).is_ok());
+        assert!(Upstream::new("http://127.0.0.1:8082", None, UpstreamProtocol::Auto).is_ok());
         assert_eq!(
-            Upstream::new("http://127.0.0.1:8082/api", None).unwrap_err(),
+            Upstream::new("http://127.0.0.1:8082/api", None, UpstreamProtocol::Auto).unwrap_err(),
             "--upstream \"http://127.0.0.1:8082/api\": no path; requests are forwarded with their own path, unchanged"
         );
         assert_eq!(
-            Upstream::new("127.0.0.1:8082", None).unwrap_err(),
+            Upstream::new("127.0.0.1:8082", None, UpstreamProtocol::Auto).unwrap_err(),
             "--upstream \"127.0.0.1:8082\": give scheme, host and port, as http://127.0.0.1:8082"
         );
         assert_eq!(
-            Upstream::new("http://localhost", None).unwrap_err(),
+            Upstream::new("http://localhost", None, UpstreamProtocol::Auto).unwrap_err(),
             "--upstream \"http://localhost\": give the port, as http://127.0.0.1:8082"
         );
         assert_eq!(
-            Upstream::new("https://api:8443", None).unwrap_err(),
+            Upstream::new("https://api:8443", None, UpstreamProtocol::Auto).unwrap_err(),
             "--upstream https://…: give --upstream-ca, the CA that signed the upstream's certificate"
         );
-        assert!(Upstream::new("ftp://x:1", None).unwrap_err().contains("scheme \"ftp\""));
+        assert!(Upstream::new("ftp://x:1", None, UpstreamProtocol::Auto).unwrap_err().contains("scheme \"ftp\""));
+    }
+
+    #[test]
+    fn grpc_goes_as_http2_and_the_rest_as_the_upstream_protocol_says() {
+        let at = |url: &str, protocol| Upstream::new(url, None, protocol).unwrap();
+        // (gRPC over HTTP/2, other HTTP/2, HTTP/1.1 with either content type)
+        let routes =
+            |u: &Upstream| [u.route(true, false), u.route(false, false), u.route(false, true)].map(|r| r.ok().unwrap());
+        let plain = at("http://127.0.0.1:8082", UpstreamProtocol::Auto);
+        assert_eq!(plain.route(true, true).unwrap(), Route::Http2);
+        assert_eq!(routes(&plain), [Route::Http1; 3]);
+        let h2c = at("http://127.0.0.1:8082", UpstreamProtocol::H2c);
+        assert_eq!(h2c.route(true, true).unwrap(), Route::Http2);
+        assert_eq!(routes(&h2c), [Route::Http2, Route::Http1, Route::Http1]);
+        let http1 = at("http://127.0.0.1:8082", UpstreamProtocol::Http1);
+        assert_eq!(routes(&http1), [Route::Http1; 3]);
+        let Err(SendError::Unsupported(why)) = http1.route(true, true) else { panic!("gRPC over HTTP/1.1") };
+        assert!(why.contains("--upstream-protocol http1"), "{why}");
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.crt");
+        let now = std::time::SystemTime::now();
+        let minted = keyward_certs::pki::Ca::mint("upstream CA", now, std::time::Duration::from_secs(3600)).unwrap();
+        std::fs::write(&ca, minted.cert_pem()).unwrap();
+        let tls = Upstream::new("https://api:8443", Some(&ca), UpstreamProtocol::Auto).unwrap();
+        assert_eq!(tls.route(true, true).unwrap(), Route::Http2);
+        assert_eq!(routes(&tls), [Route::Negotiated, Route::Http1, Route::Http1]);
+        assert_eq!(
+            Upstream::new("https://api:8443", Some(&ca), UpstreamProtocol::H2c).err().unwrap(),
+            "--upstream-protocol h2c: HTTP/2 over plain text, for an http:// upstream; an https:// upstream's protocol is chosen by ALPN (auto), or is HTTP/1.1 (http1)"
+        );
     }
 
     #[test]

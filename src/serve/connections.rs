@@ -24,8 +24,10 @@
 //! - a failing `accept` (out of file descriptors) backs off exponentially, evicts an idle
 //!   connection to free a descriptor, and is logged once per burst, not once per attempt.
 //!
-//! The protocol comes from ALPN (`h2`, else HTTP/1.1), never from sniffing the first bytes, so
-//! a client that says nothing is timed from the end of its handshake.
+//! Over TLS the protocol comes from ALPN (`h2`, else HTTP/1.1), never from sniffing the first
+//! bytes, so a client that says nothing is timed from the end of its handshake. Over plain TCP
+//! (the gate's plaintext listener) it comes from the first bytes: the HTTP/2 preface, read
+//! within the first-request timeout, or HTTP/1.1.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -65,6 +67,8 @@ const CLOSING_HEADROOM: usize = 16;
 /// Accept back-off: from the first failure up to the longest pause.
 const BACKOFF_FIRST: Duration = Duration::from_millis(5);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// At most one info line per this long about refused TLS handshakes, per listener.
+const REFUSED_LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// The limits of one listener.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,11 +81,15 @@ pub struct ConnectionLimits {
     pub shutdown_grace: Duration,
 }
 
-/// How a listener's connections start: TLS (the webhook) or plain TCP (metrics).
+/// How a listener's connections start: TLS (the webhook, the gate), plain TCP with HTTP/1.1
+/// (metrics), or plain TCP with HTTP/1.1 or HTTP/2 (the gate's plaintext listener).
 #[derive(Clone)]
 pub enum Transport {
     Tls(TlsAcceptor),
     Plain,
+    /// HTTP/1.1, or HTTP/2 with prior knowledge (gRPC without TLS), told apart by the HTTP/2
+    /// connection preface, the one case where there is no ALPN to ask.
+    PlainOrH2c,
 }
 
 /// Why keyward closed a connection (a metrics label).
@@ -396,6 +404,8 @@ pub struct Connections {
     live: Mutex<Registry>,
     /// Notified whenever a connection ends, for the shutdown drain.
     ended: Notify,
+    /// Refused handshakes are logged at info, at most one line per [`REFUSED_LOG_EVERY`].
+    refused_log: Mutex<LogLimit>,
 }
 
 #[derive(Default)]
@@ -422,7 +432,29 @@ impl Connections {
             clock: Clock(Instant::now()),
             live: Mutex::new(Registry::default()),
             ended: Notify::new(),
+            refused_log: Mutex::new(LogLimit::default()),
         })
+    }
+
+    /// A client whose handshake failed: said at info, so an operator sees why a client cannot
+    /// connect (a certificate from another CA, no shared protocol version), but at most once per
+    /// [`REFUSED_LOG_EVERY`] (a scanner must not flood the log); the rest at debug, counted in
+    /// the next info line.
+    fn handshake_refused(&self, peer: SocketAddr, error: &io::Error) {
+        let now = Instant::now();
+        let allowed = self.refused_log.lock().unwrap_or_else(|p| p.into_inner()).allow(now, REFUSED_LOG_EVERY);
+        // The error is rustls' (a fixed text per cause), quoted all the same.
+        let error = error.to_string();
+        match allowed {
+            Some(not_logged) => tracing::info!(
+                role = self.role,
+                %peer,
+                error = ?error,
+                not_logged,
+                "TLS handshake refused (logged at most once per 10 s; not_logged: refusals since the last line)"
+            ),
+            None => tracing::debug!(role = self.role, %peer, error = ?error, "TLS handshake refused"),
+        }
     }
 
     fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
@@ -647,13 +679,29 @@ async fn connection(
             state.idle_since.store(clock.now_ms(), Ordering::Release);
             http1(tcp, app, connections, state, stop, None).await
         }
+        Transport::PlainOrH2c => {
+            state.idle_since.store(clock.now_ms(), Ordering::Release);
+            let mut tcp = tcp;
+            let mut stopping = stop.clone();
+            let sniffed = tokio::select! {
+                read = tokio::time::timeout(limits.request_read_timeout, sniff_h2(&mut tcp, state, clock)) => read,
+                _ = state.evict.notified() => return Some(CloseReason::Evicted),
+                _ = stopping.wait_for(|s| *s) => return Some(CloseReason::Shutdown),
+            };
+            match sniffed {
+                Ok(Ok((first, true))) => http2(Prefixed::new(first, tcp), app, connections, state, stop, None).await,
+                Ok(Ok((first, false))) => http1(Prefixed::new(first, tcp), app, connections, state, stop, None).await,
+                Ok(Err(_)) => None,
+                Err(_) => Some(CloseReason::FirstRequestTimeout),
+            }
+        }
         Transport::Tls(acceptor) => {
             let handshake = tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp));
             let tls = tokio::select! {
                 done = handshake => match done {
                     Ok(Ok(tls)) => tls,
                     Ok(Err(e)) => {
-                        tracing::debug!(role = connections.role, %peer, error = %e, "TLS handshake failed");
+                        connections.handshake_refused(peer, &e);
                         return Some(CloseReason::HandshakeFailed);
                     }
                     Err(_) => {
@@ -677,6 +725,89 @@ async fn connection(
                 http1(tls, app, connections, state, stop, peer).await
             }
         }
+    }
+}
+
+/// The HTTP/2 connection preface (RFC 9113, 3.4): what a client that knows the server speaks
+/// HTTP/2 sends first (gRPC without TLS); no HTTP/1.1 request starts with it.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Reads a plain connection's first bytes until they are the HTTP/2 preface or cannot be, never
+/// past its length; returns them, to be read again, and whether they were. Their first byte
+/// starts the request's header deadline, as it does on a connection read by hyper.
+async fn sniff_h2(tcp: &mut TcpStream, state: &ConnState, clock: Clock) -> io::Result<(Vec<u8>, bool)> {
+    use tokio::io::AsyncReadExt;
+    let mut first = vec![0; H2_PREFACE.len()];
+    let mut filled = 0;
+    loop {
+        let n = tcp.read(&mut first[filled..]).await?;
+        if n == 0 {
+            first.truncate(filled);
+            return Ok((first, false));
+        }
+        if filled == 0 {
+            state.reading_since.store(clock.now_ms(), Ordering::Release);
+        }
+        filled += n;
+        if !H2_PREFACE.starts_with(&first[..filled]) {
+            first.truncate(filled);
+            return Ok((first, false));
+        }
+        if filled == H2_PREFACE.len() {
+            return Ok((first, true));
+        }
+    }
+}
+
+/// A connection whose first bytes were already read: they are read again first.
+struct Prefixed<I> {
+    first: Vec<u8>,
+    read: usize,
+    io: I,
+}
+
+impl<I> Prefixed<I> {
+    fn new(first: Vec<u8>, io: I) -> Self {
+        Self { first, read: 0, io }
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for Prefixed<I> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        if this.read < this.first.len() {
+            let n = buf.remaining().min(this.first.len() - this.read);
+            buf.put_slice(&this.first[this.read..this.read + n]);
+            this.read += n;
+            if this.read == this.first.len() {
+                this.first = Vec::new();
+                this.read = 0;
+            }
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.io).poll_read(cx, buf)
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for Prefixed<I> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
     }
 }
 
@@ -820,6 +951,31 @@ where
     }
 }
 
+// === impl LogLimit ===
+
+/// One log line per period: the rest are counted, and the next line says how many.
+#[derive(Debug, Default)]
+struct LogLimit {
+    last: Option<Instant>,
+    held_back: u64,
+}
+
+impl LogLimit {
+    /// `Some(n)`: log now; `n` lines were held back since the last one. `None`: hold this back.
+    fn allow(&mut self, now: Instant, every: Duration) -> Option<u64> {
+        match self.last {
+            Some(last) if now.saturating_duration_since(last) < every => {
+                self.held_back += 1;
+                None
+            }
+            _ => {
+                self.last = Some(now);
+                Some(std::mem::take(&mut self.held_back))
+            }
+        }
+    }
+}
+
 // === impl AcceptErrors ===
 
 /// A run of accept failures: how long to pause before the next attempt, and whether to log.
@@ -909,6 +1065,19 @@ mod tests {
             idle_timeout: Duration::from_secs(120),
             shutdown_grace: Duration::from_secs(20),
         }
+    }
+
+    #[test]
+    fn refused_handshakes_are_logged_once_a_period_and_the_next_line_counts_the_rest() {
+        let mut limit = LogLimit::default();
+        let start = Instant::now();
+        let every = Duration::from_secs(10);
+        assert_eq!(limit.allow(start, every), Some(0));
+        assert_eq!(limit.allow(start + Duration::from_secs(1), every), None);
+        assert_eq!(limit.allow(start + Duration::from_secs(9), every), None);
+        assert_eq!(limit.allow(start + every, every), Some(2));
+        assert_eq!(limit.allow(start + every + Duration::from_secs(1), every), None);
+        assert_eq!(limit.allow(start + every * 3, every), Some(1));
     }
 
     #[test]
