@@ -38,6 +38,7 @@ pub fn identity_headers(caller: &Caller, groups: &[String]) -> Vec<(&'static str
             ],
         ),
         Caller::ServiceAccount(sa) => (sa.to_string(), groups.to_vec()),
+        Caller::User(user) => (user.to_string(), groups.to_vec()),
         // An upstream that reads these learns of no one: none are sent.
         Caller::Anonymous => return Vec::new(),
     };

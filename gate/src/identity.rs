@@ -32,6 +32,16 @@ pub struct ServiceAccount {
     pub name: String,
 }
 
+/// Any other user a TokenReview authenticates: a person (`alice`, `oidc:bob`, `kube:admin`), a
+/// node. Kept as the API server gives it, checked only so that it cannot split a header or a
+/// log line: printable ASCII, at most [`MAX_USERNAME_BYTES`], and not a malformed service
+/// account's name (which would be mistaken for one).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct UserName(String);
+
+/// The longest username the gate accepts from a TokenReview.
+pub const MAX_USERNAME_BYTES: usize = 512;
+
 /// The longest SPIFFE ID the SPIFFE specification lets a verifier accept.
 pub const MAX_SPIFFE_ID_BYTES: usize = 2048;
 
@@ -110,6 +120,38 @@ impl ServiceAccount {
             return Err(refuse("the account's name is not a DNS-1123 subdomain"));
         }
         Ok(Self { namespace: namespace.to_string(), name: name.to_string() })
+    }
+}
+
+// === impl UserName ===
+
+impl UserName {
+    /// Reads a TokenReview's `status.user.username` that is not a service account's.
+    pub fn parse(username: &str) -> Result<Self, Error> {
+        let refuse = |why: &str| Error::Identity(format!("username {}: {why}", quoted(username, 64)));
+        if username.is_empty() {
+            return Err(refuse("is empty"));
+        }
+        if username.len() > MAX_USERNAME_BYTES {
+            return Err(refuse(&format!("is longer than {MAX_USERNAME_BYTES} bytes")));
+        }
+        if !username.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+            return Err(refuse("holds a byte that is not printable ASCII, which no header can carry as it is"));
+        }
+        if username.starts_with("system:serviceaccount:") {
+            return Err(refuse("looks like a service account's but is not one (system:serviceaccount:NAMESPACE:NAME)"));
+        }
+        Ok(Self(username.to_string()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for UserName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
     }
 }
 
@@ -219,6 +261,24 @@ mod tests {
             let e = ServiceAccount::parse(username).unwrap_err().to_string();
             assert!(e.contains(why), "{username}: {e}");
         }
+    }
+
+    #[test]
+    fn any_other_user_is_kept_as_given_unless_it_could_split_a_header() {
+        for name in ["alice", "oidc:bob@example.com", "kube:admin", "system:node:worker-1", "https://issuer#sub"] {
+            assert_eq!(UserName::parse(name).unwrap().as_str(), name);
+        }
+        for (username, why) in [
+            ("", "is empty"),
+            ("alice\r\nx-remote-user: admin", "not printable ASCII"),
+            ("zoë", "not printable ASCII"),
+            ("system:serviceaccount:KF:runner", "looks like a service account's"),
+        ] {
+            let e = UserName::parse(username).unwrap_err().to_string();
+            assert!(e.contains(why) && !e.contains('\n'), "{username}: {e}");
+        }
+        assert!(UserName::parse(&"a".repeat(512)).is_ok());
+        assert!(UserName::parse(&"a".repeat(513)).unwrap_err().to_string().contains("longer than 512 bytes"));
     }
 
     proptest! {

@@ -12,7 +12,7 @@ use keyward_engine::text::quoted;
 use serde::Deserialize;
 
 use crate::grpc;
-use crate::identity::{ServiceAccount, WorkloadIdentity};
+use crate::identity::{ServiceAccount, UserName, WorkloadIdentity};
 use crate::owners::{LiveOwner, LiveOwnerSpec};
 use crate::route::{PathPattern, RequestPath};
 
@@ -130,6 +130,10 @@ pub struct Callers {
     /// `subjectAccessReview` decides, as the ODH InferenceGraph router's does.
     #[serde(default)]
     pub any_service_account: bool,
+    /// Any user whose token the TokenReview accepts, service account or person: for a rule
+    /// whose `subjectAccessReview` decides, as the ODH InferenceGraph router admits callers.
+    #[serde(default)]
+    pub any_user: bool,
     /// Every caller, with no credential at all: for a route the upstream itself serves without
     /// authentication (KFP's v2 cache calls). Only on a named route (gRPC methods listed; HTTP
     /// methods listed and no `**`), alone: never with other callers, conditions or a review.
@@ -304,16 +308,19 @@ impl Gate {
                     "{at}.callers.anyServiceAccount admits every account in the cluster; give the rule a subjectAccessReview, or list serviceAccounts"
                 ));
             }
-            if !tokens && (r.callers.any_service_account || !r.callers.service_accounts.is_empty()) {
+            if r.callers.any_user && r.subject_access_review.is_none() {
+                problems.push(format!(
+                    "{at}.callers.anyUser admits everyone the cluster authenticates; give the rule a subjectAccessReview"
+                ));
+            }
+            let by_token =
+                r.callers.any_service_account || r.callers.any_user || !r.callers.service_accounts.is_empty();
+            if !tokens && by_token {
                 problems.push(format!(
                     "{at}.callers admits service accounts, whose tokens the gate checks only with spec.tokenReview: add it (with the audiences the tokens are bound to)"
                 ));
             }
-            if !workloads
-                && r.callers.service_accounts.is_empty()
-                && !r.callers.any_service_account
-                && !r.callers.anonymous
-            {
+            if !workloads && !by_token && !r.callers.anonymous {
                 problems.push(format!(
                     "{at}.callers admits no one: list workloads (client certificates) or serviceAccounts (tokens)"
                 ));
@@ -404,7 +411,11 @@ fn anonymous_problems(
     route: Option<&Route>,
     problems: &mut Vec<String>,
 ) {
-    if callers.workloads.is_some() || !callers.service_accounts.is_empty() || callers.any_service_account {
+    if callers.workloads.is_some()
+        || !callers.service_accounts.is_empty()
+        || callers.any_service_account
+        || callers.any_user
+    {
         problems.push(format!(
             "{at}.callers.anonymous admits every caller, so listing workloads or serviceAccounts beside it means nothing: give them a rule of their own"
         ));
@@ -437,6 +448,8 @@ fn anonymous_problems(
 pub enum Caller {
     Workload(WorkloadIdentity),
     ServiceAccount(ServiceAccount),
+    /// Any other user a token names (a person, a node): admitted only by `anyUser`.
+    User(UserName),
     /// No client certificate and no bearer token.
     Anonymous,
 }
@@ -664,6 +677,7 @@ impl Rule {
             user: match caller {
                 Caller::Workload(id) => id.to_string(),
                 Caller::ServiceAccount(sa) => sa.to_string(),
+                Caller::User(user) => user.to_string(),
                 // Never reached: an anonymous rule has no review, and no other admits one.
                 Caller::Anonymous => "system:anonymous".into(),
             },
@@ -688,7 +702,10 @@ impl Rule {
 
     /// Whether a caller without a client certificate can match: a token, or no credential.
     fn without_certificate(&self) -> bool {
-        self.callers.anonymous || self.callers.any_service_account || !self.callers.service_accounts.is_empty()
+        self.callers.anonymous
+            || self.callers.any_service_account
+            || self.callers.any_user
+            || !self.callers.service_accounts.is_empty()
     }
 
     fn admits(&self, caller: &Caller) -> bool {
@@ -703,8 +720,10 @@ impl Rule {
             }),
             Caller::ServiceAccount(sa) => {
                 self.callers.any_service_account
+                    || self.callers.any_user
                     || self.callers.service_accounts.iter().any(|a| a.namespace == sa.namespace && a.name == sa.name)
             }
+            Caller::User(_) => self.callers.any_user,
             Caller::Anonymous => false,
         }
     }
@@ -721,7 +740,9 @@ impl Callers {
             let namespaces = if w.namespaces.is_empty() { "any namespace".to_string() } else { w.namespaces.join("|") };
             who.push(format!("workloads ({kinds}, {namespaces}) by client certificate"));
         }
-        if self.any_service_account {
+        if self.any_user {
+            who.push("any user by token".into());
+        } else if self.any_service_account {
             who.push("any service account by token".into());
         } else if !self.service_accounts.is_empty() {
             let names: Vec<String> =
@@ -836,6 +857,8 @@ fn field_of(caller: &Caller, field: CallerField) -> Option<&str> {
         (Caller::ServiceAccount(sa), CallerField::Namespace) => Some(&sa.namespace),
         (Caller::ServiceAccount(sa), CallerField::Name) => Some(&sa.name),
         (Caller::ServiceAccount(_), CallerField::Kind) => None,
+        (Caller::User(user), CallerField::Name) => Some(user.as_str()),
+        (Caller::User(_), _) => None,
         (Caller::Anonymous, _) => None,
     }
 }
@@ -861,6 +884,7 @@ fn describe(caller: &Caller) -> String {
     match caller {
         Caller::Workload(id) => format!("workload {id}"),
         Caller::ServiceAccount(sa) => format!("service account {sa}"),
+        Caller::User(user) => format!("user {user}"),
         Caller::Anonymous => "an anonymous caller (no client certificate, no bearer token)".into(),
     }
 }

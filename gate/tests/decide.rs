@@ -541,3 +541,40 @@ fn the_summary_says_which_rules_a_caller_without_a_certificate_can_reach() {
     let certificates_only = LMEVAL.split("    - name: agents").next().unwrap();
     assert!(!load("only.yaml", certificates_only).unwrap().gate.admits_without_certificate());
 }
+
+#[test]
+fn any_user_means_every_authenticated_caller_and_needs_a_review_and_tokens() {
+    let file = |extra: &str, review: bool| {
+        let review = if review {
+            "      subjectAccessReview: {verb: get, group: serving.kserve.io, resource: inferencegraphs, namespace: team-a, name: g}\n"
+        } else {
+            ""
+        };
+        format!("apiVersion: keyward.io/v1alpha1\nkind: Gate\nmetadata: {{name: g}}\nspec:\n{extra}  rules:\n    - name: r\n      http: {{path: /**}}\n      callers: {{anyUser: true}}\n{review}")
+    };
+    assert_eq!(
+        load("g.yaml", &file("", false)).unwrap_err(),
+        [
+            "g.yaml: spec.rules[0] (\"r\").callers.anyUser admits everyone the cluster authenticates; give the rule a subjectAccessReview",
+            "g.yaml: spec.rules[0] (\"r\").callers admits service accounts, whose tokens the gate checks only with spec.tokenReview: add it (with the audiences the tokens are bound to)",
+        ]
+    );
+    let gate = load("g.yaml", &file("  tokenReview: {}\n", true)).unwrap().gate;
+    let request = Request { method: "POST", path: "/v1/models/x:predict", headers: &[], body: &[] };
+    let path = RequestPath::parse(request.path).unwrap();
+    let alice = Caller::User(keyward_gate::identity::UserName::parse("alice").unwrap());
+    let runner = Caller::ServiceAccount(ServiceAccount::parse("system:serviceaccount:team-a:runner").unwrap());
+    for (caller, user) in [(&alice, "alice"), (&runner, "system:serviceaccount:team-a:runner")] {
+        let verdict = gate.decide(caller, &request, &path, &|_| None);
+        assert_eq!(verdict.pending.len(), 1, "{caller:?}");
+        assert_eq!(verdict.pending[0].user, user);
+        let allowed = gate.decide(caller, &request, &path, &|r| Some(r.user == "alice"));
+        assert_eq!(allowed.allowed_by.is_some(), user == "alice");
+    }
+    let verdict = gate.decide(&driver("team-a", "j"), &request, &path, &|_| Some(true));
+    assert_eq!(verdict.reason(), "rule \"r\": it does not admit workload spiffe://cluster.local/ns/team-a/lmevaljob/j");
+    assert_eq!(
+        gate.summary(),
+        ["rule \"r\": any method /**; callers: any user by token; over TLS and over --listen-plaintext"]
+    );
+}

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context as _};
 use clap::Args;
-use keyward_gate::identity::{ServiceAccount, WorkloadIdentity};
+use keyward_gate::identity::{ServiceAccount, UserName, WorkloadIdentity};
 use keyward_gate::route::RequestPath;
 use keyward_gate::rules::{Caller, Request};
 
@@ -17,7 +17,7 @@ pub struct CheckGateArgs {
     file: PathBuf,
     /// Who calls: a keyward workload identity (spiffe://TRUST-DOMAIN/ns/NAMESPACE/KIND/NAME,
     /// by client certificate), a service account (system:serviceaccount:NAMESPACE:NAME, by
-    /// token), or `anonymous` (no credential).
+    /// token), `anonymous` (no credential), or any other user a token names (alice).
     #[arg(long, requires = "request", value_name = "IDENTITY")]
     caller: Option<String>,
     /// The request: `METHOD PATH` (`POST /LMEvalJobUpdateService/UpdateStatus` for gRPC).
@@ -49,8 +49,10 @@ pub fn check(args: &CheckGateArgs) -> anyhow::Result<ExitCode> {
         Caller::Workload(WorkloadIdentity::parse(caller)?)
     } else if caller == "anonymous" {
         Caller::Anonymous
-    } else {
+    } else if caller.starts_with("system:serviceaccount:") {
         Caller::ServiceAccount(ServiceAccount::parse(caller)?)
+    } else {
+        Caller::User(UserName::parse(caller)?)
     };
     let Some((method, path)) = request.split_once(' ') else {
         bail!("--request {request:?}: write METHOD PATH, as `POST /LMEvalJobUpdateService/UpdateStatus`");
@@ -91,7 +93,7 @@ pub fn check(args: &CheckGateArgs) -> anyhow::Result<ExitCode> {
     // Offline, the owner watch is not there either: say what the gate would also require.
     let owner = match &caller {
         Caller::Workload(id) => loaded.gate.live_owner(&id.kind).map(|o| (o, id)),
-        Caller::ServiceAccount(_) | Caller::Anonymous => None,
+        Caller::ServiceAccount(_) | Caller::User(_) | Caller::Anonymous => None,
     };
     if let (Some((owner, id)), Some(_)) = (owner, &verdict.allowed_by) {
         println!(

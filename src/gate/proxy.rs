@@ -210,7 +210,7 @@ async fn authenticate(
         return Err(unauthenticated("this gate accepts client certificates only, not bearer tokens".into()));
     };
     match reviews.token(token, audiences).await {
-        Ok(account) => Ok((Caller::ServiceAccount(account.account), account.groups)),
+        Ok(account) => Ok((account.caller, account.groups)),
         Err(TokenRefused::Rejected(why)) => Err(unauthenticated(why)),
         Err(TokenRefused::Unavailable(why)) => Err(Stop::new(Decision::Unavailable, grpc, why)),
     }
@@ -269,6 +269,7 @@ fn describe(caller: &Caller) -> String {
     match caller {
         Caller::Workload(id) => id.to_string(),
         Caller::ServiceAccount(sa) => sa.to_string(),
+        Caller::User(user) => user.to_string(),
         Caller::Anonymous => "anonymous".into(),
     }
 }

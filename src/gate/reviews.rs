@@ -16,8 +16,9 @@ use std::time::{Duration, SystemTime};
 use futures::future::{BoxFuture, FutureExt, Shared};
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
-use keyward_gate::identity::ServiceAccount;
+use keyward_gate::identity::{ServiceAccount, UserName};
 use keyward_gate::rules::AccessReview;
+use keyward_gate::rules::Caller;
 use keyward_gate::token_cache::{review_key, Limits, Review, ReviewCache, TokenCache};
 use kube::api::PostParams;
 use kube::Api;
@@ -39,10 +40,11 @@ pub enum TokenRefused {
     Unavailable(String),
 }
 
-/// A verified token's account and the groups the API server gave it.
+/// A verified token's user (a service account, or any other user) and the groups the API
+/// server gave it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Account {
-    pub account: ServiceAccount,
+    pub caller: Caller,
     pub groups: Vec<String>,
 }
 
@@ -159,10 +161,16 @@ impl Reviews {
         });
         self.metrics.observe_review("token", result);
         match review {
-            Review::Authenticated { username, groups } => match ServiceAccount::parse(&username) {
-                Ok(account) => Ok(Account { account, groups }),
-                Err(e) => Err(TokenRefused::Rejected(format!("the token's user: {e}"))),
-            },
+            Review::Authenticated { username, groups } => {
+                let caller = match ServiceAccount::parse(&username) {
+                    Ok(account) => Caller::ServiceAccount(account),
+                    Err(_) => Caller::User(
+                        UserName::parse(&username)
+                            .map_err(|e| TokenRefused::Rejected(format!("the token's user: {e}")))?,
+                    ),
+                };
+                Ok(Account { caller, groups })
+            }
             Review::Rejected(why) => Err(TokenRefused::Rejected(why)),
         }
     }

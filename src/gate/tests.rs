@@ -22,6 +22,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use keyward_certs::pki::{Ca, Minted};
 use keyward_certs::DnType;
 use keyward_gate::grpc::encode_strings;
+use keyward_gate::identity::ServiceAccount;
+use keyward_gate::rules::Caller;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use serde_json::{json, Value};
@@ -41,6 +43,8 @@ use crate::serve::{ListenerConfig, TlsSource};
 const DAY: Duration = Duration::from_secs(86_400);
 /// Only turns a hang into a failure.
 const EVENT_TIMEOUT: Duration = Duration::from_secs(30);
+/// The API server's own audience: a token asked about with no audience is checked for it.
+const API_AUDIENCE: &str = "https://kubernetes.default.svc";
 const REVIEW_TIMEOUT: Duration = Duration::from_millis(500);
 const READ_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -171,11 +175,15 @@ impl FakeApi {
         let answer = if path.ends_with("tokenreviews") {
             assert_eq!(body["kind"], "TokenReview");
             let token = body["spec"]["token"].as_str().unwrap();
-            let asked: Vec<String> = serde_json::from_value(body["spec"]["audiences"].clone()).unwrap();
-            assert_eq!(asked, ["pipelines.kubeflow.org"], "the gate file's audiences");
+            let asked: Vec<String> = serde_json::from_value(body["spec"]["audiences"].clone()).unwrap_or_default();
+            // The gate file's audiences: the KFP-style file's, or none (the API server's own, as
+            // the inference-graph recipe asks).
+            assert!(asked == ["pipelines.kubeflow.org"] || asked.is_empty(), "{asked:?}");
             match s.tokens.get(token) {
-                // As the apiserver answers: the audiences asked for that the token is good for.
+                // As the apiserver answers: the audiences asked for that the token is good for
+                // (none asked: the API server's, API_AUDIENCE here).
                 Some((user, good_for)) => {
+                    let asked = if asked.is_empty() { vec![API_AUDIENCE.to_string()] } else { asked };
                     let both: Vec<&String> = good_for.iter().filter(|a| asked.contains(a)).collect();
                     if both.is_empty() {
                         json!({"status": {"authenticated": false, "error": "token audiences [\"other\"] is invalid for the target audiences"}})
@@ -921,7 +929,10 @@ async fn requests_with_the_same_new_token_share_one_token_review() {
     };
     let (answers, ()) = tokio::join!(all, release);
     for answer in answers {
-        assert_eq!(answer.unwrap().account.to_string(), "system:serviceaccount:team-a:pipeline-runner");
+        assert_eq!(
+            answer.unwrap().caller,
+            Caller::ServiceAccount(ServiceAccount::parse("system:serviceaccount:team-a:pipeline-runner").unwrap())
+        );
     }
     assert_eq!(api.counts(), (1, 0), "one TokenReview for eight requests");
     assert!(reviews.token("runner-token", &audiences).await.is_ok());
@@ -1374,4 +1385,49 @@ async fn with_h2c_an_http2_caller_goes_on_as_http2_and_http1_stays_http1() {
     }
     let versions: Vec<String> = f.upstream_calls().iter().map(|c| c.split(' ').nth(2).unwrap().to_string()).collect();
     assert_eq!(versions, ["HTTP/2.0", "HTTP/1.1"]);
+}
+
+/// The inference-graph recipe, as ODH's router decides (opendatahub-io/kserve 3cf0a04,
+/// cmd/router/main.go l.497-644): any user the API server authenticates, a person as well as a
+/// service account, whom the SubjectAccessReview (the user alone) allows.
+#[tokio::test]
+async fn any_user_the_cluster_authenticates_reaches_the_graph_when_the_review_allows() {
+    let recipe =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/gate/recipes/inference-graph.yaml")).unwrap();
+    let f = Fixture::start_with(&recipe).await;
+    let runner = "system:serviceaccount:team-a:client";
+    {
+        let mut s = f.api.state.lock().unwrap();
+        for (token, user) in [("alice-token", "alice"), ("bob-token", "bob"), ("runner-token", runner)] {
+            s.tokens.insert(token.into(), (user.into(), vec![API_AUDIENCE.into()]));
+        }
+        s.tokens.insert("kfp-token".into(), ("carol".into(), vec!["pipelines.kubeflow.org".into()]));
+        for user in ["alice", runner] {
+            s.graphs.push((user.into(), "team-a".into(), "my-graph".into()));
+        }
+    }
+    let predict = |token: &str| {
+        bearer(
+            Request::post("https://localhost/v1/models/x:predict").body(Full::new(Bytes::from_static(b"{}"))).unwrap(),
+            token,
+        )
+    };
+    for (token, user) in [("alice-token", "alice"), ("runner-token", runner)] {
+        let answer = f.call(false, None, predict(token)).await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        assert_eq!(
+            answer.text(),
+            format!("POST /v1/models/x:predict HTTP/1.1 user={user} groups=system:serviceaccounts|system:authenticated identity= kubeflow-userid= xfcc= body=2")
+        );
+    }
+    let bob = f.call(false, None, predict("bob-token")).await;
+    assert_eq!(
+        (bob.status, bob.text().as_str()),
+        (403, "keyward gate: rule \"callers who may get the graph\": the API server does not allow bob to get inferencegraphs.serving.kserve.io \"my-graph\" in namespace \"team-a\"\n")
+    );
+    // A token bound to another audience is not the API server's: rejected, as the router's
+    // TokenReview rejects it.
+    let carol = f.call(false, None, predict("kfp-token")).await;
+    assert_eq!(carol.status, 401, "{}", carol.text());
+    assert_eq!(f.upstream_calls().len(), 2);
 }
