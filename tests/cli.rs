@@ -550,6 +550,16 @@ fn the_kfp_and_inference_graph_recipes_decide_their_systems_requests() {
         "{}",
         stdout(&o)
     );
+    // A person, as ODH's router admits one: the review decides.
+    let o = decide(graph, "alice", "POST /v1/models/x:predict");
+    assert_eq!(o.status.code(), Some(3));
+    assert!(stdout(&o).contains("would ask the API server: may alice get inferencegraphs"), "{}", stdout(&o));
+    // The v2 driver's cache lookup needs no credential; another method of the service does.
+    let o = decide(kfp, "anonymous", "POST /api.TaskService/ListTasksV1");
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    assert!(stdout(&o).ends_with("allowed by rule \"the v2 driver and launcher use the cache\"\n"), "{}", stdout(&o));
+    let o = decide(kfp, "anonymous", "POST /api.TaskService/DeleteTaskV1");
+    assert_eq!(o.status.code(), Some(3), "{}", stdout(&o));
     let o = decide(graph, "spiffe://cluster.local/ns/team-a/lmevaljob/j", "POST /v1/models/x:predict");
     assert!(
         stdout(&o).ends_with("it does not admit workload spiffe://cluster.local/ns/team-a/lmevaljob/j\n"),

@@ -108,6 +108,13 @@ impl Server {
         Self::spawn(command, args, ca_pem, quiet)
     }
 
+    /// Like [`Server::start_gate`], with `env` set for the process (`KUBECONFIG`, say).
+    pub fn start_gate_env(args: &[&str], env: &[(&str, &std::ffi::OsStr)], ca_pem: Vec<u8>) -> Server {
+        let mut command = Command::new(keyward_bin());
+        command.arg("gate").envs(env.iter().copied());
+        Self::spawn(command, args, ca_pem, false)
+    }
+
     /// Like [`Server::start`], but once it listens its log lines are discarded unread (for
     /// benchmarks: parsing them would load the machine being measured).
     pub fn start_quiet(args: &[&str], ca_pem: Vec<u8>) -> Server {

@@ -1,0 +1,634 @@
+//! keyward against the client libraries of the systems it serves, each configured as its
+//! upstream code configures it: grpc-go, Go's crypto/tls and net/http from Debian's packages,
+//! built here in GOPATH mode (tests/interop/go: each mode of the client cites the upstream file
+//! and commit it follows), calling `keyward gate` and `keyward serve`, the real binary, over
+//! real TLS and plain text on loopback. Each case asserts what the upstream received (method,
+//! path, protocol, identity headers, the message's fields) or the exact refusal the client saw.
+//!
+//! Needs Go and Debian's Go libraries: `apt-get install golang-go golang-google-grpc-dev
+//! golang-google-protobuf-dev protoc-gen-go protoc-gen-go-grpc protobuf-compiler` (.ci/run
+//! installs them; a test that misses one fails naming it).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic is the test failure report
+
+/// The controller tests' fake API server (lists and watches, for the gate's `liveOwners`).
+#[path = "../controller/tests/support/mod.rs"]
+mod kube_fake;
+mod support;
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::SystemTime;
+
+use base64::Engine as _;
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use keyward_certs::pki::Ca;
+use serde_json::{json, Value};
+use support::*;
+use tokio::net::TcpListener;
+
+const DAY: std::time::Duration = std::time::Duration::from_secs(86_400);
+
+// === the Go client ===
+
+/// The Debian packages the Go client is built from.
+/// grpc-go 1.33 takes either golang/protobuf 1.3 or 1.5; only 1.5 decodes the messages
+/// protoc-gen-go 1.28 writes (APIv2), so it is named.
+const GO_PACKAGES: &str = "golang-go golang-google-grpc-dev golang-google-protobuf-dev golang-github-golang-protobuf-1-5-dev protoc-gen-go protoc-gen-go-grpc protobuf-compiler";
+
+/// The Go client, built once per run: its protos compiled by protoc into a GOPATH of its own,
+/// beside tests/interop/go and Debian's /usr/share/gocode.
+fn go_client() -> &'static Path {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    match BUILT.get_or_init(build_go_client) {
+        Ok(path) => path,
+        Err(why) => panic!("{why}"),
+    }
+}
+
+fn build_go_client() -> Result<PathBuf, String> {
+    let missing =
+        |what: &str| format!("this test needs {what} (README, \"Prerequisites\"): apt-get install {GO_PACKAGES}");
+    for tool in ["go", "protoc", "protoc-gen-go", "protoc-gen-go-grpc"] {
+        let on_path = std::env::var_os("PATH")
+            .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(tool).is_file()));
+        if !on_path {
+            return Err(missing(&format!("`{tool}` on the PATH")));
+        }
+    }
+    let gocode = Path::new("/usr/share/gocode/src");
+    for library in ["google.golang.org/grpc", "google.golang.org/protobuf"] {
+        if !gocode.join(library).is_dir() {
+            return Err(missing(&format!("Debian's {library} in {}", gocode.display())));
+        }
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/interop");
+    let gopath = Path::new(env!("CARGO_TARGET_TMPDIR")).join("interop-go");
+    let generated = gopath.join("src");
+    std::fs::create_dir_all(&generated).map_err(|e| e.to_string())?;
+    let run = |command: &mut Command, what: &str| -> Result<(), String> {
+        let out = command.output().map_err(|e| format!("{what}: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{what} failed:\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    };
+    for proto in ["lmeval.proto", "kfp_v1beta1.proto", "kfp_v2beta1.proto"] {
+        run(
+            Command::new("protoc")
+                .current_dir(root.join("proto"))
+                .args(["-I", ".", "-I", "/usr/include"])
+                .arg(format!("--go_out={}", generated.display()))
+                .arg(format!("--go-grpc_out={}", generated.display()))
+                .arg(proto),
+            &format!("protoc {proto}"),
+        )?;
+    }
+    let binary = gopath.join("bin/interop");
+    let search = std::env::join_paths([gopath.as_path(), &root.join("go"), Path::new("/usr/share/gocode")])
+        .map_err(|e| e.to_string())?;
+    run(
+        Command::new("go")
+            .args(["build", "-o"])
+            .arg(&binary)
+            .arg("keyward.test/interop")
+            .env("GO111MODULE", "off")
+            .env("GOPATH", search)
+            .env("GOCACHE", gopath.join("cache"))
+            .env("GOFLAGS", "")
+            .env("CGO_ENABLED", "0"),
+        "go build (GOPATH mode)",
+    )?;
+    Ok(binary)
+}
+
+/// Runs the Go client with `args`; what the caller saw.
+fn go(args: &[&str]) -> Value {
+    let out = Command::new(go_client()).args(args).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "the Go client failed: {stdout}{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}
+
+// === the upstream ===
+
+/// What the upstream received.
+#[derive(Debug, Clone)]
+struct Seen {
+    method: String,
+    path: String,
+    version: String,
+    headers: HeaderMap,
+    /// The top-level string fields of a gRPC request's message, by number.
+    fields: BTreeMap<u32, String>,
+}
+
+impl Seen {
+    fn header(&self, name: &str) -> Option<String> {
+        let values: Vec<&str> = self.headers.get_all(name).iter().map(|v| v.to_str().unwrap()).collect();
+        (!values.is_empty()).then(|| values.join(","))
+    }
+}
+
+#[derive(Clone, Default)]
+struct Upstream {
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+type UpBody = BoxBody<Bytes, Infallible>;
+
+impl Upstream {
+    /// Listens on loopback, plain text: HTTP/1.1 and HTTP/2 with prior knowledge, or (`http1`)
+    /// HTTP/1.1 only, as many upstreams are.
+    async fn spawn(&self, http1: bool) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let this = self.clone();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let this = this.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |req| this.clone().answer(req));
+                    let io = TokioIo::new(tcp);
+                    if http1 {
+                        let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await;
+                    } else {
+                        let auto = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                        let _ = auto.serve_connection(io, service).await;
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    /// Records the request; a gRPC call gets one empty message (every response these clients
+    /// expect decodes from one) and `grpc-status: 0`, anything else a 200 with a line.
+    async fn answer(self, req: Request<Incoming>) -> Result<Response<UpBody>, Infallible> {
+        let (parts, body) = req.into_parts();
+        let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+        let grpc = parts.headers.get("content-type").is_some_and(|t| t.as_bytes().starts_with(b"application/grpc"));
+        let mut fields = BTreeMap::new();
+        if grpc {
+            if let Ok(message) = keyward_gate::grpc::first_message(&body) {
+                for n in 1..=8 {
+                    if let Ok(Some(value)) = keyward_gate::grpc::string_field(message, n) {
+                        fields.insert(n, value.to_string());
+                    }
+                }
+            }
+        }
+        self.seen.lock().unwrap().push(Seen {
+            method: parts.method.to_string(),
+            path: parts.uri.path().to_string(),
+            version: format!("{:?}", parts.version),
+            headers: parts.headers,
+            fields,
+        });
+        if grpc {
+            let mut trailers = HeaderMap::new();
+            trailers.insert("grpc-status", "0".parse().unwrap());
+            let frames: Vec<Result<Frame<Bytes>, Infallible>> =
+                vec![Ok(Frame::data(Bytes::from_static(&[0, 0, 0, 0, 0]))), Ok(Frame::trailers(trailers))];
+            let body = StreamBody::new(futures::stream::iter(frames)).boxed();
+            return Ok(Response::builder().header("content-type", "application/grpc").body(body).unwrap());
+        }
+        Ok(Response::new(Full::new(Bytes::from_static(b"upstream says hello\n")).boxed()))
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+// === the API server ===
+
+/// The API server the gate asks: TokenReviews (`tokens`: token → username, for
+/// `pipelines.kubeflow.org`) and SubjectAccessReviews (`allowed`: users who may), answered here;
+/// lists and watches (LMEvalJobs) by the controller tests' fake. Writes a kubeconfig to `dir`.
+async fn api_server(dir: &Path, kube: kube_fake::FakeApi, tokens: &[(&str, &str)], allowed: &[&str]) -> PathBuf {
+    let tokens: BTreeMap<String, String> = tokens.iter().map(|(t, u)| (t.to_string(), u.to_string())).collect();
+    let allowed: Vec<String> = allowed.iter().map(|u| u.to_string()).collect();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (kube, tokens, allowed) = (kube.clone(), tokens.clone(), allowed.clone());
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let (kube, tokens, allowed) = (kube.clone(), tokens.clone(), allowed.clone());
+                    async move {
+                        let (parts, body) = req.into_parts();
+                        let bytes = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                        let review = |answer: Value| {
+                            let body = Full::new(Bytes::from(answer.to_string())).boxed_unsync();
+                            Ok::<_, Infallible>(
+                                Response::builder().header("content-type", "application/json").body(body).unwrap(),
+                            )
+                        };
+                        match parts.uri.path() {
+                            "/apis/authentication.k8s.io/v1/tokenreviews" => {
+                                let mut asked: Value = serde_json::from_slice(&bytes).unwrap();
+                                let token = asked["spec"]["token"].as_str().unwrap_or_default();
+                                let audiences = asked["spec"]["audiences"].clone();
+                                asked["status"] = match tokens.get(token) {
+                                    Some(user) => json!({"authenticated": true, "audiences": audiences,
+                                        "user": {"username": user, "groups": ["system:serviceaccounts", "system:authenticated"]}}),
+                                    None => json!({"authenticated": false, "error": "invalid bearer token"}),
+                                };
+                                review(asked)
+                            }
+                            "/apis/authorization.k8s.io/v1/subjectaccessreviews" => {
+                                let mut asked: Value = serde_json::from_slice(&bytes).unwrap();
+                                let user = asked["spec"]["user"].as_str().unwrap_or_default().to_string();
+                                asked["status"] = json!({"allowed": allowed.contains(&user)});
+                                review(asked)
+                            }
+                            _ => Ok(kube
+                                .serve("keyward", Request::from_parts(parts, kube::client::Body::from(bytes.to_vec())))
+                                .await),
+                        }
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tcp), service).await;
+            });
+        }
+    });
+    let path = dir.join("kubeconfig");
+    std::fs::write(
+        &path,
+        format!("apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: \"http://{addr}\"}}}}]\nusers: [{{name: u, user: {{}}}}]\ncontexts: [{{name: c, context: {{cluster: fake, user: u, namespace: default}}}}]\ncurrent-context: c\n"),
+    )
+    .unwrap();
+    path
+}
+
+// === the gate ===
+
+struct Gate {
+    server: Server,
+    dir: tempfile::TempDir,
+    client_ca: Ca,
+    /// The plaintext listener, when started with one.
+    plain: Option<SocketAddr>,
+}
+
+impl Gate {
+    /// `keyward gate` with `recipe` (a file of gate/recipes), in front of `upstream`, its
+    /// development certificate naming `names`, asking the API server of `kubeconfig`.
+    fn start(recipe: &str, upstream: SocketAddr, names: &[&str], kubeconfig: &Path, extra: &[&str]) -> Gate {
+        let dir = tempfile::tempdir().unwrap();
+        let client_ca = Ca::mint("keyward client CA", SystemTime::now(), DAY).unwrap();
+        let ca_file = dir.path().join("client-ca.crt");
+        std::fs::write(&ca_file, client_ca.cert_pem()).unwrap();
+        let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("gate/recipes").join(recipe);
+        let (upstream, dev, names) = (format!("http://{upstream}"), dir.path().join("dev"), names.join(","));
+        let mut args = vec![
+            "--config",
+            config.to_str().unwrap(),
+            "--upstream",
+            &upstream,
+            "--client-ca",
+            ca_file.to_str().unwrap(),
+            "--dev-cert-dir",
+            dev.to_str().unwrap(),
+            "--dns-name",
+            &names,
+        ];
+        args.extend_from_slice(extra);
+        let env = [("KUBECONFIG", kubeconfig.as_os_str())];
+        let mut server = Server::start_gate_env(&args, &env, Vec::new());
+        let plain = extra.contains(&"--listen-plaintext").then(|| {
+            let line = server.wait_log(|v| v["role"] == "gate-plaintext" && v["addr"].is_string());
+            line["addr"].as_str().unwrap().parse().unwrap()
+        });
+        Gate { server, dir, client_ca, plain }
+    }
+
+    fn addr(&self) -> String {
+        self.server.endpoint.addr.to_string()
+    }
+
+    fn plain(&self) -> String {
+        self.plain.unwrap().to_string()
+    }
+
+    /// The CA of the gate's development certificate, as a client is given it.
+    fn server_ca(&self) -> String {
+        self.dir.path().join("dev/ca.crt").to_str().unwrap().to_string()
+    }
+
+    /// A keyward client certificate for `spiffe_id`, written as `tls.crt` and `tls.key` in a
+    /// directory of its own: (certificate, key).
+    fn client_certificate(&self, spiffe_id: &str) -> (String, String) {
+        let minted = self
+            .client_ca
+            .issue_client_identity(&[(keyward_certs::DnType::CommonName, "job")], spiffe_id, SystemTime::now(), DAY)
+            .unwrap();
+        let dir = self.dir.path().join(spiffe_id.rsplit('/').next().unwrap());
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("tls.crt"), &minted.cert_pem).unwrap();
+        std::fs::write(dir.join("tls.key"), &minted.key_pem).unwrap();
+        let path = |f: &str| dir.join(f).to_str().unwrap().to_string();
+        (path("tls.crt"), path("tls.key"))
+    }
+
+    /// A token file, as the kubelet projects one.
+    fn token_file(&self, name: &str, token: &str) -> String {
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, token).unwrap();
+        path.to_str().unwrap().to_string()
+    }
+
+    /// Waits until the gate is ready (its owner kinds listed).
+    async fn ready(&mut self) {
+        let listed = |v: &Value| v["message"] == "owners listed";
+        if self.server.seen(listed).is_none() {
+            self.server.wait_log(listed);
+        }
+    }
+}
+
+fn lmevaljob(namespace: &str, name: &str) -> Value {
+    json!({"apiVersion": "foundation-model-stack.github.com.github.com/v1beta1", "kind": "LMEvalJob",
+        "metadata": {"name": name, "namespace": namespace, "uid": format!("uid-{name}")}})
+}
+
+// === the cases ===
+
+/// fms-lm-eval-service's LMEvalJob driver (backend/driver/driver.go @ 38689a3): mutual TLS
+/// with `ServerName` set to `lm-eval-grpc.lm-eval.svc:8082`, port included, which Go sends as
+/// the SNI and verifies against the gate's certificate's name `host:8082` (the name upstream's
+/// grpc-server-cert carries). Through the lmeval-status recipe as it ships, `liveOwners`
+/// included: its own job's status passes, another job's is refused, a job that is gone buys
+/// nothing, and the TLS-only branch (no client certificate) is told what is missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fms_driver_updates_its_own_job_through_the_gate_as_upstream_dials_it() {
+    let upstream = Upstream::default();
+    let upstream_addr = upstream.spawn(false).await;
+    let kube = kube_fake::FakeApi::default();
+    kube.seed(lmevaljob("team-a", "evaljob-sample"));
+    let api_dir = tempfile::tempdir().unwrap();
+    let kubeconfig = api_server(api_dir.path(), kube, &[], &[]).await;
+    let server_addr = "lm-eval-grpc.lm-eval.svc:8082";
+    let mut gate = Gate::start("lmeval-status.yaml", upstream_addr, &[server_addr], &kubeconfig, &[]);
+    gate.ready().await;
+    let (addr, ca) = (gate.addr(), gate.server_ca());
+    let driver = |job: &str, cert: Option<&(String, String)>| {
+        let mut args = vec!["-mode", "fms-driver", "-target", server_addr, "-connect", &addr, "-ca", &ca];
+        if let Some((crt, key)) = cert {
+            args.extend(["-cert", crt.as_str(), "-key", key.as_str()]);
+        }
+        args.extend(["-job-name", job, "-job-namespace", "team-a"]);
+        go(&args)
+    };
+    let own = gate.client_certificate("spiffe://cluster.local/ns/team-a/lmevaljob/evaljob-sample");
+    let answer = driver("evaljob-sample", Some(&own));
+    assert_eq!(answer, json!({"ok": true, "code": "OK", "alpn": "h2"}));
+    let seen = upstream.seen();
+    assert_eq!(seen.len(), 1);
+    let call = &seen[0];
+    let id = "spiffe://cluster.local/ns/team-a/lmevaljob/evaljob-sample";
+    assert_eq!(
+        (call.method.as_str(), call.path.as_str(), call.version.as_str()),
+        ("POST", "/LMEvalJobUpdateService/UpdateStatus", "HTTP/2.0")
+    );
+    assert_eq!(call.header("x-remote-user").as_deref(), Some(id));
+    assert_eq!(call.header("x-keyward-identity").as_deref(), Some(id));
+    assert_eq!(
+        call.fields,
+        BTreeMap::from([
+            (1, "evaljob-sample".to_string()),
+            (2, "team-a".to_string()),
+            (3, "Running".to_string()),
+            (4, "NoReason".to_string()),
+            (5, "update status from the driver: running".to_string()),
+        ])
+    );
+    assert!(call.header("user-agent").unwrap().starts_with("grpc-go/1.33"), "{:?}", call.header("user-agent"));
+
+    let other = driver("another-job", Some(&own));
+    assert_eq!(
+        other,
+        json!({"ok": false, "code": "PermissionDenied", "alpn": "h2",
+            "message": "keyward gate: rule \"a driver updates only its own job\": the caller's name is \"evaljob-sample\", and gRPC field 1 is \"another-job\""})
+    );
+    let gone = gate.client_certificate("spiffe://cluster.local/ns/team-a/lmevaljob/evaljob-gone");
+    let answer = driver("evaljob-gone", Some(&gone));
+    assert_eq!(answer["code"], "Unauthenticated", "{answer}");
+    assert!(answer["message"].as_str().unwrap().contains("team-a/evaljob-gone"), "{answer}");
+    // The driver's TLS-only branch, credentials.NewClientTLSFromFile(ca, serverAddr).
+    let answer = driver("evaljob-sample", None);
+    assert_eq!(
+        answer,
+        json!({"ok": false, "code": "Unauthenticated", "alpn": "h2",
+            "message": "keyward gate: no client certificate and no bearer token: present the keyward client certificate of your workload, or a service account token"})
+    );
+    assert_eq!(upstream.seen().len(), 1, "refused calls never reach the upstream");
+}
+
+/// Kubeflow Pipelines' agents as the default manifests run them (kubeflow/pipelines 7b70c7b:
+/// no TLS flags, so plaintext gRPC to ml-pipeline:8887, a projected token in `authorization`)
+/// and the v2 driver's and launcher's cache calls (no credential at all), through the kfp-api
+/// recipe on the gate's plaintext listener.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kfp_agents_and_cache_calls_pass_over_plaintext_as_the_default_manifests_run_them() {
+    let upstream = Upstream::default();
+    let upstream_addr = upstream.spawn(false).await;
+    let agent = "system:serviceaccount:kubeflow:ml-pipeline-persistenceagent";
+    let scheduler = "system:serviceaccount:kubeflow:ml-pipeline-scheduledworkflow";
+    let api_dir = tempfile::tempdir().unwrap();
+    let tokens = [("agent-token", agent), ("scheduler-token", scheduler)];
+    let kubeconfig = api_server(api_dir.path(), kube_fake::FakeApi::default(), &tokens, &[]).await;
+    let gate = Gate::start(
+        "kfp-api.yaml",
+        upstream_addr,
+        &["ml-pipeline"],
+        &kubeconfig,
+        &["--listen-plaintext", "127.0.0.1:0"],
+    );
+    let plain = gate.plain();
+    let agent_token = gate.token_file("persistenceagent-sa-token", "agent-token");
+    let scheduler_token = gate.token_file("scheduledworkflow-sa-token", "scheduler-token");
+    let grpc = |mode: &str, extra: &[&str]| {
+        let mut args = vec!["-mode", mode, "-connect", &plain, "-target", "ml-pipeline:8887"];
+        args.extend_from_slice(extra);
+        go(&args)
+    };
+    let ok = json!({"ok": true, "code": "OK"});
+    assert_eq!(grpc("kfp-persistence-agent", &["-token-file", &agent_token, "-method", "ReportWorkflowV1"]), ok);
+    assert_eq!(grpc("kfp-persistence-agent", &["-token-file", &agent_token, "-method", "ReportRunMetricsV1"]), ok);
+    // A multi-user install's scheduled workflow also sends kubeflow-userid, which KFP trusts
+    // before any token: the gate strips it, and the upstream reviews the token it forwards.
+    let multi_user = ["-user-identity-header", "kubeflow-userid", "-user-identity-value", scheduler];
+    let mut args = vec!["-token-file", scheduler_token.as_str()];
+    args.extend(multi_user);
+    assert_eq!(grpc("kfp-scheduled-workflow", &args), ok);
+    let cache = "ml-pipeline.kubeflow.svc.cluster.local:8887";
+    for method in ["ListTasksV1", "CreateTaskV1"] {
+        let answer = go(&["-mode", "kfp-cache", "-connect", &plain, "-target", cache, "-method", method]);
+        assert_eq!(answer, ok, "{method}");
+    }
+
+    let seen = upstream.seen();
+    let paths: Vec<&str> = seen.iter().map(|s| s.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "/api.ReportService/ReportWorkflowV1",
+            "/api.RunService/ReportRunMetricsV1",
+            "/kubeflow.pipelines.backend.api.v2beta1.RunService/CreateRun",
+            "/api.TaskService/ListTasksV1",
+            "/api.TaskService/CreateTaskV1",
+        ]
+    );
+    assert!(seen.iter().all(|s| s.version == "HTTP/2.0" && s.method == "POST"));
+    let users: Vec<Option<String>> = seen.iter().map(|s| s.header("x-remote-user")).collect();
+    assert_eq!(users, [Some(agent.into()), Some(agent.into()), Some(scheduler.into()), None, None]);
+    assert!(seen.iter().all(|s| s.header("kubeflow-userid").is_none()), "stripped");
+    // KFP's API server reviews the token again: it is forwarded.
+    assert_eq!(seen[0].header("authorization").as_deref(), Some("Bearer agent-token"));
+    assert_eq!(seen[0].fields[&1], r#"{"kind":"Workflow","metadata":{"name":"run-1","namespace":"team-a"}}"#);
+    assert_eq!(seen[1].fields[&1], "run-1");
+    assert_eq!(seen[2].fields[&1], "experiment-1");
+    assert_eq!(seen[3].fields[&3], "created_at desc");
+    assert!(seen[3].fields[&5].contains("fingerprint"));
+    assert!(seen[3].header("authorization").is_none() && seen[3].header("x-remote-groups").is_none());
+
+    // Each agent only what its ClusterRole names; a call with no token where one is needed is
+    // told so.
+    let answer = grpc("kfp-scheduled-workflow", &["-token-file", &agent_token]);
+    assert_eq!(answer["code"], "PermissionDenied", "{answer}");
+    let answer = grpc("kfp-persistence-agent", &["-method", "ReportWorkflowV1"]);
+    assert_eq!(answer["code"], "Unauthenticated", "{answer}");
+    assert_eq!(upstream.seen().len(), 5);
+}
+
+/// The same agents with TLS turned on as KFP's standalone-TLS overlay does
+/// (--mlPipelineServiceTLSEnabled=true --caCertPath=…; the cache client's
+/// --metadata_tls_enabled): grpc-go verifies the dialled host's name and negotiates h2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kfp_agents_and_cache_calls_pass_over_tls_with_the_upstream_flags() {
+    let upstream = Upstream::default();
+    let upstream_addr = upstream.spawn(false).await;
+    let agent = "system:serviceaccount:kubeflow:ml-pipeline-persistenceagent";
+    let api_dir = tempfile::tempdir().unwrap();
+    let kubeconfig = api_server(api_dir.path(), kube_fake::FakeApi::default(), &[("agent-token", agent)], &[]).await;
+    let names = ["ml-pipeline", "ml-pipeline.kubeflow.svc.cluster.local"];
+    let gate = Gate::start("kfp-api.yaml", upstream_addr, &names, &kubeconfig, &[]);
+    let (addr, ca) = (gate.addr(), gate.server_ca());
+    let token = gate.token_file("persistenceagent-sa-token", "agent-token");
+    let tls = ["-tls", "-ca", ca.as_str()];
+    let mut args =
+        vec!["-mode", "kfp-persistence-agent", "-connect", &addr, "-target", "ml-pipeline:8887", "-token-file", &token];
+    args.extend(tls);
+    assert_eq!(go(&args), json!({"ok": true, "code": "OK", "alpn": "h2"}));
+    let cache = "ml-pipeline.kubeflow.svc.cluster.local:8887";
+    let mut args = vec!["-mode", "kfp-cache", "-connect", &addr, "-target", cache, "-method", "ListTasksV1"];
+    args.extend(tls);
+    assert_eq!(go(&args), json!({"ok": true, "code": "OK", "alpn": "h2"}));
+    let seen = upstream.seen();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[0].header("x-remote-user").as_deref(), Some(agent));
+    assert_eq!(seen[1].path, "/api.TaskService/ListTasksV1");
+}
+
+/// Go's net/http with its defaults negotiates h2 with the gate; the upstream here speaks
+/// HTTP/1.1 only and gets HTTP/1.1 (--upstream-protocol auto). With HTTP/2 turned off in the
+/// client, the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn go_net_http_over_h2_and_http1_reaches_an_http1_only_upstream() {
+    let upstream = Upstream::default();
+    let upstream_addr = upstream.spawn(true).await;
+    let api_dir = tempfile::tempdir().unwrap();
+    let kubeconfig = api_server(api_dir.path(), kube_fake::FakeApi::default(), &[], &[]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = dir.path().join("runs.yaml");
+    std::fs::write(&recipe, "apiVersion: keyward.io/v1alpha1\nkind: Gate\nmetadata: {name: runs}\nspec:\n  trustDomain: cluster.local\n  rules:\n    - name: a job reads its own namespace's runs\n      http: {methods: [GET], path: \"/namespaces/{namespace}/runs\"}\n      callers: {workloads: {kinds: [lmevaljob]}}\n      when: [{caller: namespace, equals: {pathSegment: namespace}}]\n").unwrap();
+    let gate = Gate::start(recipe.to_str().unwrap(), upstream_addr, &["runs.team-a.svc"], &kubeconfig, &[]);
+    let (addr, ca) = (gate.addr(), gate.server_ca());
+    let (crt, key) = gate.client_certificate("spiffe://cluster.local/ns/team-a/lmevaljob/job");
+    let url = "https://runs.team-a.svc/namespaces/team-a/runs";
+    let get = |extra: &[&str]| {
+        let mut args = vec!["-mode", "http", "-connect", &addr, "-url", url, "-ca", &ca, "-cert", &crt, "-key", &key];
+        args.extend_from_slice(extra);
+        go(&args)
+    };
+    let h2 = get(&[]);
+    assert_eq!(
+        h2,
+        json!({"ok": true, "status": 200, "proto": "HTTP/2.0", "alpn": "h2", "body": "upstream says hello\n"})
+    );
+    // With TLSNextProto emptied Go offers no ALPN at all, and the gate speaks HTTP/1.1.
+    let http1 = get(&["-http1"]);
+    assert_eq!(http1, json!({"ok": true, "status": 200, "proto": "HTTP/1.1", "body": "upstream says hello\n"}));
+    let seen = upstream.seen();
+    let versions: Vec<&str> = seen.iter().map(|s| s.version.as_str()).collect();
+    assert_eq!(versions, ["HTTP/1.1", "HTTP/1.1"]);
+    assert!(seen
+        .iter()
+        .all(|s| s.header("x-remote-user").as_deref() == Some("spiffe://cluster.local/ns/team-a/lmevaljob/job")));
+    // The h2 request's authority reaches the HTTP/1.1 upstream as its Host.
+    assert_eq!(seen[0].header("host").as_deref(), Some("runs.team-a.svc"));
+}
+
+/// The kube-apiserver's webhook client (Go TLS with the Service's name as the server name, ALPN
+/// http/1.1 only, POST /mutate?timeout=10s) against `keyward serve` with its development
+/// certificate: the LMEvalJob driver pod's review is answered with its patch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_servers_webhook_client_gets_the_patch_from_keyward_serve() {
+    let dir = tempfile::tempdir().unwrap();
+    let dev = dir.path().join("dev");
+    let server = Server::start(&["--dev-cert-dir", dev.to_str().unwrap()], Vec::new());
+    let review = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/admissionreview-lmeval.json");
+    let answer = go(&[
+        "-mode",
+        "webhook",
+        "-connect",
+        &server.endpoint.addr.to_string(),
+        "-target",
+        SERVER_NAME,
+        "-ca",
+        dev.join("ca.crt").to_str().unwrap(),
+        "-url",
+        &format!("https://{SERVER_NAME}:443/mutate?timeout=10s"),
+        "-body",
+        review.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        (answer["status"].as_u64(), answer["proto"].as_str(), answer["alpn"].as_str()),
+        (Some(200), Some("HTTP/1.1"), Some("http/1.1"))
+    );
+    let response: Value = serde_json::from_str(answer["body"].as_str().unwrap()).unwrap();
+    let r = &response["response"];
+    assert_eq!(
+        (r["uid"].as_str(), r["allowed"].as_bool(), r["patchType"].as_str()),
+        (Some("705ab4f5-6393-11e8-b7cc-42010a800002"), Some(true), Some("JSONPatch"))
+    );
+    let patch: Value = serde_json::from_slice(
+        &base64::engine::general_purpose::STANDARD.decode(r["patch"].as_str().unwrap()).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(patch[0], json!({"op": "add", "path": "/spec/automountServiceAccountToken", "value": false}));
+    let request: Value = serde_json::from_slice(&std::fs::read(&review).unwrap()).unwrap();
+    let mut pod = request["request"]["object"].clone();
+    json_patch::patch(&mut pod, &serde_json::from_value::<json_patch::Patch>(patch).unwrap()).unwrap();
+    let env: Vec<&str> =
+        pod["spec"]["containers"][0]["env"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
+    for name in ["GRPC_CLIENT_CERT", "GRPC_CLIENT_KEY", "GRPC_SERVER_CA"] {
+        assert!(env.contains(&name), "{name} in {env:?}");
+    }
+}
