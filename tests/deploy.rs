@@ -742,10 +742,51 @@ fn render_dir(dir: &str) -> Vec<Value> {
     keyward_engine::yaml::documents(&text).unwrap().into_iter().map(|d| d.value).collect()
 }
 
+/// The lmeval recipe's certificates fit together as fms-lm-eval-service's driver uses them
+/// (backend/driver/driver.go @ 38689a3, l.137, 161-167): it dials the Service as
+/// `<service>.<namespace>.svc:<port>` and verifies that name, port included, against the CA
+/// keyward's lmeval profile gives it. The gate serves a certificate with exactly that name, and
+/// the profile's CA is what signs it (a self-signed certificate's ca.crt is itself).
+/// tests/interop.rs runs the driver's Go client against such a certificate.
+#[test]
+fn the_lmeval_gate_serves_the_name_the_driver_dials_signed_by_the_ca_the_profile_injects() {
+    let docs = render_dir("deploy/gate/example");
+    let service =
+        docs.iter().find(|d| d["kind"] == "Service" && d["spec"]["ports"][0]["targetPort"] == "gate").unwrap();
+    let dialled = format!(
+        "{}.{}.svc:{}",
+        service["metadata"]["name"].as_str().unwrap(),
+        service["metadata"]["namespace"].as_str().unwrap(),
+        service["spec"]["ports"][0]["port"]
+    );
+    assert_eq!(dialled, "lm-eval-grpc.lm-eval.svc:8082", "the operator's Service, as fms's config/default names it");
+    let deployment = find(&docs, "Deployment", "lm-eval-controller-manager");
+    let volumes = deployment["spec"]["template"]["spec"]["volumes"].as_array().unwrap();
+    let tls = volumes.iter().find(|v| v["name"] == "keyward-gate-tls").unwrap();
+    let secret = tls["secret"]["secretName"].as_str().unwrap();
+    let certificate = docs.iter().find(|d| d["kind"] == "Certificate" && d["spec"]["secretName"] == secret).unwrap();
+    assert_eq!(certificate["spec"]["dnsNames"][0], dialled.as_str());
+    let issuer = find(&docs, "Issuer", certificate["spec"]["issuerRef"]["name"].as_str().unwrap());
+    assert_eq!(issuer["spec"], json!({"selfSigned": {}}), "so that the Secret's ca.crt is the certificate itself");
+
+    let profile: Value = keyward_engine::yaml::documents(
+        &std::fs::read_to_string(format!("{}/webhooks/profiles/lmeval.yaml", root())).unwrap(),
+    )
+    .unwrap()
+    .remove(0)
+    .value;
+    assert_eq!(
+        profile["spec"]["inject"]["serverCA"]["source"]["secret"],
+        json!({"namespace": certificate["metadata"]["namespace"], "name": secret, "key": "ca.crt"})
+    );
+    let account = deployment["spec"]["template"]["spec"]["serviceAccountName"].as_str().unwrap();
+    assert_eq!(profile["spec"]["requesters"]["usernames"], json!([format!("system:serviceaccount:*:{account}")]));
+}
+
 #[test]
 fn the_gate_sidecar_runs_the_recipe_restricted_behind_its_own_port_only() {
     let docs = render_dir("deploy/gate/example");
-    let deployment = find(&docs, "Deployment", "lmeval-operator");
+    let deployment = find(&docs, "Deployment", "lm-eval-controller-manager");
     let containers = deployment["spec"]["template"]["spec"]["containers"].as_array().unwrap();
     let names: Vec<&str> = containers.iter().map(|c| c["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["keyward-gate", "operator"]);
@@ -780,8 +821,8 @@ fn the_gate_sidecar_runs_the_recipe_restricted_behind_its_own_port_only() {
     let help = Command::new(env!("CARGO_BIN_EXE_keyward")).args(["gate", "--help"]).output().unwrap();
     let help = String::from_utf8(help.stdout).unwrap();
     assert!(help.contains("[default: [::]:8444]") && help.contains("[default: [::]:9091]"), "{help}");
-    assert_eq!(find(&docs, "Service", "lmeval-status")["spec"]["ports"][0]["targetPort"], "gate");
-    let policy = find(&docs, "NetworkPolicy", "lmeval-operator-through-the-gate");
+    assert_eq!(find(&docs, "Service", "lm-eval-grpc")["spec"]["ports"][0]["targetPort"], "gate");
+    let policy = find(&docs, "NetworkPolicy", "lm-eval-controller-manager-through-the-gate");
     assert_eq!(
         policy["spec"]["ingress"],
         json!([{"ports": [{"port": "gate", "protocol": "TCP"}, {"port": "gate-metrics", "protocol": "TCP"}]}])

@@ -284,30 +284,40 @@ struct Gate {
     client_ca: Ca,
     /// The plaintext listener, when started with one.
     plain: Option<SocketAddr>,
+    /// The CA a client verifies the gate with.
+    server_ca: PathBuf,
+}
+
+/// The gate's serving certificate.
+enum Serving<'a> {
+    /// A development certificate for these names (`--dns-name`).
+    Dev(&'a [&'a str]),
+    /// `tls.crt` and `tls.key` in this directory (`--tls-dir`), which a client verifies with its
+    /// `ca.crt`.
+    Dir(&'a Path),
 }
 
 impl Gate {
-    /// `keyward gate` with `recipe` (a file of gate/recipes), in front of `upstream`, its
-    /// development certificate naming `names`, asking the API server of `kubeconfig`.
-    fn start(recipe: &str, upstream: SocketAddr, names: &[&str], kubeconfig: &Path, extra: &[&str]) -> Gate {
+    /// `keyward gate` with `recipe` (a file of gate/recipes), in front of `upstream`, serving
+    /// `serving`, asking the API server of `kubeconfig`.
+    fn start(recipe: &str, upstream: SocketAddr, serving: Serving, kubeconfig: &Path, extra: &[&str]) -> Gate {
         let dir = tempfile::tempdir().unwrap();
         let client_ca = Ca::mint("keyward client CA", SystemTime::now(), DAY).unwrap();
         let ca_file = dir.path().join("client-ca.crt");
         std::fs::write(&ca_file, client_ca.cert_pem()).unwrap();
         let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("gate/recipes").join(recipe);
-        let (upstream, dev, names) = (format!("http://{upstream}"), dir.path().join("dev"), names.join(","));
-        let mut args = vec![
-            "--config",
-            config.to_str().unwrap(),
-            "--upstream",
-            &upstream,
-            "--client-ca",
-            ca_file.to_str().unwrap(),
-            "--dev-cert-dir",
-            dev.to_str().unwrap(),
-            "--dns-name",
-            &names,
-        ];
+        let upstream = format!("http://{upstream}");
+        let mut args = vec!["--config", config.to_str().unwrap(), "--upstream", &upstream];
+        args.extend(["--client-ca", ca_file.to_str().unwrap()]);
+        let dev = dir.path().join("dev");
+        let (names, server_ca) = match serving {
+            Serving::Dev(names) => (names.join(","), dev.join("ca.crt")),
+            Serving::Dir(tls) => (String::new(), tls.join("ca.crt")),
+        };
+        match serving {
+            Serving::Dev(_) => args.extend(["--dev-cert-dir", dev.to_str().unwrap(), "--dns-name", &names]),
+            Serving::Dir(tls) => args.extend(["--tls-dir", tls.to_str().unwrap()]),
+        }
         args.extend_from_slice(extra);
         let env = [("KUBECONFIG", kubeconfig.as_os_str())];
         let mut server = Server::start_gate_env(&args, &env, Vec::new());
@@ -315,7 +325,7 @@ impl Gate {
             let line = server.wait_log(|v| v["role"] == "gate-plaintext" && v["addr"].is_string());
             line["addr"].as_str().unwrap().parse().unwrap()
         });
-        Gate { server, dir, client_ca, plain }
+        Gate { server, dir, client_ca, plain, server_ca }
     }
 
     fn addr(&self) -> String {
@@ -328,7 +338,7 @@ impl Gate {
 
     /// The CA of the gate's development certificate, as a client is given it.
     fn server_ca(&self) -> String {
-        self.dir.path().join("dev/ca.crt").to_str().unwrap().to_string()
+        self.server_ca.to_str().unwrap().to_string()
     }
 
     /// A keyward client certificate for `spiffe_id`, written as `tls.crt` and `tls.key` in a
@@ -384,7 +394,7 @@ async fn the_fms_driver_updates_its_own_job_through_the_gate_as_upstream_dials_i
     let api_dir = tempfile::tempdir().unwrap();
     let kubeconfig = api_server(api_dir.path(), kube, &[], &[]).await;
     let server_addr = "lm-eval-grpc.lm-eval.svc:8082";
-    let mut gate = Gate::start("lmeval-status.yaml", upstream_addr, &[server_addr], &kubeconfig, &[]);
+    let mut gate = Gate::start("lmeval-status.yaml", upstream_addr, Serving::Dev(&[server_addr]), &kubeconfig, &[]);
     gate.ready().await;
     let (addr, ca) = (gate.addr(), gate.server_ca());
     let driver = |job: &str, cert: Option<&(String, String)>| {
@@ -440,6 +450,95 @@ async fn the_fms_driver_updates_its_own_job_through_the_gate_as_upstream_dials_i
     assert_eq!(upstream.seen().len(), 1, "refused calls never reach the upstream");
 }
 
+/// The certificate the lmeval recipe's gate serves (deploy/gate/example/certificate.yaml):
+/// fms-lm-eval-service's own grpc-server-cert, issued by cert-manager's selfSigned issuer
+/// (config/certmanager/certificate.yaml @ 38689a3: no isCA, the default usages, names with the
+/// port), whose Secret's `ca.crt` is the certificate itself, and which keyward's lmeval profile
+/// gives the driver as GRPC_SERVER_CA. Made here as that issuer makes it (openssl), the driver
+/// verifies the gate with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fms_driver_verifies_the_gate_serving_the_operators_self_signed_certificate() {
+    let upstream = Upstream::default();
+    let upstream_addr = upstream.spawn(false).await;
+    let kube = kube_fake::FakeApi::default();
+    kube.seed(lmevaljob("team-a", "evaljob-sample"));
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = api_server(dir.path(), kube, &[], &[]).await;
+    let tls = dir.path().join("grpc-server-cert");
+    std::fs::create_dir(&tls).unwrap();
+    let out = tool("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "90"])
+        .args([
+            "-subj",
+            "/",
+            "-addext",
+            "subjectAltName=DNS:lm-eval-grpc.lm-eval.svc:8082,DNS:lm-eval-grpc.lm-eval.svc.cluster.local:8082",
+        ])
+        .args([
+            "-addext",
+            "basicConstraints=critical,CA:FALSE",
+            "-addext",
+            "keyUsage=critical,digitalSignature,keyEncipherment",
+        ])
+        .arg("-keyout")
+        .arg(tls.join("tls.key"))
+        .arg("-out")
+        .arg(tls.join("tls.crt"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::copy(tls.join("tls.crt"), tls.join("ca.crt")).unwrap();
+    let mut gate = Gate::start("lmeval-status.yaml", upstream_addr, Serving::Dir(&tls), &kubeconfig, &[]);
+    gate.ready().await;
+    let (crt, key) = gate.client_certificate("spiffe://cluster.local/ns/team-a/lmevaljob/evaljob-sample");
+    let (addr, ca) = (gate.addr(), gate.server_ca());
+    let answer = go(&[
+        "-mode",
+        "fms-driver",
+        "-target",
+        "lm-eval-grpc.lm-eval.svc:8082",
+        "-connect",
+        &addr,
+        "-ca",
+        &ca,
+        "-cert",
+        &crt,
+        "-key",
+        &key,
+        "-job-name",
+        "evaljob-sample",
+        "-job-namespace",
+        "team-a",
+    ]);
+    assert_eq!(answer, json!({"ok": true, "code": "OK", "alpn": "h2"}));
+    // The same certificate for any other name (the Service without the port, as this recipe's
+    // example once named it) is refused by the driver itself.
+    let answer = go(&[
+        "-mode",
+        "fms-driver",
+        "-target",
+        "lm-eval-grpc.lm-eval.svc",
+        "-connect",
+        &addr,
+        "-ca",
+        &ca,
+        "-cert",
+        &crt,
+        "-key",
+        &key,
+        "-job-name",
+        "evaljob-sample",
+        "-job-namespace",
+        "team-a",
+    ]);
+    assert_eq!(answer["code"], "Unavailable", "{answer}");
+    assert!(
+        answer["message"].as_str().unwrap().contains("certificate is valid for lm-eval-grpc.lm-eval.svc:8082"),
+        "{answer}"
+    );
+    assert_eq!(upstream.seen().len(), 1);
+}
+
 /// Kubeflow Pipelines' agents as the default manifests run them (kubeflow/pipelines 7b70c7b:
 /// no TLS flags, so plaintext gRPC to ml-pipeline:8887, a projected token in `authorization`)
 /// and the v2 driver's and launcher's cache calls (no credential at all), through the kfp-api
@@ -456,7 +555,7 @@ async fn kfp_agents_and_cache_calls_pass_over_plaintext_as_the_default_manifests
     let gate = Gate::start(
         "kfp-api.yaml",
         upstream_addr,
-        &["ml-pipeline"],
+        Serving::Dev(&["ml-pipeline"]),
         &kubeconfig,
         &["--listen-plaintext", "127.0.0.1:0"],
     );
@@ -528,7 +627,7 @@ async fn kfp_agents_and_cache_calls_pass_over_tls_with_the_upstream_flags() {
     let api_dir = tempfile::tempdir().unwrap();
     let kubeconfig = api_server(api_dir.path(), kube_fake::FakeApi::default(), &[("agent-token", agent)], &[]).await;
     let names = ["ml-pipeline", "ml-pipeline.kubeflow.svc.cluster.local"];
-    let gate = Gate::start("kfp-api.yaml", upstream_addr, &names, &kubeconfig, &[]);
+    let gate = Gate::start("kfp-api.yaml", upstream_addr, Serving::Dev(&names), &kubeconfig, &[]);
     let (addr, ca) = (gate.addr(), gate.server_ca());
     let token = gate.token_file("persistenceagent-sa-token", "agent-token");
     let tls = ["-tls", "-ca", ca.as_str()];
@@ -558,7 +657,8 @@ async fn go_net_http_over_h2_and_http1_reaches_an_http1_only_upstream() {
     let dir = tempfile::tempdir().unwrap();
     let recipe = dir.path().join("runs.yaml");
     std::fs::write(&recipe, "apiVersion: keyward.io/v1alpha1\nkind: Gate\nmetadata: {name: runs}\nspec:\n  trustDomain: cluster.local\n  rules:\n    - name: a job reads its own namespace's runs\n      http: {methods: [GET], path: \"/namespaces/{namespace}/runs\"}\n      callers: {workloads: {kinds: [lmevaljob]}}\n      when: [{caller: namespace, equals: {pathSegment: namespace}}]\n").unwrap();
-    let gate = Gate::start(recipe.to_str().unwrap(), upstream_addr, &["runs.team-a.svc"], &kubeconfig, &[]);
+    let gate =
+        Gate::start(recipe.to_str().unwrap(), upstream_addr, Serving::Dev(&["runs.team-a.svc"]), &kubeconfig, &[]);
     let (addr, ca) = (gate.addr(), gate.server_ca());
     let (crt, key) = gate.client_certificate("spiffe://cluster.local/ns/team-a/lmevaljob/job");
     let url = "https://runs.team-a.svc/namespaces/team-a/runs";
