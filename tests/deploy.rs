@@ -783,6 +783,55 @@ fn the_lmeval_gate_serves_the_name_the_driver_dials_signed_by_the_ca_the_profile
     assert_eq!(profile["spec"]["requesters"]["usernames"], json!([format!("system:serviceaccount:*:{account}")]));
 }
 
+/// The inference-graph recipe as it runs (gate/recipes/inference-graph.yaml): a Deployment of
+/// its own, the router's Service over TLS verified with the service CA, its own account bound
+/// to system:auth-delegator, and the router's pods open to the gate alone; every name the same
+/// graph's.
+#[test]
+fn the_inference_graph_gate_fronts_the_routers_service_with_its_own_account() {
+    let docs = render_dir("deploy/gate/inference-graph");
+    let recipe = std::fs::read_to_string(format!("{}/gate/recipes/inference-graph.yaml", root())).unwrap();
+    let config_map = docs.iter().find(|d| d["kind"] == "ConfigMap").unwrap();
+    assert!(
+        config_map["data"]["gate.yaml"] == recipe.as_str(),
+        "deploy/gate/inference-graph/gate.yaml differs from gate/recipes/inference-graph.yaml: copy the recipe"
+    );
+    let gate: Value = keyward_engine::yaml::documents(&recipe).unwrap().remove(0).value;
+    let review = &gate["spec"]["rules"][0]["subjectAccessReview"];
+    let (graph, namespace) = (review["name"].as_str().unwrap(), review["namespace"].as_str().unwrap());
+    let deployment = find(&docs, "Deployment", &format!("{graph}-gate"));
+    assert_eq!(deployment["metadata"]["namespace"], namespace);
+    let pod = &deployment["spec"]["template"]["spec"];
+    let args: Vec<&str> =
+        pod["containers"][0]["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+    // ODH's router Service: <graph>, port 443, its certificate <graph>-serving-cert for
+    // <graph>.<namespace>.svc (opendatahub-io/kserve 3cf0a04, raw_ig.go l.219-222).
+    assert!(args.contains(&format!("--upstream=https://{graph}.{namespace}.svc:443").as_str()), "{args:?}");
+    assert!(args.contains(&"--upstream-ca=/etc/keyward/upstream-ca/service-ca.crt"), "{args:?}");
+    assert!(!args.iter().any(|a| a.starts_with("--client-ca")), "the recipe admits tokens only");
+    let upstream_ca = pod["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "upstream-ca").unwrap();
+    assert_eq!(upstream_ca["configMap"]["name"], "openshift-service-ca.crt");
+    let account = pod["serviceAccountName"].as_str().unwrap();
+    let binding = docs.iter().find(|d| d["kind"] == "ClusterRoleBinding").unwrap();
+    assert_eq!(binding["roleRef"]["name"], "system:auth-delegator");
+    assert_eq!(binding["subjects"], json!([{"kind": "ServiceAccount", "name": account, "namespace": namespace}]));
+    let security = &pod["containers"][0]["securityContext"];
+    assert!(
+        security.get("runAsUser").is_none() && pod["securityContext"].get("runAsUser").is_none(),
+        "OpenShift's restricted-v2 assigns the user"
+    );
+    let policy = find(&docs, "NetworkPolicy", &format!("{graph}-through-the-gate"));
+    assert_eq!(policy["spec"]["podSelector"]["matchLabels"], json!({"serving.kserve.io/inferencegraph": graph}));
+    assert_eq!(
+        policy["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"],
+        deployment["spec"]["selector"]["matchLabels"]
+    );
+    // The binary takes the container's arguments: it gets as far as reading the gate file.
+    let out = Command::new(env!("CARGO_BIN_EXE_keyward")).args(&args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("cannot read /etc/keyward/gate/gate.yaml"), "{stderr}");
+}
+
 #[test]
 fn the_gate_sidecar_runs_the_recipe_restricted_behind_its_own_port_only() {
     let docs = render_dir("deploy/gate/example");
