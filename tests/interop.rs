@@ -624,8 +624,10 @@ async fn kfp_agents_and_cache_calls_pass_over_tls_with_the_upstream_flags() {
     let upstream = Upstream::default();
     let upstream_addr = upstream.spawn(false).await;
     let agent = "system:serviceaccount:kubeflow:ml-pipeline-persistenceagent";
+    let scheduler = "system:serviceaccount:kubeflow:ml-pipeline-scheduledworkflow";
     let api_dir = tempfile::tempdir().unwrap();
-    let kubeconfig = api_server(api_dir.path(), kube_fake::FakeApi::default(), &[("agent-token", agent)], &[]).await;
+    let tokens = [("agent-token", agent), ("scheduler-token", scheduler)];
+    let kubeconfig = api_server(api_dir.path(), kube_fake::FakeApi::default(), &tokens, &[]).await;
     let names = ["ml-pipeline", "ml-pipeline.kubeflow.svc.cluster.local"];
     let gate = Gate::start("kfp-api.yaml", upstream_addr, Serving::Dev(&names), &kubeconfig, &[]);
     let (addr, ca) = (gate.addr(), gate.server_ca());
@@ -635,14 +637,29 @@ async fn kfp_agents_and_cache_calls_pass_over_tls_with_the_upstream_flags() {
         vec!["-mode", "kfp-persistence-agent", "-connect", &addr, "-target", "ml-pipeline:8887", "-token-file", &token];
     args.extend(tls);
     assert_eq!(go(&args), json!({"ok": true, "code": "OK", "alpn": "h2"}));
+    let scheduler_token = gate.token_file("scheduledworkflow-sa-token", "scheduler-token");
+    let mut args = vec![
+        "-mode",
+        "kfp-scheduled-workflow",
+        "-connect",
+        &addr,
+        "-target",
+        "ml-pipeline:8887",
+        "-token-file",
+        &scheduler_token,
+    ];
+    args.extend(tls);
+    assert_eq!(go(&args), json!({"ok": true, "code": "OK", "alpn": "h2"}));
     let cache = "ml-pipeline.kubeflow.svc.cluster.local:8887";
     let mut args = vec!["-mode", "kfp-cache", "-connect", &addr, "-target", cache, "-method", "ListTasksV1"];
     args.extend(tls);
     assert_eq!(go(&args), json!({"ok": true, "code": "OK", "alpn": "h2"}));
     let seen = upstream.seen();
-    assert_eq!(seen.len(), 2);
+    assert_eq!(seen.len(), 3);
     assert_eq!(seen[0].header("x-remote-user").as_deref(), Some(agent));
-    assert_eq!(seen[1].path, "/api.TaskService/ListTasksV1");
+    assert_eq!(seen[1].header("x-remote-user").as_deref(), Some(scheduler));
+    assert_eq!(seen[1].path, "/kubeflow.pipelines.backend.api.v2beta1.RunService/CreateRun");
+    assert_eq!(seen[2].path, "/api.TaskService/ListTasksV1");
 }
 
 /// Go's net/http with its defaults negotiates h2 with the gate; the upstream here speaks
