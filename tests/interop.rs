@@ -539,26 +539,30 @@ async fn the_fms_driver_verifies_the_gate_serving_the_operators_self_signed_cert
     assert_eq!(upstream.seen().len(), 1);
 }
 
+const KFP_AGENT: &str = "system:serviceaccount:kubeflow:ml-pipeline-persistenceagent";
+const KFP_SCHEDULER: &str = "system:serviceaccount:kubeflow:ml-pipeline-scheduledworkflow";
+
+/// The gate with the kfp-api recipe in front of a recording upstream, the API server knowing
+/// the agents' tokens (`agent-token`, `scheduler-token`); the API server lives as long as the
+/// directory returned.
+async fn kfp_gate(serving: Serving<'_>, extra: &[&str]) -> (Upstream, Gate, tempfile::TempDir) {
+    let upstream = Upstream::default();
+    let upstream_addr = upstream.spawn(false).await;
+    let api_dir = tempfile::tempdir().unwrap();
+    let tokens = [("agent-token", KFP_AGENT), ("scheduler-token", KFP_SCHEDULER)];
+    let kubeconfig = api_server(api_dir.path(), kube_fake::FakeApi::default(), &tokens, &[]).await;
+    let gate = Gate::start("kfp-api.yaml", upstream_addr, serving, &kubeconfig, extra);
+    (upstream, gate, api_dir)
+}
+
 /// Kubeflow Pipelines' agents as the default manifests run them (kubeflow/pipelines 7b70c7b:
 /// no TLS flags, so plaintext gRPC to ml-pipeline:8887, a projected token in `authorization`)
 /// and the v2 driver's and launcher's cache calls (no credential at all), through the kfp-api
 /// recipe on the gate's plaintext listener.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kfp_agents_and_cache_calls_pass_over_plaintext_as_the_default_manifests_run_them() {
-    let upstream = Upstream::default();
-    let upstream_addr = upstream.spawn(false).await;
-    let agent = "system:serviceaccount:kubeflow:ml-pipeline-persistenceagent";
-    let scheduler = "system:serviceaccount:kubeflow:ml-pipeline-scheduledworkflow";
-    let api_dir = tempfile::tempdir().unwrap();
-    let tokens = [("agent-token", agent), ("scheduler-token", scheduler)];
-    let kubeconfig = api_server(api_dir.path(), kube_fake::FakeApi::default(), &tokens, &[]).await;
-    let gate = Gate::start(
-        "kfp-api.yaml",
-        upstream_addr,
-        Serving::Dev(&["ml-pipeline"]),
-        &kubeconfig,
-        &["--listen-plaintext", "127.0.0.1:0"],
-    );
+    let (upstream, gate, _api) = kfp_gate(Serving::Dev(&["ml-pipeline"]), &["--listen-plaintext", "127.0.0.1:0"]).await;
+    let (agent, scheduler) = (KFP_AGENT, KFP_SCHEDULER);
     let plain = gate.plain();
     let agent_token = gate.token_file("persistenceagent-sa-token", "agent-token");
     let scheduler_token = gate.token_file("scheduledworkflow-sa-token", "scheduler-token");
@@ -621,15 +625,9 @@ async fn kfp_agents_and_cache_calls_pass_over_plaintext_as_the_default_manifests
 /// --metadata_tls_enabled): grpc-go verifies the dialled host's name and negotiates h2.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kfp_agents_and_cache_calls_pass_over_tls_with_the_upstream_flags() {
-    let upstream = Upstream::default();
-    let upstream_addr = upstream.spawn(false).await;
-    let agent = "system:serviceaccount:kubeflow:ml-pipeline-persistenceagent";
-    let scheduler = "system:serviceaccount:kubeflow:ml-pipeline-scheduledworkflow";
-    let api_dir = tempfile::tempdir().unwrap();
-    let tokens = [("agent-token", agent), ("scheduler-token", scheduler)];
-    let kubeconfig = api_server(api_dir.path(), kube_fake::FakeApi::default(), &tokens, &[]).await;
     let names = ["ml-pipeline", "ml-pipeline.kubeflow.svc.cluster.local"];
-    let gate = Gate::start("kfp-api.yaml", upstream_addr, Serving::Dev(&names), &kubeconfig, &[]);
+    let (upstream, gate, _api) = kfp_gate(Serving::Dev(&names), &[]).await;
+    let (agent, scheduler) = (KFP_AGENT, KFP_SCHEDULER);
     let (addr, ca) = (gate.addr(), gate.server_ca());
     let token = gate.token_file("persistenceagent-sa-token", "agent-token");
     let tls = ["-tls", "-ca", ca.as_str()];

@@ -689,8 +689,8 @@ async fn connection(
                 _ = stopping.wait_for(|s| *s) => return Some(CloseReason::Shutdown),
             };
             match sniffed {
-                Ok(Ok((first, true))) => http2(Prefixed::new(first, tcp), app, connections, state, stop, None).await,
-                Ok(Ok((first, false))) => http1(Prefixed::new(first, tcp), app, connections, state, stop, None).await,
+                Ok(Ok((first, true))) => http2(prefixed(first, tcp), app, connections, state, stop, None).await,
+                Ok(Ok((first, false))) => http1(prefixed(first, tcp), app, connections, state, stop, None).await,
                 Ok(Err(_)) => None,
                 Err(_) => Some(CloseReason::FirstRequestTimeout),
             }
@@ -759,56 +759,17 @@ async fn sniff_h2(tcp: &mut TcpStream, state: &ConnState, clock: Clock) -> io::R
     }
 }
 
-/// A connection whose first bytes were already read: they are read again first.
-struct Prefixed<I> {
-    first: Vec<u8>,
-    read: usize,
-    io: I,
-}
+/// A connection whose first bytes were already read: they are read again first, then the
+/// socket; writes go to the socket.
+type Prefixed = tokio::io::Join<
+    tokio::io::Chain<std::io::Cursor<Vec<u8>>, tokio::net::tcp::OwnedReadHalf>,
+    tokio::net::tcp::OwnedWriteHalf,
+>;
 
-impl<I> Prefixed<I> {
-    fn new(first: Vec<u8>, io: I) -> Self {
-        Self { first, read: 0, io }
-    }
-}
-
-impl<I: AsyncRead + Unpin> AsyncRead for Prefixed<I> {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        let this = &mut *self;
-        if this.read < this.first.len() {
-            let n = buf.remaining().min(this.first.len() - this.read);
-            buf.put_slice(&this.first[this.read..this.read + n]);
-            this.read += n;
-            if this.read == this.first.len() {
-                this.first = Vec::new();
-                this.read = 0;
-            }
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut this.io).poll_read(cx, buf)
-    }
-}
-
-impl<I: AsyncWrite + Unpin> AsyncWrite for Prefixed<I> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
-    }
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
-    }
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
+fn prefixed(first: Vec<u8>, tcp: TcpStream) -> Prefixed {
+    use tokio::io::AsyncReadExt;
+    let (read, write) = tcp.into_split();
+    tokio::io::join(std::io::Cursor::new(first).chain(read), write)
 }
 
 /// The service for one connection: the router, with each request marked in flight.
