@@ -520,6 +520,12 @@ fn an_anonymous_rule_is_alone_on_a_named_route_and_never_reads_an_identity() {
         &file("      http: {methods: [GET], path: /apis/v1beta1/healthz}\n      callers: {anonymous: true}\n")
     )
     .is_ok());
+    // anyUser beside it too, as each of the other callers.
+    for callers in ["anyUser: true", "anyServiceAccount: true", "workloads: {}"] {
+        let rule = format!("      grpc: {{service: api.TaskService, methods: [ListTasksV1]}}\n      callers: {{anonymous: true, {callers}}}\n");
+        let problems = problems(&rule);
+        assert!(problems[0].contains("callers.anonymous admits every caller, so listing"), "{callers}: {problems:?}");
+    }
 }
 
 #[test]
@@ -531,6 +537,13 @@ fn the_summary_says_which_rules_a_caller_without_a_certificate_can_reach() {
             "rule \"a driver updates only its own job\": gRPC LMEvalJobUpdateService/UpdateStatus; callers: workloads (lmevaljob, any namespace) by client certificate; over TLS only (a client certificate)",
             "rule \"agents report runs in their namespace\": POST /apis/v1/namespaces/{namespace}/runs/{run}/report; callers: service accounts kubeflow/ml-pipeline-persistenceagent by token; over TLS and over --listen-plaintext",
         ]
+    );
+    let any_method = KFP
+        .replace("methods: [ListTasksV1, CreateTaskV1]", "methods: []")
+        .replace("anonymous: true", "serviceAccounts: [{namespace: a, name: b}]");
+    assert_eq!(
+        load("any.yaml", &any_method).unwrap().gate.summary()[1],
+        "rule \"cache lookups\": gRPC api.TaskService/*; callers: service accounts a/b by token; over TLS and over --listen-plaintext"
     );
     let kfp = load("kfp.yaml", KFP).unwrap().gate;
     assert_eq!(
