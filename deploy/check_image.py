@@ -141,7 +141,15 @@ def missing_includes(line, members):
     dirs = sorted((os.path.dirname(m["manifest_path"]) for m in members), key=len, reverse=True)
     seen = set()
     for crate_dir in dirs:
-        for dirpath, _, names in os.walk(crate_dir):
+        for dirpath, subdirs, names in os.walk(crate_dir):
+            # A directory with a manifest of its own that is no member (vendor/rustls: a
+            # dependency carried with a patch) is that package's: cargo builds only its library,
+            # whose test-only includes are not shipped with it.
+            subdirs[:] = [
+                d
+                for d in subdirs
+                if os.path.join(dirpath, d) in dirs or not os.path.isfile(os.path.join(dirpath, d, "Cargo.toml"))
+            ]
             for name in names:
                 source = os.path.join(dirpath, name)
                 if not name.endswith(".rs") or source in seen:

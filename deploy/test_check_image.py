@@ -65,6 +65,18 @@ class CheckImage(unittest.TestCase):
             ],
         )
 
+    def test_a_vendored_crate_is_its_own_not_a_members(self):
+        # vendor/rustls's test modules include files the published crate leaves out; cargo
+        # never compiles them for keyward. A member's missing include is still found there.
+        bad = os.path.join(self.dir, "gate", "src", "missing_include.rs")
+        with open(bad, "w", encoding="utf-8") as f:
+            f.write('const X: &[u8] = include_bytes!("missing.bin");\n')
+        problems, _ = check_image.check(self.dir)
+        self.assertEqual(
+            problems,
+            ["line 29: gate/src/missing_include.rs includes 'missing.bin', which is not in the stage (.dockerignore or a COPY left it out)"],
+        )
+
     def edit_dockerfile(self, old, new):
         path = os.path.join(self.dir, "Dockerfile")
         with open(path, encoding="utf-8") as f:
