@@ -14,6 +14,17 @@ use keyward_engine::text::quoted;
 
 use crate::Error;
 
+/// Who is calling, as the transport verified it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Caller {
+    Workload(WorkloadIdentity),
+    ServiceAccount(ServiceAccount),
+    /// Any other user a token names (a person, a node): admitted only by `anyUser`.
+    User(UserName),
+    /// No client certificate and no bearer token.
+    Anonymous,
+}
+
 /// A keyward workload identity: `spiffe://TRUST-DOMAIN/ns/NAMESPACE/KIND/NAME`, the job (an
 /// owner, such as an LMEvalJob) a certificate was issued for.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

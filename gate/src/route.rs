@@ -3,7 +3,8 @@
 //!
 //! The gate never normalises a path, because the upstream may normalise it differently: a path
 //! that could read two ways (a `.` or `..` segment, an empty one, an encoded `/`, `\` or `.`,
-//! a raw `\`) is refused before any rule is tried. Everything else is compared byte for byte,
+//! a raw `\`, a `;`, which servlet containers take as the start of a segment's parameters, so
+//! that `/a/..;/b` is `/b` to Tomcat) is refused before any rule is tried. Everything else is compared byte for byte,
 //! so a segment the upstream would decode (`j%6fbs`) matches no literal and captures a value
 //! no caller's name equals: a refusal, never a wider grant.
 
@@ -59,9 +60,14 @@ impl<'p> RequestPath<'p> {
         if path.contains('\\') {
             return Err(refuse("holds a '\\'"));
         }
+        if path.contains(';') {
+            return Err(refuse(
+                "holds a ';', which servlet containers read as the start of path parameters (`/a/..;/b` is `/b` to them)",
+            ));
+        }
         let holds = |e: &str| path.as_bytes().windows(3).any(|w| w.eq_ignore_ascii_case(e.as_bytes()));
-        if let Some(encoded) = ["%2f", "%5c", "%2e", "%00"].into_iter().find(|e| holds(e)) {
-            return Err(refuse(&format!("holds {encoded}, an encoded separator, dot or NUL")));
+        if let Some(encoded) = ["%2f", "%5c", "%2e", "%00", "%3b"].into_iter().find(|e| holds(e)) {
+            return Err(refuse(&format!("holds {encoded}, an encoded separator, dot, ';' or NUL")));
         }
         let segments: Vec<&str> = if rest.is_empty() { Vec::new() } else { rest.split('/').collect() };
         if segments.len() > MAX_SEGMENTS {
@@ -226,6 +232,10 @@ mod tests {
             ("/a%5cb", "holds %5c"),
             ("/a\\b", "holds a '\\'"),
             ("/a%00", "holds %00"),
+            ("/apis/v1/namespaces/team-a/..;/team-b/jobs/x", "holds a ';'"),
+            ("/a;jsessionid=1/b", "holds a ';'"),
+            ("/a/b;", "holds a ';'"),
+            ("/a/%3Bb", "holds %3b"),
             ("a/b", "does not start with '/'"),
         ] {
             let e = RequestPath::parse(path).unwrap_err().to_string();

@@ -12,7 +12,6 @@ use keyward_engine::text::quoted;
 use serde::Deserialize;
 
 use crate::grpc;
-use crate::identity::{ServiceAccount, UserName, WorkloadIdentity};
 use crate::owners::{LiveOwner, LiveOwnerSpec};
 use crate::route::{PathPattern, RequestPath};
 
@@ -64,6 +63,11 @@ pub struct RuleSpec {
     /// `resourceAttributes` are: the rule allows only if it says yes.
     #[serde(default)]
     pub subject_access_review: Option<ReviewSpec>,
+    /// A caller known by its client certificate has its `Authorization` header removed, so that
+    /// an upstream that authenticates by token never acts on a token of someone else's; true
+    /// passes it on (a token caller's always is: KFP's API server reviews it again).
+    #[serde(default)]
+    pub forward_authorization: bool,
 }
 
 /// A SubjectAccessReview's resource attributes. Each value is a literal or one whole
@@ -210,6 +214,7 @@ struct Rule {
     callers: Callers,
     when: Vec<Condition>,
     review: Option<ReviewSpec>,
+    forward_authorization: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -384,6 +389,7 @@ impl Gate {
                     callers: r.callers,
                     when: r.when,
                     review: r.subject_access_review,
+                    forward_authorization: r.forward_authorization,
                 });
             }
         }
@@ -443,16 +449,7 @@ fn anonymous_problems(
 
 // === deciding ===
 
-/// Who is calling, as the transport verified it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Caller {
-    Workload(WorkloadIdentity),
-    ServiceAccount(ServiceAccount),
-    /// Any other user a token names (a person, a node): admitted only by `anyUser`.
-    User(UserName),
-    /// No client certificate and no bearer token.
-    Anonymous,
-}
+pub use crate::identity::Caller;
 
 /// A request, as far as the rules read it.
 #[derive(Debug, Clone, Copy)]
@@ -544,17 +541,38 @@ impl Gate {
         self.live_owners.iter().find(|o| o.kind.eq_ignore_ascii_case(kind))
     }
 
-    /// Whether a rule that could decide `method` `path` reads the gRPC request's message (a
-    /// `grpcField` condition or `{grpc.N}` reference): only then does the transport hold the
-    /// body back to read it.
-    pub fn reads_message(&self, method: &str, path: &RequestPath<'_>) -> bool {
-        self.rules.iter().any(|rule| rule.reads_message && rule.route.fits(method, path).is_ok())
+    /// Whether a rule that could decide `method` `path` for `caller` reads the gRPC request's
+    /// message (a `grpcField` condition or `{grpc.N}` reference): only then does the transport
+    /// hold the body back to read it. A caller no such rule admits is decided without it (the
+    /// rules that read it refuse that caller first), so it never holds the gate's memory.
+    pub fn reads_message(&self, caller: &Caller, method: &str, path: &RequestPath<'_>) -> bool {
+        self.rules.iter().any(|rule| rule.reads_message && rule.admits(caller) && rule.route.fits(method, path).is_ok())
     }
 
     /// Whether a client-sent header must not reach the upstream: one that claims an identity
-    /// ([`crate::headers::claims_identity`]) or one this gate's file lists.
+    /// ([`crate::headers::claims_identity`]) or one this gate's file lists, compared as the
+    /// upstream reads names ([`crate::headers::same_name`]).
     pub fn strips(&self, name: &str) -> bool {
-        crate::headers::claims_identity(name) || self.strip_headers.iter().any(|h| h.eq_ignore_ascii_case(name))
+        crate::headers::claims_identity(name) || self.strip_headers.iter().any(|h| crate::headers::same_name(h, name))
+    }
+
+    /// Whether a rule decides on header `name` (a `header` condition or `{header.…}`
+    /// reference): a caller may not have it dropped as hop-by-hop after the decision.
+    pub fn reads_header(&self, name: &str) -> bool {
+        let reads = |o: &Operand| matches!(o, Operand::Header(h) if crate::headers::same_name(h, name));
+        self.rules.iter().any(|rule| {
+            rule.when.iter().any(|c| reads(&c.equals))
+                || rule.review.as_ref().is_some_and(|r| {
+                    [&r.verb, &r.group, &r.resource, &r.subresource, &r.namespace, &r.name]
+                        .into_iter()
+                        .any(|t| matches!(Reference::parse(t), Ok(Reference::Operand(o)) if reads(&o)))
+                })
+        })
+    }
+
+    /// Whether the rule named `rule` passes a certificate caller's `Authorization` header on.
+    pub fn forwards_authorization(&self, rule: &str) -> bool {
+        self.rules.iter().any(|r| r.name == rule && r.forward_authorization)
     }
 
     /// Decides on a request from `caller`. Pure: the transport has verified the caller, a path

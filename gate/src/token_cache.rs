@@ -24,7 +24,11 @@ pub enum Review {
 
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
+    /// Accepted tokens kept.
     pub max_entries: usize,
+    /// Rejected tokens kept, apart from the accepted: a flood of made-up tokens pushes out only
+    /// other made-up tokens, never a caller's good one.
+    pub max_rejected: usize,
     /// The longest an accepted token is trusted without asking again.
     pub max_age: Duration,
     /// How long before its expiry an accepted token is asked about again.
@@ -37,6 +41,7 @@ impl Default for Limits {
     fn default() -> Self {
         Self {
             max_entries: 10_000,
+            max_rejected: 50_000,
             max_age: Duration::from_secs(120),
             early: Duration::from_secs(10),
             rejected_for: Duration::from_secs(10),
@@ -119,21 +124,26 @@ impl<K: std::hash::Hash + Eq + Clone, V> TtlCache<K, V> {
     }
 }
 
-/// TokenReview answers, by the SHA-256 of their token.
+/// TokenReview answers, by the SHA-256 of their token: the accepted and the rejected apart.
 #[derive(Debug)]
 pub struct TokenCache {
     limits: Limits,
-    cache: TtlCache<Key, Review>,
+    accepted: TtlCache<Key, Review>,
+    rejected: TtlCache<Key, Review>,
 }
 
 impl TokenCache {
     pub fn new(limits: Limits) -> Self {
-        Self { limits, cache: TtlCache::new(limits.max_entries) }
+        Self { limits, accepted: TtlCache::new(limits.max_entries), rejected: TtlCache::new(limits.max_rejected) }
     }
 
     /// The cached review of `token`, if it is still good at `now`.
     pub fn get(&mut self, token: &str, now: SystemTime) -> Option<&Review> {
-        self.cache.get(&key(token), now)
+        let key = key(token);
+        match self.accepted.get(&key, now) {
+            Some(review) => Some(review),
+            None => self.rejected.get(&key, now),
+        }
     }
 
     /// Remembers what the API server said of `token` at `now`.
@@ -146,21 +156,26 @@ impl TokenCache {
                     None => ceiling,
                 }
             }
-            Review::Rejected(_) => now + self.limits.rejected_for,
+            Review::Rejected(_) => {
+                self.rejected.put(key(token), review, now + self.limits.rejected_for, now);
+                return;
+            }
         };
-        self.cache.put(key(token), review, until, now);
+        self.accepted.put(key(token), review, until, now);
     }
 
+    /// Lookups answered from the cache, and not (a lookup asks the accepted first).
     pub fn stats(&self) -> (u64, u64) {
-        self.cache.stats()
+        let (accepted, rejected) = (self.accepted.stats(), self.rejected.stats());
+        (accepted.0 + rejected.0, rejected.1)
     }
 
     pub fn len(&self) -> usize {
-        self.cache.len()
+        self.accepted.len() + self.rejected.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.cache.is_empty()
+        self.accepted.is_empty() && self.rejected.is_empty()
     }
 }
 
@@ -308,8 +323,22 @@ mod tests {
             cache.put(&tokens[4], ok(), at(T0));
         }
         assert_eq!(cache.len(), 3);
-        assert!(cache.cache.order.len() <= 6, "{}", cache.cache.order.len());
+        assert!(cache.accepted.order.len() <= 6, "{}", cache.accepted.order.len());
         assert!(tokens[2..].iter().all(|t| cache.get(t, at(T0)).is_some()));
+    }
+
+    #[test]
+    fn a_flood_of_made_up_tokens_pushes_out_only_made_up_tokens() {
+        let limits = Limits { max_entries: 3, max_rejected: 4, ..Limits::default() };
+        let mut cache = TokenCache::new(limits);
+        let good = token(T0 + 3600, 1);
+        cache.put(&good, ok(), at(T0));
+        for n in 0..1000 {
+            cache.put(&format!("made-up-{n}"), Review::Rejected("invalid bearer token".into()), at(T0));
+        }
+        assert_eq!(cache.get(&good, at(T0 + 1)), Some(&ok()), "the caller's good token is still known");
+        assert_eq!(cache.len(), 5);
+        assert!(cache.get("made-up-999", at(T0 + 1)).is_some() && cache.get("made-up-0", at(T0 + 1)).is_none());
     }
 
     #[test]

@@ -345,14 +345,24 @@ fn live_owners_are_found_by_the_kind_an_identity_names_and_need_the_api_server()
 #[test]
 fn the_body_is_held_back_only_for_a_route_whose_rule_reads_a_grpc_field() {
     let gate = load("lmeval.yaml", LMEVAL).unwrap().gate;
-    let reads = |method: &str, path: &str| gate.reads_message(method, &RequestPath::parse(path).unwrap());
+    let job = driver("team-a", "evaljob-sample");
+    let reads = |method: &str, path: &str| gate.reads_message(&job, method, &RequestPath::parse(path).unwrap());
     assert!(reads("POST", "/LMEvalJobUpdateService/UpdateStatus"));
+    // A caller no rule that reads the message admits is decided without it: it never holds the
+    // gate's memory with a message that cannot be allowed.
+    let update = RequestPath::parse("/LMEvalJobUpdateService/UpdateStatus").unwrap();
+    let agent = Caller::ServiceAccount(
+        ServiceAccount::parse("system:serviceaccount:kubeflow:ml-pipeline-persistenceagent").unwrap(),
+    );
+    assert!(!gate.reads_message(&agent, "POST", &update));
+    assert!(!gate.reads_message(&Caller::Anonymous, "POST", &update));
     assert!(!reads("GET", "/LMEvalJobUpdateService/UpdateStatus"), "gRPC is POST");
     assert!(!reads("POST", "/LMEvalJobUpdateService/Other"));
     assert!(!reads("POST", "/apis/v1/namespaces/team-a/runs/r1/report"), "an HTTP rule without a field");
     let by_review = ROUTER.replace("\"{path.graph}\"", "\"{header.x-graph}\"");
     let gate = load("router.yaml", &by_review).unwrap().gate;
-    assert!(!gate.reads_message("POST", &RequestPath::parse("/graphs/g/x").unwrap()));
+    let user = Caller::ServiceAccount(ServiceAccount::parse("system:serviceaccount:team-a:client").unwrap());
+    assert!(!gate.reads_message(&user, "POST", &RequestPath::parse("/graphs/g/x").unwrap()));
 }
 
 /// A workload's review, filled from every kind of reference: the caller's fields, a header and
@@ -396,7 +406,8 @@ fn a_review_is_filled_from_the_caller_a_header_and_the_message() {
         }]
     );
     assert!(gate.asks_api_server(), "a rule's review asks the API server, with no tokenReview");
-    assert!(gate.reads_message("POST", &RequestPath::parse(UPDATE).unwrap()), "{{grpc.2}} reads the message");
+    let caller = driver("team-a", "job-1");
+    assert!(gate.reads_message(&caller, "POST", &RequestPath::parse(UPDATE).unwrap()), "{{grpc.2}} reads the message");
 }
 
 #[test]
@@ -590,4 +601,28 @@ fn any_user_means_every_authenticated_caller_and_needs_a_review_and_tokens() {
         gate.summary(),
         ["rule \"r\": any method /**; callers: any user by token; over TLS and over --listen-plaintext"]
     );
+}
+
+#[test]
+fn the_headers_a_rule_reads_and_the_callers_whose_token_passes_are_known() {
+    let reviewed = load("reviewed.yaml", REVIEWED_GRPC).unwrap().gate;
+    assert!(reviewed.reads_header("x-resource") && reviewed.reads_header("X_Resource"), "{{header.x-resource}}");
+    assert!(!reviewed.reads_header("x-other"));
+    let gate = load("lmeval.yaml", LMEVAL).unwrap().gate;
+    assert!(!gate.reads_header("x-resource"));
+    assert!(gate.strips("kubeflow_userid") && gate.strips("X_Remote_User"), "compared as the upstream reads names");
+    let by_header = LMEVAL
+        .replace("equals: {pathSegment: namespace}", "equals: {header: x-tenant}")
+        .replace("path: /apis/v1/namespaces/{namespace}/runs/{run}/report", "path: /apis/v1/runs/{run}/report");
+    let gate = load("by-header.yaml", &by_header).unwrap().gate;
+    assert!(gate.reads_header("X-Tenant"));
+    assert!(!gate.forwards_authorization("a driver updates only its own job"));
+    let forwarding = LMEVAL.replace(
+        "    - name: a driver updates only its own job\n",
+        "    - name: a driver updates only its own job\n      forwardAuthorization: true\n",
+    );
+    let gate = load("forwarding.yaml", &forwarding).unwrap().gate;
+    assert!(gate.forwards_authorization("a driver updates only its own job"));
+    assert!(!gate.forwards_authorization("agents report runs in their namespace"));
+    assert!(!gate.forwards_authorization("no such rule"));
 }

@@ -11,6 +11,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
 use keyward_certs::{ReloadSource, Trigger};
@@ -33,6 +34,9 @@ struct Loaded {
     verifier: Arc<dyn ClientCertVerifier>,
     /// The bundle's bytes, to tell a change from a poll that finds the same file.
     bundle: Vec<u8>,
+    /// Counts the bundles loaded (from 1): a connection verified under an older one is verified
+    /// again on its next request ([`ClientCa::still_trusts`]).
+    generation: u64,
 }
 
 type Observer = Box<dyn Fn(&Reload) + Send + Sync>;
@@ -66,7 +70,7 @@ impl ClientCa {
             file: file.to_path_buf(),
             dir,
             provider,
-            current: ArcSwap::from_pointee(Loaded { verifier, bundle }),
+            current: ArcSwap::from_pointee(Loaded { verifier, bundle, generation: 1 }),
             observer: None,
         })
     }
@@ -83,7 +87,8 @@ impl ClientCa {
             Ok(bundle) => match verifier(&bundle, &self.provider) {
                 Ok(verifier) => {
                     let count = count_certificates(&bundle);
-                    self.current.store(Arc::new(Loaded { verifier, bundle }));
+                    let generation = self.current.load().generation + 1;
+                    self.current.store(Arc::new(Loaded { verifier, bundle, generation }));
                     Reload::Loaded(count)
                 }
                 Err(e) => Reload::Failed(e),
@@ -105,6 +110,40 @@ impl ClientCa {
             observe(&outcome);
         }
         outcome
+    }
+
+    /// The generation of the bundle in force.
+    pub fn generation(&self) -> u64 {
+        self.current.load().generation
+    }
+
+    /// Whether a connection's certificate (`chain`, end entity first, good until `not_after`,
+    /// verified at its handshake under generation `under`) is still good at `now`: in its
+    /// validity, and, when the bundle changed since, chaining to a CA of the bundle now in force
+    /// (a CA rotated out is trusted no more on connections made under it). `Ok` gives the
+    /// generation it is good under.
+    pub fn still_trusts(
+        &self,
+        chain: &[CertificateDer<'_>],
+        under: u64,
+        not_after: Option<SystemTime>,
+        now: SystemTime,
+    ) -> Result<u64, String> {
+        let current = self.current.load();
+        let Some((leaf, intermediates)) = chain.split_first() else {
+            return Err("no client certificate".into());
+        };
+        let at = UnixTime::since_unix_epoch(now.duration_since(UNIX_EPOCH).unwrap_or_default());
+        if current.generation == under {
+            // Verified in full at the handshake: only time has moved since.
+            return match not_after {
+                Some(not_after) if now <= not_after => Ok(under),
+                _ => Err("the client certificate has expired: reconnect with the renewed one".into()),
+            };
+        }
+        current.verifier.verify_client_cert(leaf, intermediates, at).map(|_| current.generation).map_err(|e| {
+            format!("the client certificate no longer verifies with the gate's client CAs ({e}): reconnect with a certificate of the CA in force")
+        })
     }
 
     fn algorithms(&self) -> &WebPkiSupportedAlgorithms {
@@ -234,5 +273,38 @@ mod tests {
         std::fs::write(&file, "-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n").unwrap();
         assert!(matches!(ca.reload_now(), Reload::Failed(e) if e.contains("certificate 1 of the bundle")));
         assert_eq!(ca.current.load().bundle, format!("{}{}", old.cert_pem(), new.cert_pem()).into_bytes());
+    }
+
+    #[test]
+    fn expired_and_rotated_out_certificates_are_found_on_the_next_request() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("ca.crt");
+        let now = std::time::SystemTime::now();
+        let day = std::time::Duration::from_secs(86_400);
+        let old = keyward_certs::pki::Ca::mint("old client CA", now, day).unwrap();
+        let new = keyward_certs::pki::Ca::mint("new client CA", now, day).unwrap();
+        std::fs::write(&file, old.cert_pem()).unwrap();
+        let ca = ClientCa::load(&file).unwrap();
+        let leaf = old.issue_client_identity(&[], "spiffe://td/ns/a/job/j", now, day).unwrap();
+        let chain = vec![CertificateDer::from_pem_slice(leaf.cert_pem.as_bytes()).unwrap()];
+        let not_after = super::super::caller::not_after(&chain[0]);
+        assert!(not_after.is_some_and(|t| t > now));
+        // Verified at the handshake under generation 1: only its time is checked while it lasts.
+        assert_eq!(ca.still_trusts(&chain, 1, not_after, now), Ok(1));
+        let later = now + day + std::time::Duration::from_secs(1);
+        assert_eq!(
+            ca.still_trusts(&chain, 1, not_after, later),
+            Err("the client certificate has expired: reconnect with the renewed one".into())
+        );
+        // A bundle with the old CA still: verified again, and good under the new generation.
+        std::fs::write(&file, format!("{}{}", old.cert_pem(), new.cert_pem())).unwrap();
+        ca.reload_now();
+        assert_eq!(ca.still_trusts(&chain, 1, not_after, now), Ok(2));
+        // The old CA rotated out: no longer good, whatever its validity.
+        std::fs::write(&file, new.cert_pem()).unwrap();
+        ca.reload_now();
+        let e = ca.still_trusts(&chain, 2, not_after, now).unwrap_err();
+        assert!(e.starts_with("the client certificate no longer verifies with the gate's client CAs"), "{e}");
+        assert_eq!(ca.still_trusts(&[], 3, None, now), Err("no client certificate".into()));
     }
 }

@@ -23,6 +23,17 @@ use hyper_util::client::legacy::connect::{Connection, HttpConnector};
 use hyper_util::rt::TokioIo;
 use tower::ServiceExt;
 
+use super::upstream::HeldMessage;
+use std::time::Duration;
+
+/// The most of a message queued with its HEADERS before the upstream grants a window: within
+/// any HTTP/2 peer's initial 65,535 bytes, and so written with them in one write. The rest goes
+/// as the upstream's window allows, so the gate gives its budget back once the message is with
+/// the connection, not when the upstream answers.
+const FIRST_PIECE: usize = 16 * 1024;
+/// The longest a held call waits for the upstream's response headers.
+const RESPONSE_WAIT: Duration = Duration::from_secs(60);
+
 /// One HTTP/2 connection to the upstream, shared by the held calls, opened again when it ends.
 pub struct HeldCalls {
     /// The upstream, as the connector takes it (`http://` or `https://`, host and port).
@@ -33,19 +44,43 @@ pub struct HeldCalls {
     /// The connection's sender and its number: a caller whose sender failed replaces the
     /// connection only if no other caller has replaced it since.
     current: std::sync::Mutex<Option<(u64, SendRequest<Bytes>)>>,
+    /// The longest a call waits for a stream and for the window to send its message in.
+    wait: Duration,
 }
 
 // === impl HeldCalls ===
 
 impl HeldCalls {
-    pub fn new(address: Uri, connector: HttpsConnector<HttpConnector>) -> Self {
-        Self { address, connector, current: std::sync::Mutex::new(None) }
+    pub fn new(address: Uri, connector: HttpsConnector<HttpConnector>, wait: Duration) -> Self {
+        Self { address, connector, current: std::sync::Mutex::new(None), wait }
     }
 
     /// Sends `head` (absolute URI, headers already the gate's, hop-by-hop ones removed) with
-    /// `body`, and returns the upstream's response, its body streamed with its trailers.
-    pub async fn send(&self, head: http::Request<()>, body: Bytes) -> Result<http::Response<Received>, String> {
-        send_on(self.ready_sender().await?, head, body).await
+    /// `message`, and returns the upstream's response, its body streamed with its trailers.
+    /// Every wait has a deadline: a stream of the upstream's, the window for the message (then
+    /// the gate's memory is given back), the response's headers.
+    pub async fn send(
+        &self,
+        head: http::Request<()>,
+        mut message: HeldMessage,
+    ) -> Result<http::Response<Received>, String> {
+        let (opened, rest) =
+            tokio::time::timeout(self.wait, self.open(head, &message.bytes)).await.map_err(|_| {
+                format!(
+                    "the upstream opened no HTTP/2 stream for the call within {:?} (its streams are all in use)",
+                    self.wait
+                )
+            })??;
+        send_on(opened, rest, &mut message, self.wait).await
+    }
+
+    /// The call's stream, opened, on the current connection (or a new one), once the upstream
+    /// allows one more stream; its HEADERS and the message's first piece queued together, before
+    /// the connection task writes either (one write, for a message of up to [`FIRST_PIECE`]).
+    /// Returns the rest of the message.
+    async fn open(&self, head: http::Request<()>, body: &Bytes) -> Result<(Opened, Bytes), String> {
+        let mut sender = self.ready_sender().await?;
+        open_on(&mut sender, head, body).await
     }
 
     /// A sender ready for a new stream: the current connection's, or a new connection's when
@@ -101,20 +136,51 @@ impl HeldCalls {
     }
 }
 
-/// One call on a ready sender: the HEADERS and the whole body queued before the connection
-/// task writes either.
-async fn send_on(
-    mut sender: SendRequest<Bytes>,
+/// [`HeldCalls::open`] on `sender` (a clone of the connection's, the call's own).
+async fn open_on(
+    sender: &mut SendRequest<Bytes>,
     head: http::Request<()>,
-    body: Bytes,
-) -> Result<http::Response<Received>, String> {
-    let end = body.is_empty();
-    let (response, mut stream) = sender.send_request(head, end).map_err(|e| describe("the request", &e))?;
-    if !end {
+    body: &Bytes,
+) -> Result<(Opened, Bytes), String> {
+    let mut rest = body.clone();
+    let (response, mut stream) = sender.send_request(head, rest.is_empty()).map_err(|e| describe("the request", &e))?;
+    if !rest.is_empty() {
         // Buffered by h2 for the stream: no capacity is needed to queue it.
-        stream.send_data(body, true).map_err(|e| describe("the request body", &e))?;
+        let first = rest.split_to(rest.len().min(FIRST_PIECE));
+        stream.send_data(first, rest.is_empty()).map_err(|e| describe("the request body", &e))?;
     }
-    let response = response.await.map_err(|e| describe("the response", &e))?;
+    // The stream is open, not queued past the upstream's MAX_CONCURRENT_STREAMS: h2 makes the
+    // sender of a stream it queued wait, here, for the upstream to open it.
+    std::future::poll_fn(|cx| sender.poll_ready(cx)).await.map_err(|e| describe("the upstream connection", &e))?;
+    Ok(((response, stream), rest))
+}
+
+/// A stream opened for a call: its response to come, and its body to send.
+type Opened = (h2::client::ResponseFuture, h2::SendStream<Bytes>);
+
+/// The rest of a call's message, as the upstream's window allows, each wait within `wait`;
+/// then the gate's memory is given back, and the upstream's answer awaited.
+async fn send_on(
+    (response, mut stream): Opened,
+    mut rest: Bytes,
+    message: &mut HeldMessage,
+    wait: Duration,
+) -> Result<http::Response<Received>, String> {
+    while !rest.is_empty() {
+        stream.reserve_capacity(rest.len());
+        let granted = tokio::time::timeout(wait, std::future::poll_fn(|cx| stream.poll_capacity(cx)))
+            .await
+            .map_err(|_| format!("the upstream gave no window for the call's message within {wait:?}"))?
+            .ok_or_else(|| "the upstream's stream ended before it took the call's message".to_string())?
+            .map_err(|e| describe("the request body", &e))?;
+        let piece = rest.split_to(granted.min(rest.len()));
+        stream.send_data(piece, rest.is_empty()).map_err(|e| describe("the request body", &e))?;
+    }
+    message.written();
+    let response = tokio::time::timeout(RESPONSE_WAIT, response)
+        .await
+        .map_err(|_| format!("the upstream did not answer the call within {RESPONSE_WAIT:?}"))?
+        .map_err(|e| describe("the response", &e))?;
     Ok(response.map(|recv| Received { recv, state: State::Data }))
 }
 
@@ -262,7 +328,14 @@ mod tests {
             .https_or_http()
             .enable_http2()
             .wrap_connector(http);
-        HeldCalls::new(format!("http://127.0.0.1:{port}").parse().unwrap(), connector)
+        HeldCalls::new(format!("http://127.0.0.1:{port}").parse().unwrap(), connector, WAIT)
+    }
+
+    const WAIT: Duration = Duration::from_secs(5);
+
+    /// A held message that holds nothing of a budget or a share.
+    fn msg(bytes: Bytes) -> HeldMessage {
+        HeldMessage { bytes, budget: None, share: None }
     }
 
     fn call(path: &str) -> http::Request<()> {
@@ -341,9 +414,11 @@ mod tests {
         tokio::spawn(upstream(upstream_side, 1));
         let writes = Arc::new(Mutex::new(Vec::new()));
         let sender = handshake(Recorded { io: gate_side, writes: writes.clone() }).await.unwrap();
-        let sender = sender.ready().await.unwrap();
-        let response =
-            send_on(sender, call("/LMEvalJobUpdateService/UpdateStatus"), Bytes::from_static(b"job-a")).await;
+        let mut sender = sender.ready().await.unwrap();
+        let mut message = msg(Bytes::from_static(b"job-a"));
+        let (opened, rest) =
+            open_on(&mut sender, call("/LMEvalJobUpdateService/UpdateStatus"), &message.bytes).await.unwrap();
+        let response = send_on(opened, rest, &mut message, WAIT).await;
         assert_eq!(
             read(response.unwrap()).await,
             ("/LMEvalJobUpdateService/UpdateStatus job-a".into(), Some("0".into()))
@@ -363,7 +438,10 @@ mod tests {
         tokio::spawn(upstream(upstream_side, 1));
         let writes = Arc::new(Mutex::new(Vec::new()));
         let sender = handshake(Recorded { io: gate_side, writes: writes.clone() }).await.unwrap();
-        let response = send_on(sender.ready().await.unwrap(), call("/Empty"), Bytes::new()).await.unwrap();
+        let mut sender = sender.ready().await.unwrap();
+        let mut message = msg(Bytes::new());
+        let (opened, rest) = open_on(&mut sender, call("/Empty"), &message.bytes).await.unwrap();
+        let response = send_on(opened, rest, &mut message, WAIT).await.unwrap();
         assert_eq!(read(response).await, ("/Empty ".into(), Some("0".into())));
         let sent: Vec<_> = writes.lock().unwrap().iter().flat_map(|w| frames(w)).filter(|(_, _, s)| *s == 1).collect();
         // HEADERS with END_STREAM and END_HEADERS, and no DATA.
@@ -375,13 +453,13 @@ mod tests {
         // One call a connection: as an upstream that restarts between calls.
         let (port, accepted) = listening(1).await;
         let calls = held_calls(port);
-        let first = calls.send(call("/One"), Bytes::from_static(b"1")).await.unwrap();
+        let first = calls.send(call("/One"), msg(Bytes::from_static(b"1"))).await.unwrap();
         assert_eq!(read(first).await.0, "/One 1");
         // A call may meet the old connection before the gate saw it close (an error, as
         // with any proxy); the one after it opens a new connection.
-        let second = match calls.send(call("/Two"), Bytes::from_static(b"2")).await {
+        let second = match calls.send(call("/Two"), msg(Bytes::from_static(b"2"))).await {
             Ok(answer) => answer,
-            Err(_) => calls.send(call("/Two"), Bytes::from_static(b"2")).await.unwrap(),
+            Err(_) => calls.send(call("/Two"), msg(Bytes::from_static(b"2"))).await.unwrap(),
         };
         assert_eq!(read(second).await.0, "/Two 2");
         assert_eq!(*accepted.lock().unwrap(), 2);
@@ -394,7 +472,9 @@ mod tests {
         let burst: Vec<_> = (0..8)
             .map(|i| {
                 let calls = calls.clone();
-                tokio::spawn(async move { calls.send(call(&format!("/Call{i}")), Bytes::from(i.to_string())).await })
+                tokio::spawn(
+                    async move { calls.send(call(&format!("/Call{i}")), msg(Bytes::from(i.to_string()))).await },
+                )
             })
             .collect();
         for (i, call) in burst.into_iter().enumerate() {
@@ -403,7 +483,7 @@ mod tests {
         // Each of the burst may have opened one; the slot keeps one, and the next call uses it.
         let opened = *accepted.lock().unwrap();
         assert!((1..=8).contains(&opened), "{opened}");
-        assert_eq!(read(calls.send(call("/After"), Bytes::from_static(b"x")).await.unwrap()).await.0, "/After x");
+        assert_eq!(read(calls.send(call("/After"), msg(Bytes::from_static(b"x"))).await.unwrap()).await.0, "/After x");
         assert_eq!(*accepted.lock().unwrap(), opened);
     }
 
@@ -419,7 +499,7 @@ mod tests {
             }
         });
         let calls = held_calls(port);
-        let Err(err) = calls.send(call("/One"), Bytes::from_static(b"1")).await else { panic!("answered") };
+        let Err(err) = calls.send(call("/One"), msg(Bytes::from_static(b"1"))).await else { panic!("answered") };
         // Which step meets the failure depends on timing (here, the response: "stream closed
         // because of a broken pipe"); each names its step, then h2's reason.
         let said = ["the HTTP/2 handshake: ", "the upstream connection: ", "the request: ", "the response: "];
@@ -432,7 +512,7 @@ mod tests {
         let port = listener.local_addr().unwrap().port();
         drop(listener);
         let calls = held_calls(port);
-        let Err(err) = calls.send(call("/One"), Bytes::from_static(b"1")).await else {
+        let Err(err) = calls.send(call("/One"), msg(Bytes::from_static(b"1"))).await else {
             panic!("sent to a closed port")
         };
         assert_eq!(

@@ -13,11 +13,13 @@ mod caller;
 mod check;
 mod client_ca;
 pub(crate) mod config;
+mod forward;
 mod held_h2;
 mod metrics;
 mod owners;
 mod proxy;
 mod reviews;
+mod share;
 mod store;
 #[cfg(test)]
 mod tests;
@@ -121,8 +123,13 @@ impl Gate {
             }
             None => None,
         };
-        let upstream = Upstream::new(&config.upstream, config.upstream_ca.as_deref(), config.upstream_protocol)
-            .map_err(anyhow::Error::msg)?;
+        let upstream = Upstream::new(
+            &config.upstream,
+            config.upstream_ca.as_deref(),
+            config.upstream_protocol,
+            config.listener.request_read_timeout,
+        )
+        .map_err(anyhow::Error::msg)?;
         let tls_dir = crate::serve::serving_dir(&config.listener.tls)?;
         let observer = shared.clone();
         let certs = Arc::new(CertStore::new(&tls_dir).with_observer(move |o| observer.observe_reload(o)));
@@ -140,9 +147,11 @@ impl Gate {
             reviews,
             owners,
             upstream: Arc::new(upstream),
+            client_ca: client_ca.clone(),
             metrics,
             read_timeout: config.listener.request_read_timeout,
             body_budget: Arc::new(tokio::sync::Semaphore::new(config.message_bytes_in_flight)),
+            shares: share::Shares::new(config.message_bytes_in_flight, keyward_gate::grpc::MAX_MESSAGE_BYTES + 5),
         };
         Ok(Self { state, certs, client_ca, shared, _owner_watches: owner_watches })
     }
@@ -164,6 +173,11 @@ impl Gate {
             "--listen-plaintext: every rule of gate {:?} admits only client certificates, which a plaintext connection cannot carry; give a rule that admits serviceAccounts (with spec.tokenReview) or anonymous callers, or drop --listen-plaintext",
             loaded.name
         )
+    }
+
+    /// The client CAs' generation, for each connection to record what it was verified under.
+    fn trust_generation(&self) -> Option<connections::TrustGeneration> {
+        self.client_ca.clone().map(|ca| Arc::new(move || ca.generation()) as connections::TrustGeneration)
     }
 
     fn app(&self) -> Router {
@@ -232,7 +246,7 @@ async fn gate(config: GateConfig) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let connections = Connections::new("gate", limits, gate.shared.clone());
+    let connections = Connections::with_trust("gate", limits, gate.shared.clone(), gate.trust_generation());
     connections::serve(listener, Transport::Tls(gate.acceptor()?), gate.app(), connections, stop).await;
     for task in [plaintext_task, metrics_task].into_iter().flatten() {
         let _ = task.await;

@@ -9,29 +9,32 @@
 //! the upstream keeps them (a gRPC stream may last), spared eviction.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::Response;
 use bytes::{Bytes, BytesMut};
-use http::{HeaderName, HeaderValue};
+use http::HeaderValue;
 use http_body_util::BodyExt;
 use keyward_engine::text::clip;
 use keyward_gate::grpc;
-use keyward_gate::headers::identity_headers;
+use keyward_gate::identity::WorkloadIdentity;
 use keyward_gate::refusal::{self, Refusal};
 use keyward_gate::route::RequestPath;
 use keyward_gate::rules::{AccessReview, Caller};
 use tokio::sync::Semaphore;
 
-use super::caller::{bearer_token, workload_of};
+use super::caller::{bearer_token, not_after, workload_of};
+use super::client_ca::ClientCa;
+use super::forward;
 use super::metrics::{Decision, GateMetrics};
 use super::owners::{LiveOwners, OwnerRefusal};
 use super::reviews::{Reviews, TokenRefused};
+use super::share::Shares;
 use super::store::GateStore;
-use super::upstream::{Outgoing, SendError, Upstream};
-use crate::serve::connections::{Guarded, PeerCertificate, RequestProgress};
+use super::upstream::{HeldMessage, Outgoing, SendError, Upstream};
+use crate::serve::connections::{Client, Guarded, PeerCertificate, RequestProgress};
 
 /// Why a caller with no credential is refused where no rule is open to anonymous callers.
 const NO_CREDENTIAL: &str = "no client certificate and no bearer token: present the keyward client certificate of your workload, or a service account token";
@@ -47,10 +50,14 @@ pub struct GateState {
     /// The owner kinds watched (`spec.liveOwners`); `None`: none.
     pub owners: Option<Arc<LiveOwners>>,
     pub upstream: Arc<Upstream>,
+    /// The client CAs, checked again on each request of a connection (`None`: no certificates).
+    pub client_ca: Option<Arc<ClientCa>>,
     pub metrics: Arc<GateMetrics>,
     pub read_timeout: Duration,
     /// Bytes of held gRPC messages, all requests together: the bound on the gate's memory.
     pub body_budget: Arc<Semaphore>,
+    /// Each caller's share of the budget and of the held calls.
+    pub shares: Arc<Shares>,
 }
 
 /// Why a request is not forwarded.
@@ -79,8 +86,13 @@ pub async fn handle(State(state): State<GateState>, request: Request) -> Respons
     let loaded = state.gate.current();
     let gate = &loaded.gate;
 
-    let decided = decide(&state, gate, &parts, body, grpc).await;
-    let (caller, groups, rule, body, permit) = match decided {
+    // What the decision reads is what the upstream gets: the caller's connection-level and
+    // never-forwarded headers go first.
+    let decided = match forward::before_decision(&mut parts.headers, gate) {
+        Ok(()) => decide(&state, gate, &parts, body, grpc).await,
+        Err(why) => Err((Stop::new(Decision::Refused, grpc, why), None)),
+    };
+    let (caller, groups, rule, body) = match decided {
         Ok(allowed) => allowed,
         Err((stop, caller)) => {
             state.metrics.observe_request(None, stop.decision, started.elapsed());
@@ -98,20 +110,24 @@ pub async fn handle(State(state): State<GateState>, request: Request) -> Respons
     state.metrics.observe_request(Some(&rule), Decision::Allowed, started.elapsed());
     tracing::debug!(caller = %describe(&caller), rule = %rule, method = %parts.method, path = ?clip(parts.uri.path(), LOG_PATH_MAX), "gate allowed a request");
 
-    // The upstream learns the caller from the gate alone.
-    let stripped: Vec<HeaderName> = parts.headers.keys().filter(|n| gate.strips(n.as_str())).cloned().collect();
-    for name in stripped {
-        parts.headers.remove(name);
-    }
-    for (name, value) in identity_headers(&caller, &groups) {
-        // Printable ASCII by construction (identity_headers checks each value).
-        if let Ok(value) = HeaderValue::from_str(&value) {
-            parts.headers.insert(name, value);
-        }
-    }
+    // The upstream learns the caller, and where the request came from, from the gate alone.
+    let client = parts.extensions.get::<Client>().copied();
+    let host = match parts.headers.get(http::header::HOST).and_then(|h| h.to_str().ok()) {
+        Some(host) => Some(host.to_string()),
+        None => parts.uri.authority().map(|a| a.to_string()),
+    };
+    let arrival = forward::Arrival {
+        peer: client.map(|c| c.addr.ip()),
+        tls: client.is_some_and(|c| c.tls),
+        host: host.as_deref(),
+    };
+    forward::after_decision(&mut parts.headers, &caller, &groups, gate.forwards_authorization(&rule), arrival);
+    let body = match body {
+        Outgoing::Streamed(body) => Outgoing::Streamed(forward::strip_trailers(body, loaded.clone())),
+        held => held,
+    };
     let answering = parts.extensions.get::<RequestProgress>().map(RequestProgress::read_whole);
     let sent = state.upstream.send(parts, body, grpc).await;
-    drop(permit);
     match sent {
         Ok(response) => response.map(|body| Guarded::wrap(body, answering)),
         Err(SendError::Unreachable(e)) => {
@@ -127,7 +143,7 @@ pub async fn handle(State(state): State<GateState>, request: Request) -> Respons
     }
 }
 
-type Allowed = (Caller, Vec<String>, String, Outgoing, Option<tokio::sync::OwnedSemaphorePermit>);
+type Allowed = (Caller, Vec<String>, String, Outgoing);
 
 /// Everything before forwarding: the caller, the path, the held message, the rules.
 async fn decide(
@@ -150,12 +166,14 @@ async fn decide(
     let path = parts.uri.path();
     let checked = RequestPath::parse(path).map_err(|e| fail(Decision::Refused, e.to_string()))?;
     let method = parts.method.as_str();
-    let (message, body, permit) = if gate.reads_message(method, &checked) {
-        let (bytes, permit) = hold_message(state, body).await.map_err(|why| fail(Decision::Refused, why))?;
+    let (message, body) = if gate.reads_message(&caller, method, &checked) {
+        let held =
+            hold_message(state, body, &describe(&caller)).await.map_err(|(decision, why)| fail(decision, why))?;
+        let bytes = held.bytes.clone();
         grpc::only_message(&bytes).map_err(|e| fail(Decision::Refused, e.to_string()))?;
-        (bytes.clone(), Outgoing::Held(bytes), Some(permit))
+        (bytes, Outgoing::Held(held))
     } else {
-        (Bytes::new(), Outgoing::Streamed(body), None)
+        (Bytes::new(), Outgoing::Streamed(body))
     };
     let headers: Vec<(&str, &str)> =
         parts.headers.iter().filter_map(|(n, v)| Some((n.as_str(), v.to_str().ok()?))).collect();
@@ -178,7 +196,7 @@ async fn decide(
             gate.decide(&caller, &request, &checked, &|r| answers.iter().find(|(a, _)| a == r).map(|(_, ok)| *ok));
     }
     match verdict.allowed_by {
-        Some(rule) => Ok((caller, groups, rule, body, permit)),
+        Some(rule) => Ok((caller, groups, rule, body)),
         None if !verdict.pending.is_empty() => {
             Err(fail(Decision::Unavailable, "the API server's answers did not decide the request".into()))
         }
@@ -186,6 +204,12 @@ async fn decide(
         None if caller == Caller::Anonymous => Err(fail(Decision::Unauthenticated, NO_CREDENTIAL.into())),
         None => Err(fail(Decision::Refused, verdict.reason())),
     }
+}
+
+/// What a connection's client certificate says, read on its first request.
+struct PeerReading {
+    identity: Result<WorkloadIdentity, String>,
+    not_after: Option<SystemTime>,
 }
 
 /// The caller: the client certificate's workload identity, else a bearer token's account.
@@ -198,8 +222,26 @@ async fn authenticate(
     let unauthenticated = |why: String| Stop::new(Decision::Unauthenticated, grpc, why);
     if let Some(peer) = parts.extensions.get::<PeerCertificate>() {
         // Read on the connection's first request, kept for the rest.
-        let identity = peer.read_once(|der| workload_of(der).map(Arc::new));
-        return identity.map(|id| (Caller::Workload((*id).clone()), Vec::new())).map_err(unauthenticated);
+        let reading =
+            peer.read_once(|der| Arc::new(PeerReading { identity: workload_of(der), not_after: not_after(der) }));
+        // Good at the handshake is not good for ever: on every request the certificate must
+        // still be in its validity and, after a reload, chain to a client CA in force (no TLS
+        // session is resumed, so no connection skips its handshake's verification either).
+        if let Some(ca) = &state.client_ca {
+            match ca.still_trusts(peer.chain(), peer.trusted_under(), reading.not_after, SystemTime::now()) {
+                Ok(generation) => peer.trusted_again(generation),
+                Err(why) => {
+                    if let Some(progress) = parts.extensions.get::<RequestProgress>() {
+                        progress.close_when_answered();
+                    }
+                    return Err(unauthenticated(why));
+                }
+            }
+        }
+        return match &reading.identity {
+            Ok(id) => Ok((Caller::Workload(id.clone()), Vec::new())),
+            Err(why) => Err(unauthenticated(why.clone())),
+        };
     }
     let token = bearer_token(&parts.headers).map_err(unauthenticated)?;
     let Some(token) = token else {
@@ -209,7 +251,8 @@ async fn authenticate(
     let (Some(audiences), Some(reviews)) = (gate.token_audiences(), &state.reviews) else {
         return Err(unauthenticated("this gate accepts client certificates only, not bearer tokens".into()));
     };
-    match reviews.token(token, audiences).await {
+    let source = parts.extensions.get::<Client>().map(|c| c.addr.ip());
+    match reviews.token(token, audiences, source).await {
         Ok(account) => Ok((account.caller, account.groups)),
         Err(TokenRefused::Rejected(why)) => Err(unauthenticated(why)),
         Err(TokenRefused::Unavailable(why)) => Err(Stop::new(Decision::Unavailable, grpc, why)),
@@ -217,53 +260,49 @@ async fn authenticate(
 }
 
 /// Reads the whole request body (a call whose one message a rule reads), within the read
-/// timeout and the body budget: at most a message's 5-byte prefix and `MAX_MESSAGE_BYTES`.
-async fn hold_message(state: &GateState, mut body: Body) -> Result<(Bytes, tokio::sync::OwnedSemaphorePermit), String> {
+/// timeout, the budget of all callers and this caller's share of it: at most a message's 5-byte
+/// prefix and `MAX_MESSAGE_BYTES`.
+async fn hold_message(state: &GateState, mut body: Body, caller: &str) -> Result<HeldMessage, Stop0> {
     const LIMIT: usize = grpc::MAX_MESSAGE_BYTES + 5;
+    let share = state.shares.begin(caller).map_err(|why| (Decision::Unavailable, why))?;
     let read = async {
         let mut held = BytesMut::new();
-        let mut permit: Option<tokio::sync::OwnedSemaphorePermit> = None;
+        let mut message = HeldMessage { bytes: Bytes::new(), budget: None, share: Some(share) };
+        let shutting_down = || (Decision::Unavailable, "the gate is shutting down".to_string());
         while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|e| format!("the request body could not be read: {e}"))?;
+            let frame = frame.map_err(|e| (Decision::Refused, format!("the request body could not be read: {e}")))?;
             let Ok(data) = frame.into_data() else { continue };
             if held.len() + data.len() > LIMIT {
-                return Err(format!(
+                return Err((Decision::Refused, format!(
                     "the request body is more than {LIMIT} bytes: a gRPC message the gate reads is at most {} bytes, and a call whose rule reads a field carries one",
                     grpc::MAX_MESSAGE_BYTES
-                ));
+                )));
+            }
+            if let Some(share) = &mut message.share {
+                share.add(data.len()).map_err(|why| (Decision::Unavailable, why))?;
             }
             let more = u32::try_from(data.len()).unwrap_or(u32::MAX);
-            let got = state
-                .body_budget
-                .clone()
-                .acquire_many_owned(more)
-                .await
-                .map_err(|_| "the gate is shutting down".to_string())?;
-            match &mut permit {
+            let got = state.body_budget.clone().acquire_many_owned(more).await.map_err(|_| shutting_down())?;
+            match &mut message.budget {
                 Some(p) => p.merge(got),
-                None => permit = Some(got),
+                None => message.budget = Some(got),
             }
             held.extend_from_slice(&data);
         }
-        let permit = match permit {
-            Some(p) => p,
-            None => state
-                .body_budget
-                .clone()
-                .acquire_many_owned(0)
-                .await
-                .map_err(|_| "the gate is shutting down".to_string())?,
-        };
-        Ok((held.freeze(), permit))
+        message.bytes = held.freeze();
+        Ok(message)
     };
     match tokio::time::timeout(state.read_timeout, read).await {
         Ok(result) => result,
-        Err(_) => Err(format!(
+        Err(_) => Err((Decision::Refused, format!(
             "the request's message did not arrive whole within {:?}: a call whose rule reads a field must send one message and end its stream (unary or server-streaming)",
             state.read_timeout
-        )),
+        ))),
     }
 }
+
+/// Why a held message was not read: the decision to count, and the reason.
+type Stop0 = (Decision, String);
 
 fn describe(caller: &Caller) -> String {
     match caller {

@@ -10,6 +10,7 @@
 //! not cancel it for the others, and it caches its answer and ends its flight in one step.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
@@ -30,6 +31,9 @@ use super::metrics::GateMetrics;
 const ALLOWED_FOR: Duration = Duration::from_secs(60);
 const DENIED_FOR: Duration = Duration::from_secs(10);
 const MAX_REVIEWS: usize = 10_000;
+/// TokenReviews one source address may have in flight at once: a caller sending a new made-up
+/// token with each request costs the API server at most this many reviews at a time.
+pub const MAX_TOKEN_REVIEWS_PER_SOURCE: usize = 4;
 
 /// Why a caller's token names no one the gate accepts.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,6 +63,7 @@ pub struct Reviews {
     /// at once for every request.
     flights: Arc<Mutex<HashMap<[u8; 32], Flight<TokenAnswer>>>>,
     access: Arc<Mutex<AccessReviews>>,
+    asking: InFlight,
     metrics: Arc<GateMetrics>,
 }
 
@@ -99,6 +104,28 @@ impl<T> Known<T> {
     }
 }
 
+/// A TokenReview counted against its source until it ends.
+struct Asking {
+    asking: Option<(InFlight, IpAddr)>,
+}
+
+/// TokenReviews in flight, by the address that made the request which started each.
+type InFlight = Arc<Mutex<HashMap<IpAddr, usize>>>;
+
+impl Drop for Asking {
+    fn drop(&mut self) {
+        if let Some((asking, source)) = &self.asking {
+            let mut asking = lock(asking);
+            if let Some(count) = asking.get_mut(source) {
+                *count = count.saturating_sub(1);
+                if *count == 0 {
+                    asking.remove(source);
+                }
+            }
+        }
+    }
+}
+
 /// Runs `review` as a task of its own; `lost` answers if the task itself fails.
 fn fly<T: Clone + Send + Sync + 'static>(
     review: impl std::future::Future<Output = T> + Send + 'static,
@@ -123,13 +150,20 @@ impl Reviews {
                 cache: ReviewCache::new(MAX_REVIEWS, ALLOWED_FOR, DENIED_FOR),
                 flights: HashMap::new(),
             })),
+            asking: Arc::default(),
             metrics,
         }
     }
 
     /// The account `token` belongs to, for `audiences`: from the cache, from a TokenReview
-    /// another request is asking, or from one of its own.
-    pub async fn token(&self, token: &str, audiences: &[String]) -> Result<Account, TokenRefused> {
+    /// another request is asking, or from one of its own, unless `source` (the request's
+    /// address) has [`MAX_TOKEN_REVIEWS_PER_SOURCE`] in flight already.
+    pub async fn token(
+        &self,
+        token: &str,
+        audiences: &[String],
+        source: Option<IpAddr>,
+    ) -> Result<Account, TokenRefused> {
         let known = {
             let mut guard = lock(&self.tokens);
             let (asked_for, cache) = &mut *guard;
@@ -145,7 +179,8 @@ impl Reviews {
                     match flights.get(&key) {
                         Some(flight) => Known::Joined(flight.clone()),
                         None => {
-                            let flight = self.ask_token(key, token, audiences);
+                            let asking = self.begin_asking(source)?;
+                            let flight = self.ask_token(key, token, audiences, asking);
                             flights.insert(key, flight.clone());
                             Known::Asked(flight)
                         }
@@ -177,11 +212,12 @@ impl Reviews {
 
     /// Starts the TokenReview of `token`, which caches the answer (when the audiences are still
     /// those asked for) and ends its flight in one step.
-    fn ask_token(&self, key: [u8; 32], token: &str, audiences: &[String]) -> Flight<TokenAnswer> {
+    fn ask_token(&self, key: [u8; 32], token: &str, audiences: &[String], asking: Asking) -> Flight<TokenAnswer> {
         let (client, deadline, metrics) = (self.client.clone(), self.deadline, self.metrics.clone());
         let (tokens, flights) = (self.tokens.clone(), self.flights.clone());
         let (token, audiences) = (token.to_string(), audiences.to_vec());
         let review = async move {
+            let _asking = asking;
             let result = review_token(&client, deadline, &metrics, &token, &audiences).await;
             let mut guard = lock(&tokens);
             if let Ok(review) = &result {
@@ -193,6 +229,23 @@ impl Reviews {
             result
         };
         fly(review, |e| Err(TokenRefused::Unavailable(format!("the TokenReview failed: {e}"))))
+    }
+
+    /// One more TokenReview in flight for `source`, unless it has its share already.
+    fn begin_asking(&self, source: Option<IpAddr>) -> Result<Asking, TokenRefused> {
+        let Some(source) = source.map(|s| s.to_canonical()) else {
+            return Ok(Asking { asking: None });
+        };
+        let mut asking = lock(&self.asking);
+        let count = asking.entry(source).or_default();
+        if *count >= MAX_TOKEN_REVIEWS_PER_SOURCE {
+            self.metrics.observe_review("token", "throttled");
+            return Err(TokenRefused::Unavailable(format!(
+                "{MAX_TOKEN_REVIEWS_PER_SOURCE} TokenReviews for tokens from {source} are in flight already: retry once they are answered"
+            )));
+        }
+        *count += 1;
+        Ok(Asking { asking: Some((self.asking.clone(), source)) })
     }
 
     /// Whether the API server allows `review`: from the cache, from a SubjectAccessReview

@@ -35,6 +35,9 @@ use tokio_rustls::TlsConnector;
 use super::*;
 use crate::logging::LogFormat;
 
+/// What a caller who knows HTTP and TLS sends the gate (issue 43).
+mod attacks;
+
 /// The controller tests' fake API server (lists, watches, 410 Gone, restarts, hangs, failures).
 #[path = "../../controller/tests/support/mod.rs"]
 mod kube_fake;
@@ -226,9 +229,11 @@ type UpBody = BoxBody<Bytes, Infallible>;
 
 /// Says what it saw: method, path, protocol, the identity headers, the body; gRPC calls get
 /// that as their message (three messages for WatchStatus) and `grpc-status: 0` in trailers.
-async fn upstream(req: Request<Incoming>, calls: Arc<Mutex<Vec<String>>>) -> Result<Response<UpBody>, Infallible> {
+async fn upstream(req: Request<Incoming>, recorder: Recorder) -> Result<Response<UpBody>, Infallible> {
     let (parts, body) = req.into_parts();
-    let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+    let collected = body.collect().await.ok();
+    let trailers = collected.as_ref().and_then(|c| c.trailers().cloned());
+    let body = collected.map(|c| c.to_bytes()).unwrap_or_default();
     let header = |name: &str| {
         parts.headers.get_all(name).iter().map(|v| v.to_str().unwrap_or("?").to_string()).collect::<Vec<_>>().join(",")
     };
@@ -244,7 +249,8 @@ async fn upstream(req: Request<Incoming>, calls: Arc<Mutex<Vec<String>>>) -> Res
         header("x-forwarded-client-cert"),
         body.len()
     );
-    calls.lock().unwrap().push(seen.clone());
+    recorder.calls.lock().unwrap().push(seen.clone());
+    recorder.seen.lock().unwrap().push(Seen { headers: parts.headers.clone(), trailers });
     if parts.headers.get("content-type").is_some_and(|t| t == "application/grpc") {
         let copies = if parts.uri.path().ends_with("/WatchStatus") { 3 } else { 1 };
         let mut frames: Vec<Result<Frame<Bytes>, Infallible>> = Vec::new();
@@ -261,8 +267,22 @@ async fn upstream(req: Request<Incoming>, calls: Arc<Mutex<Vec<String>>>) -> Res
     Ok(Response::new(Full::new(Bytes::from(seen)).boxed()))
 }
 
+/// What the upstream received: a line a request ([`upstream`]'s), and each request's headers and
+/// trailers whole.
+#[derive(Clone, Default)]
+struct Recorder {
+    calls: Arc<Mutex<Vec<String>>>,
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+#[derive(Debug, Clone)]
+struct Seen {
+    headers: HeaderMap,
+    trailers: Option<HeaderMap>,
+}
+
 /// The upstream on loopback: plain text, or TLS with `tls` (ALPN h2 and http/1.1).
-async fn spawn_upstream(calls: Arc<Mutex<Vec<String>>>, tls: Option<tokio_rustls::TlsAcceptor>) -> SocketAddr {
+async fn spawn_upstream(calls: Recorder, tls: Option<tokio_rustls::TlsAcceptor>) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -306,7 +326,7 @@ struct Fixture {
     server_ca: Ca,
     client_ca: Ca,
     api: FakeApi,
-    calls: Arc<Mutex<Vec<String>>>,
+    calls: Recorder,
     gate_file: PathBuf,
     ca_file: PathBuf,
     gate: Gate,
@@ -377,7 +397,7 @@ impl Fixture {
         std::fs::create_dir(dir.path().join("gate")).unwrap();
         let gate_file = dir.path().join("gate/gate.yaml");
         std::fs::write(&gate_file, gate_yaml).unwrap();
-        let calls = Arc::new(Mutex::new(Vec::new()));
+        let calls = Recorder::default();
         let upstream_tls =
             tls_upstream.then(|| acceptor(&server_ca.issue_serving(&["localhost".to_string()], now, DAY).unwrap()));
         let upstream = spawn_upstream(calls.clone(), upstream_tls).await;
@@ -418,7 +438,7 @@ impl Fixture {
         let addr = listener.local_addr().unwrap();
         let (limits, _) = crate::serve::connection_limits(&config.listener);
         let (stop, stop_rx) = watch::channel(false);
-        let connections = Connections::new("gate", limits.clone(), gate.shared.clone());
+        let connections = Connections::with_trust("gate", limits.clone(), gate.shared.clone(), gate.trust_generation());
         tokio::spawn(connections::serve(
             listener,
             Transport::Tls(gate.acceptor().unwrap()),
@@ -438,7 +458,12 @@ impl Fixture {
     }
 
     fn upstream_calls(&self) -> Vec<String> {
-        self.calls.lock().unwrap().clone()
+        self.calls.calls.lock().unwrap().clone()
+    }
+
+    /// Each request's headers and trailers, as the upstream received them.
+    fn upstream_seen(&self) -> Vec<Seen> {
+        self.calls.seen.lock().unwrap().clone()
     }
 
     /// Connects (TLS, ALPN h2 or http/1.1, with `identity`'s certificate if given) and sends
@@ -462,22 +487,7 @@ impl Fixture {
         B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        let roots = {
-            let mut r = rustls::RootCertStore::empty();
-            r.add(CertificateDer::from_pem_slice(self.server_ca.cert_pem().as_bytes()).unwrap()).unwrap();
-            r
-        };
-        let builder = rustls::ClientConfig::builder().with_root_certificates(roots);
-        let mut tls = match identity {
-            Some(m) => builder
-                .with_client_auth_cert(
-                    vec![CertificateDer::from_pem_slice(m.cert_pem.as_bytes()).unwrap()],
-                    PrivateKeyDer::from_pem_slice(m.key_pem.as_bytes()).unwrap(),
-                )
-                .unwrap(),
-            None => builder.with_no_client_auth(),
-        };
-        tls.alpn_protocols = vec![if h2 { b"h2".to_vec() } else { b"http/1.1".to_vec() }];
+        let tls = self.client_tls(identity, h2, &[&rustls::version::TLS13, &rustls::version::TLS12]);
         let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
         let stream = TlsConnector::from(Arc::new(tls))
             .connect(ServerName::try_from("localhost").unwrap(), tcp)
@@ -499,6 +509,33 @@ impl Fixture {
         let collected = body.collect().await.map_err(|e| format!("body: {e}"))?;
         let trailers = collected.trailers().cloned();
         Ok(Answer { status: parts.status.as_u16(), headers: parts.headers, body: collected.to_bytes(), trailers })
+    }
+
+    /// A client's TLS configuration: the gate's server CA, `identity`'s certificate if given,
+    /// ALPN h2 or http/1.1, `versions`.
+    fn client_tls(
+        &self,
+        identity: Option<&Minted>,
+        h2: bool,
+        versions: &[&'static rustls::SupportedProtocolVersion],
+    ) -> rustls::ClientConfig {
+        let roots = {
+            let mut r = rustls::RootCertStore::empty();
+            r.add(CertificateDer::from_pem_slice(self.server_ca.cert_pem().as_bytes()).unwrap()).unwrap();
+            r
+        };
+        let builder = rustls::ClientConfig::builder_with_protocol_versions(versions).with_root_certificates(roots);
+        let mut tls = match identity {
+            Some(m) => builder
+                .with_client_auth_cert(
+                    vec![CertificateDer::from_pem_slice(m.cert_pem.as_bytes()).unwrap()],
+                    PrivateKeyDer::from_pem_slice(m.key_pem.as_bytes()).unwrap(),
+                )
+                .unwrap(),
+            None => builder.with_no_client_auth(),
+        };
+        tls.alpn_protocols = vec![if h2 { b"h2".to_vec() } else { b"http/1.1".to_vec() }];
+        tls
     }
 
     async fn call(&self, h2: bool, identity: Option<&Minted>, request: Request<Full<Bytes>>) -> Answer {
@@ -608,6 +645,21 @@ async fn a_driver_updates_its_own_job_over_grpc_and_is_refused_another_by_field_
         assert!(message.contains(says), "{message}");
     }
     assert_eq!(f.upstream_calls().len(), 1, "refused calls never reach the upstream");
+}
+
+/// A message past what goes with the HEADERS (16 KiB) goes as the upstream's window allows, and
+/// arrives whole: the final status update carries the whole results file (field 6).
+#[tokio::test]
+async fn a_held_message_larger_than_one_write_reaches_the_upstream_whole() {
+    let f = Fixture::start().await;
+    let driver = f.driver("team-a", "evaljob-sample");
+    let results = "r".repeat(300 * 1024);
+    let body = encode_strings(&[(1, "evaljob-sample"), (2, "team-a"), (3, "Complete"), (6, &results)]);
+    let answer = f.call(true, Some(&driver), grpc_call("UpdateStatus", body.clone())).await;
+    assert_eq!(answer.grpc().0, "0");
+    let calls = f.upstream_calls();
+    assert!(calls[0].ends_with(&format!(" body={}", body.len())), "{calls:?}");
+    assert_eq!(f.gate.state.body_budget.available_permits(), 64 << 20, "given back");
 }
 
 #[tokio::test]
@@ -881,7 +933,7 @@ async fn serve_with_upstream(f: &Fixture, upstream: Upstream) -> SocketAddr {
         idle_timeout: READ_TIMEOUT,
         shutdown_grace: READ_TIMEOUT,
     };
-    let connections = Connections::new("gate", limits, f.gate.shared.clone());
+    let connections = Connections::with_trust("gate", limits, f.gate.shared.clone(), f.gate.trust_generation());
     let app = Router::new().fallback(proxy::handle).with_state(state);
     tokio::spawn(connections::serve(
         listener,
@@ -897,7 +949,8 @@ async fn serve_with_upstream(f: &Fixture, upstream: Upstream) -> SocketAddr {
 async fn an_upstream_that_cannot_be_reached_is_a_502_and_unavailable() {
     let f = Fixture::start().await;
     // The same gate, its upstream a port nothing listens on.
-    let unreachable = Upstream::new("http://127.0.0.1:1", None, upstream::UpstreamProtocol::Auto).unwrap();
+    let unreachable =
+        Upstream::new("http://127.0.0.1:1", None, upstream::UpstreamProtocol::Auto, READ_TIMEOUT).unwrap();
     let addr = serve_with_upstream(&f, unreachable).await;
     let driver = f.driver("team-a", "evaljob-sample");
     let http = f.send_at(addr, false, Some(&driver), http_get("/apis/v1/namespaces/team-a/runs/r1")).await.unwrap();
@@ -920,7 +973,7 @@ async fn requests_with_the_same_new_token_share_one_token_review() {
     let reviews = reviews::Reviews::new(api.client(), Duration::from_secs(30), metrics);
     let audiences = ["pipelines.kubeflow.org".to_string()];
     // join_all polls each of the eight once before `release` runs: all are waiting by then.
-    let all = futures::future::join_all((0..8).map(|_| reviews.token("runner-token", &audiences)));
+    let all = futures::future::join_all((0..8).map(|_| reviews.token("runner-token", &audiences, None)));
     let release = async {
         while api.counts().0 == 0 {
             tokio::task::yield_now().await;
@@ -935,7 +988,7 @@ async fn requests_with_the_same_new_token_share_one_token_review() {
         );
     }
     assert_eq!(api.counts(), (1, 0), "one TokenReview for eight requests");
-    assert!(reviews.token("runner-token", &audiences).await.is_ok());
+    assert!(reviews.token("runner-token", &audiences, None).await.is_ok());
     assert_eq!(api.counts(), (1, 0), "then the cache");
     let text = shared.encode();
     for line in [
@@ -1325,7 +1378,7 @@ async fn a_plaintext_connection_that_says_nothing_or_stalls_in_its_preface_is_cl
 
 /// An upstream that speaks HTTP/1.1 only, as many do: it answers an HTTP/2 preface with
 /// nothing.
-async fn spawn_http1_upstream(calls: Arc<Mutex<Vec<String>>>) -> SocketAddr {
+async fn spawn_http1_upstream(calls: Recorder) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -1343,24 +1396,27 @@ async fn spawn_http1_upstream(calls: Arc<Mutex<Vec<String>>>) -> SocketAddr {
 #[tokio::test]
 async fn an_http2_caller_reaches_an_http1_only_upstream_unless_told_it_speaks_h2c() {
     let f = Fixture::start().await;
-    let calls = Arc::new(Mutex::new(Vec::new()));
+    let calls = Recorder::default();
     let http1_only = spawn_http1_upstream(calls.clone()).await;
     let driver = f.driver("team-a", "evaljob-sample");
     let path = "/apis/v1/namespaces/team-a/runs/r1";
 
-    let auto = Upstream::new(&format!("http://{http1_only}"), None, upstream::UpstreamProtocol::Auto).unwrap();
+    let auto =
+        Upstream::new(&format!("http://{http1_only}"), None, upstream::UpstreamProtocol::Auto, READ_TIMEOUT).unwrap();
     let gate = serve_with_upstream(&f, auto).await;
     let answer = f.send_at(gate, true, Some(&driver), http_get(path)).await.unwrap();
     assert_eq!(answer.status, 200, "{}", answer.text());
     assert!(answer.text().starts_with(&format!("GET {path} HTTP/1.1 user=spiffe://")), "{}", answer.text());
 
     // Told the upstream speaks HTTP/2 without TLS, the gate says it; this one cannot answer.
-    let h2c = Upstream::new(&format!("http://{http1_only}"), None, upstream::UpstreamProtocol::H2c).unwrap();
+    let h2c =
+        Upstream::new(&format!("http://{http1_only}"), None, upstream::UpstreamProtocol::H2c, READ_TIMEOUT).unwrap();
     let gate = serve_with_upstream(&f, h2c).await;
     let answer = f.send_at(gate, true, Some(&driver), http_get(path)).await.unwrap();
     assert_eq!((answer.status, answer.text().as_str()), (502, "keyward gate: the upstream could not be reached\n"));
     // An upstream told to be HTTP/1.1 only refuses gRPC with the reason, not a failed connection.
-    let http1 = Upstream::new(&format!("http://{http1_only}"), None, upstream::UpstreamProtocol::Http1).unwrap();
+    let http1 =
+        Upstream::new(&format!("http://{http1_only}"), None, upstream::UpstreamProtocol::Http1, READ_TIMEOUT).unwrap();
     let gate = serve_with_upstream(&f, http1).await;
     let answer = f.send_at(gate, true, Some(&driver), update_status("evaljob-sample", "team-a")).await.unwrap();
     let (status, message) = answer.grpc();
@@ -1368,7 +1424,7 @@ async fn an_http2_caller_reaches_an_http1_only_upstream_unless_told_it_speaks_h2
         (status.as_str(), percent_decode(&message).as_str()),
         ("14", "keyward gate: gRPC needs HTTP/2, and this gate was told its upstream speaks HTTP/1.1 only (--upstream-protocol http1)")
     );
-    assert_eq!(calls.lock().unwrap().len(), 1);
+    assert_eq!(calls.calls.lock().unwrap().len(), 1);
 }
 
 #[tokio::test]
@@ -1377,7 +1433,8 @@ async fn with_h2c_an_http2_caller_goes_on_as_http2_and_http1_stays_http1() {
     let driver = f.driver("team-a", "evaljob-sample");
     let path = "/apis/v1/namespaces/team-a/runs/r1";
     let upstream_addr = spawn_upstream(f.calls.clone(), None).await;
-    let h2c = Upstream::new(&format!("http://{upstream_addr}"), None, upstream::UpstreamProtocol::H2c).unwrap();
+    let h2c =
+        Upstream::new(&format!("http://{upstream_addr}"), None, upstream::UpstreamProtocol::H2c, READ_TIMEOUT).unwrap();
     let gate = serve_with_upstream(&f, h2c).await;
     for h2 in [true, false] {
         let answer = f.send_at(gate, h2, Some(&driver), http_get(path)).await.unwrap();

@@ -12,7 +12,7 @@ use std::time::Duration;
 use axum::body::Body;
 use bytes::Bytes;
 use http::uri::{Authority, PathAndQuery, Scheme};
-use http::{HeaderMap, HeaderName, Uri, Version};
+use http::{Uri, Version};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -63,9 +63,28 @@ pub enum SendError {
 /// The body of a request to forward.
 pub enum Outgoing {
     /// Read whole by the gate (a gRPC message a rule read).
-    Held(Bytes),
+    Held(HeldMessage),
     /// Passed on as it arrives.
     Streamed(Body),
+}
+
+/// A message the gate read whole, with what it holds of the gate's memory and of its caller's
+/// share: both given back once the message is with the upstream ([`HeldMessage::written`]), the
+/// caller's held call when the upstream has answered (dropped).
+pub struct HeldMessage {
+    pub bytes: Bytes,
+    pub budget: Option<tokio::sync::OwnedSemaphorePermit>,
+    pub share: Option<super::share::Share>,
+}
+
+impl HeldMessage {
+    /// The message is with the upstream connection, within the window the upstream gave it.
+    pub fn written(&mut self) {
+        self.budget = None;
+        if let Some(share) = &mut self.share {
+            share.release_bytes();
+        }
+    }
 }
 
 impl std::fmt::Debug for Upstream {
@@ -76,7 +95,9 @@ impl std::fmt::Debug for Upstream {
 
 impl Upstream {
     /// `url`: `http://127.0.0.1:8082` or `https://HOST:PORT` (then `ca` verifies it); no path.
-    pub fn new(url: &str, ca: Option<&Path>, protocol: UpstreamProtocol) -> Result<Self, String> {
+    /// `wait`: the longest a held call waits for the upstream to take its message (a stream, the
+    /// window to send it in).
+    pub fn new(url: &str, ca: Option<&Path>, protocol: UpstreamProtocol, wait: Duration) -> Result<Self, String> {
         let uri: Uri = url.parse().map_err(|e| format!("--upstream {url:?}: not a URL ({e})"))?;
         let (Some(scheme), Some(authority)) = (uri.scheme().cloned(), uri.authority().cloned()) else {
             return Err(format!("--upstream {url:?}: give scheme, host and port, as http://127.0.0.1:8082"));
@@ -144,7 +165,7 @@ impl Upstream {
             .https_or_http()
             .enable_all_versions()
             .wrap_connector(http());
-        let held_h2 = HeldCalls::new(uri.clone(), h2.clone());
+        let held_h2 = HeldCalls::new(uri.clone(), h2.clone(), wait);
         Ok(Self {
             scheme,
             authority,
@@ -169,9 +190,9 @@ impl Upstream {
         })
     }
 
-    /// Sends the request (`parts`, its headers already the gate's, and `body`) to the
-    /// upstream (`grpc`: with a gRPC content type) and returns the upstream's response
-    /// with its hop-by-hop headers removed.
+    /// Sends the request (`parts`, its headers already the gate's: `forward` made them, and
+    /// nothing here removes one) and `body` to the upstream (`grpc`: with a gRPC content type),
+    /// and returns the upstream's response with its hop-by-hop headers removed.
     pub async fn send(
         &self,
         mut parts: http::request::Parts,
@@ -193,15 +214,14 @@ impl Upstream {
             .path_and_query(path)
             .build()
             .map_err(|e| SendError::Unreachable(format!("cannot address the upstream: {e}")))?;
-        strip_hop_by_hop(&mut parts.headers);
         let unreachable = |e: hyper_util::client::legacy::Error| SendError::Unreachable(describe(&e));
         let mut response = match (route, body) {
-            (Route::Http2, Outgoing::Held(bytes)) => {
+            (Route::Http2, Outgoing::Held(message)) => {
                 // HTTP/2 names its authority itself.
                 parts.headers.remove(http::header::HOST);
                 parts.version = Version::HTTP_2;
                 let head = http::Request::from_parts(parts, ());
-                self.held_h2.send(head, bytes).await.map_err(SendError::Unreachable)?.map(Body::new)
+                self.held_h2.send(head, message).await.map_err(SendError::Unreachable)?.map(Body::new)
             }
             (Route::Http2, Outgoing::Streamed(body)) => {
                 parts.headers.remove(http::header::HOST);
@@ -211,14 +231,15 @@ impl Upstream {
             (route, body) => {
                 parts.version = Version::HTTP_11;
                 let body = match body {
-                    Outgoing::Held(bytes) => Body::from(bytes),
+                    // Handed to hyper whole: its memory is hyper's from here.
+                    Outgoing::Held(message) => Body::from(message.bytes),
                     Outgoing::Streamed(body) => body,
                 };
                 let client = if route == Route::Negotiated { &self.negotiated } else { &self.h1 };
                 client.request(http::Request::from_parts(parts, body)).await.map_err(unreachable)?.map(Body::new)
             }
         };
-        strip_hop_by_hop(response.headers_mut());
+        super::forward::strip_hop_by_hop(response.headers_mut());
         Ok(response)
     }
 }
@@ -230,39 +251,6 @@ enum Route {
     Http2,
     /// TLS with ALPN h2 and http/1.1: the upstream chooses.
     Negotiated,
-}
-
-/// The headers of one connection, not of the request (RFC 9110 7.6.1), and those the
-/// `Connection` header names. `TE: trailers` is kept: gRPC needs it end to end.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(http::header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
-        if name != http::header::TE {
-            headers.remove(name);
-        }
-    }
-    for name in [
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "transfer-encoding",
-        "upgrade",
-        "proxy-authenticate",
-        "proxy-authorization",
-    ] {
-        headers.remove(name);
-    }
-    let trailers_only =
-        headers.get_all(http::header::TE).iter().all(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
-    if !trailers_only {
-        headers.remove(http::header::TE);
-    }
 }
 
 /// The upstream error, with its cause (hyper's own message is only "client error").
@@ -281,31 +269,33 @@ fn describe(e: &hyper_util::client::legacy::Error) -> String {
 mod tests {
     use super::*;
 
+    const WAIT: Duration = Duration::from_secs(1);
+
     #[test]
     fn the_upstream_is_a_scheme_host_and_port_and_nothing_else() {
-        assert!(Upstream::new("http://127.0.0.1:8082", None, UpstreamProtocol::Auto).is_ok());
+        assert!(Upstream::new("http://127.0.0.1:8082", None, UpstreamProtocol::Auto, WAIT).is_ok());
         assert_eq!(
-            Upstream::new("http://127.0.0.1:8082/api", None, UpstreamProtocol::Auto).unwrap_err(),
+            Upstream::new("http://127.0.0.1:8082/api", None, UpstreamProtocol::Auto, WAIT).unwrap_err(),
             "--upstream \"http://127.0.0.1:8082/api\": no path; requests are forwarded with their own path, unchanged"
         );
         assert_eq!(
-            Upstream::new("127.0.0.1:8082", None, UpstreamProtocol::Auto).unwrap_err(),
+            Upstream::new("127.0.0.1:8082", None, UpstreamProtocol::Auto, WAIT).unwrap_err(),
             "--upstream \"127.0.0.1:8082\": give scheme, host and port, as http://127.0.0.1:8082"
         );
         assert_eq!(
-            Upstream::new("http://localhost", None, UpstreamProtocol::Auto).unwrap_err(),
+            Upstream::new("http://localhost", None, UpstreamProtocol::Auto, WAIT).unwrap_err(),
             "--upstream \"http://localhost\": give the port, as http://127.0.0.1:8082"
         );
         assert_eq!(
-            Upstream::new("https://api:8443", None, UpstreamProtocol::Auto).unwrap_err(),
+            Upstream::new("https://api:8443", None, UpstreamProtocol::Auto, WAIT).unwrap_err(),
             "--upstream https://…: give --upstream-ca, the CA that signed the upstream's certificate"
         );
-        assert!(Upstream::new("ftp://x:1", None, UpstreamProtocol::Auto).unwrap_err().contains("scheme \"ftp\""));
+        assert!(Upstream::new("ftp://x:1", None, UpstreamProtocol::Auto, WAIT).unwrap_err().contains("scheme \"ftp\""));
     }
 
     #[test]
     fn grpc_goes_as_http2_and_the_rest_as_the_upstream_protocol_says() {
-        let at = |url: &str, protocol| Upstream::new(url, None, protocol).unwrap();
+        let at = |url: &str, protocol| Upstream::new(url, None, protocol, WAIT).unwrap();
         // (gRPC over HTTP/2, other HTTP/2, HTTP/1.1 with either content type)
         let routes =
             |u: &Upstream| [u.route(true, false), u.route(false, false), u.route(false, true)].map(|r| r.ok().unwrap());
@@ -324,28 +314,12 @@ mod tests {
         let now = std::time::SystemTime::now();
         let minted = keyward_certs::pki::Ca::mint("upstream CA", now, std::time::Duration::from_secs(3600)).unwrap();
         std::fs::write(&ca, minted.cert_pem()).unwrap();
-        let tls = Upstream::new("https://api:8443", Some(&ca), UpstreamProtocol::Auto).unwrap();
+        let tls = Upstream::new("https://api:8443", Some(&ca), UpstreamProtocol::Auto, WAIT).unwrap();
         assert_eq!(tls.route(true, true).unwrap(), Route::Http2);
         assert_eq!(routes(&tls), [Route::Negotiated, Route::Http1, Route::Http1]);
         assert_eq!(
-            Upstream::new("https://api:8443", Some(&ca), UpstreamProtocol::H2c).err().unwrap(),
+            Upstream::new("https://api:8443", Some(&ca), UpstreamProtocol::H2c, WAIT).err().unwrap(),
             "--upstream-protocol h2c: HTTP/2 over plain text, for an http:// upstream; an https:// upstream's protocol is chosen by ALPN (auto), or is HTTP/1.1 (http1)"
         );
-    }
-
-    #[test]
-    fn hop_by_hop_headers_go_and_te_trailers_stays() {
-        let mut h = HeaderMap::new();
-        h.insert("connection", "keep-alive, x-secret".parse().unwrap());
-        h.insert("x-secret", "1".parse().unwrap());
-        h.insert("keep-alive", "timeout=5".parse().unwrap());
-        h.insert("te", "trailers".parse().unwrap());
-        h.insert("content-type", "application/grpc".parse().unwrap());
-        strip_hop_by_hop(&mut h);
-        let names: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
-        assert_eq!(names, ["content-type", "te"]);
-        h.insert("te", "gzip".parse().unwrap());
-        strip_hop_by_hop(&mut h);
-        assert!(h.get("te").is_none());
     }
 }

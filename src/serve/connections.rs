@@ -104,6 +104,8 @@ pub enum CloseReason {
     Idle,
     Evicted,
     Shutdown,
+    /// Its client certificate expired, or is no longer trusted.
+    CredentialEnded,
 }
 
 impl CloseReason {
@@ -117,6 +119,7 @@ impl CloseReason {
             Self::Idle => "idle",
             Self::Evicted => "evicted",
             Self::Shutdown => "shutdown",
+            Self::CredentialEnded => "credential-ended",
         }
     }
 }
@@ -145,6 +148,12 @@ struct ConnState {
     /// Asked to close (evicted, or out of descriptors).
     evict: Notify,
     evicted: AtomicBool,
+    /// When the connection's client certificate stops being good (its notAfter, or now when a
+    /// request found it no longer trusted); 0: no certificate. Past it the connection closes,
+    /// finishing what it is answering.
+    credential_until: AtomicU64,
+    /// Wakes the watchdog to look at the deadlines again (one was brought forward).
+    recheck: Notify,
     /// The peer's address: eviction takes from the source holding the most connections.
     source: IpAddr,
 }
@@ -162,12 +171,28 @@ impl ConnState {
             progress_at: AtomicU64::new(now),
             evict: Notify::new(),
             evicted: AtomicBool::new(false),
+            credential_until: AtomicU64::new(0),
+            recheck: Notify::new(),
         }
     }
 
-    /// When this connection must be closed unless something happens first, and why. `None`
-    /// while a request read whole is being answered.
+    /// When this connection must be closed unless something happens first, and why: the
+    /// phase's deadline ([`ConnState::phase_deadline`]), or its client certificate's end if that
+    /// comes first (whatever it is doing).
     fn deadline(&self, limits: &ConnectionLimits) -> Option<(u64, CloseReason)> {
+        let phase = self.phase_deadline(limits);
+        match self.credential_until.load(Ordering::Acquire) {
+            0 => phase,
+            until => match phase {
+                Some((at, reason)) if at <= until => Some((at, reason)),
+                _ => Some((until, CloseReason::CredentialEnded)),
+            },
+        }
+    }
+
+    /// When this connection must be closed for what it is doing, and why. `None` while a
+    /// request read whole is being answered.
+    fn phase_deadline(&self, limits: &ConnectionLimits) -> Option<(u64, CloseReason)> {
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         if self.in_flight.load(Ordering::Acquire) > 0 {
             if self.answering.load(Ordering::Acquire) > 0 {
@@ -206,6 +231,14 @@ impl ConnState {
     }
 }
 
+/// Where a request came from (a request extension): the connection's peer, and whether it
+/// arrived over TLS.
+#[derive(Debug, Clone, Copy)]
+pub struct Client {
+    pub addr: SocketAddr,
+    pub tls: bool,
+}
+
 /// Handed to the handler with each request (a request extension): it says when the request
 /// has been read whole, after which its connection is spared eviction until it is answered.
 #[derive(Clone)]
@@ -214,6 +247,14 @@ pub struct RequestProgress {
 }
 
 impl RequestProgress {
+    /// Closes the connection once what it is answering is answered (its client certificate
+    /// is no longer good): HTTP/1.1 ends after this response, HTTP/2 says GOAWAY.
+    pub fn close_when_answered(&self) {
+        // The clock's first millisecond: a deadline already passed.
+        self.state.credential_until.store(1, Ordering::Release);
+        self.state.recheck.notify_one();
+    }
+
     /// The request is read whole; until the returned guard drops, it is being answered.
     pub fn read_whole(&self) -> Answering {
         self.state.answering.fetch_add(1, Ordering::AcqRel);
@@ -237,31 +278,60 @@ impl Drop for Answering {
 /// Absent when the client sent none (and on listeners that ask for none).
 #[derive(Clone)]
 pub struct PeerCertificate {
-    der: Arc<rustls::pki_types::CertificateDer<'static>>,
+    /// The chain as presented, end entity first.
+    chain: Arc<Vec<rustls::pki_types::CertificateDer<'static>>>,
     /// What the handler read from it, kept for the connection's later requests: a certificate
     /// cannot change within a connection, so it is read once (the gate: its identity).
     read: Arc<std::sync::OnceLock<Box<dyn std::any::Any + Send + Sync>>>,
+    /// The generation of the listener's client CAs the chain was last verified under
+    /// ([`Connections::with_trust_generation`]): taken before the handshake, so a reload during
+    /// it counts as after.
+    trusted_under: Arc<AtomicU64>,
 }
 
 impl PeerCertificate {
-    fn new(der: rustls::pki_types::CertificateDer<'static>) -> Self {
-        Self { der: Arc::new(der), read: Arc::default() }
+    fn new(chain: Vec<rustls::pki_types::CertificateDer<'static>>, trusted_under: u64) -> Option<Self> {
+        (!chain.is_empty()).then(|| Self {
+            chain: Arc::new(chain),
+            read: Arc::default(),
+            trusted_under: Arc::new(AtomicU64::new(trusted_under)),
+        })
+    }
+
+    /// The end entity's DER.
+    pub fn leaf(&self) -> &[u8] {
+        self.chain.first().map_or(&[], |c| c.as_ref())
+    }
+
+    /// The chain as presented, end entity first.
+    pub fn chain(&self) -> &[rustls::pki_types::CertificateDer<'static>] {
+        &self.chain
+    }
+
+    /// The client-CA generation the chain was last verified under.
+    pub fn trusted_under(&self) -> u64 {
+        self.trusted_under.load(Ordering::Acquire)
+    }
+
+    /// Records that the chain verified under `generation` too.
+    pub fn trusted_again(&self, generation: u64) {
+        self.trusted_under.store(generation, Ordering::Release);
     }
 
     /// `read` of the certificate, run on the connection's first request and kept. Returns a
     /// fresh reading if this connection's certificate was kept as another type.
     pub fn read_once<T: Clone + Send + Sync + 'static>(&self, read: impl Fn(&[u8]) -> T) -> T {
-        let kept = self.read.get_or_init(|| Box::new(read(&self.der)));
+        let kept = self.read.get_or_init(|| Box::new(read(self.leaf())));
         match kept.downcast_ref::<T>() {
             Some(value) => value.clone(),
-            None => read(&self.der),
+            None => read(self.leaf()),
         }
     }
 }
 
 impl std::fmt::Debug for PeerCertificate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PeerCertificate").field("bytes", &self.der.len()).finish_non_exhaustive()
+        f.debug_struct("PeerCertificate").field("certificates", &self.chain.len()).finish_non_exhaustive()
     }
 }
 
@@ -406,7 +476,13 @@ pub struct Connections {
     ended: Notify,
     /// Refused handshakes are logged at info, at most one line per [`REFUSED_LOG_EVERY`].
     refused_log: Mutex<LogLimit>,
+    /// The generation of the client CAs the listener verifies certificates with (the gate's),
+    /// read before each handshake: see [`PeerCertificate::trusted_under`].
+    trust: Option<TrustGeneration>,
 }
+
+/// Reads the generation of a listener's client CAs.
+pub type TrustGeneration = Arc<dyn Fn() -> u64 + Send + Sync>;
 
 #[derive(Default)]
 struct Registry {
@@ -425,7 +501,19 @@ enum Admission {
 
 impl Connections {
     pub fn new(role: &'static str, limits: ConnectionLimits, metrics: Arc<Metrics>) -> Arc<Self> {
+        Self::with_trust(role, limits, metrics, None)
+    }
+
+    /// A listener that verifies client certificates with CAs that change (`trust` reads their
+    /// generation): each connection's certificate records the generation it was verified under.
+    pub fn with_trust(
+        role: &'static str,
+        limits: ConnectionLimits,
+        metrics: Arc<Metrics>,
+        trust: Option<TrustGeneration>,
+    ) -> Arc<Self> {
         Arc::new(Self {
+            trust,
             role,
             limits,
             metrics,
@@ -677,7 +765,8 @@ async fn connection(
     match transport {
         Transport::Plain => {
             state.idle_since.store(clock.now_ms(), Ordering::Release);
-            http1(tcp, app, connections, state, stop, None).await
+            let client = Client { addr: peer, tls: false };
+            http1(tcp, app, connections, state, stop, None, client).await
         }
         Transport::PlainOrH2c => {
             state.idle_since.store(clock.now_ms(), Ordering::Release);
@@ -688,14 +777,18 @@ async fn connection(
                 _ = state.evict.notified() => return Some(CloseReason::Evicted),
                 _ = stopping.wait_for(|s| *s) => return Some(CloseReason::Shutdown),
             };
+            let client = Client { addr: peer, tls: false };
             match sniffed {
-                Ok(Ok((first, true))) => http2(prefixed(first, tcp), app, connections, state, stop, None).await,
-                Ok(Ok((first, false))) => http1(prefixed(first, tcp), app, connections, state, stop, None).await,
+                Ok(Ok((first, true))) => http2(prefixed(first, tcp), app, connections, state, stop, None, client).await,
+                Ok(Ok((first, false))) => {
+                    http1(prefixed(first, tcp), app, connections, state, stop, None, client).await
+                }
                 Ok(Err(_)) => None,
                 Err(_) => Some(CloseReason::FirstRequestTimeout),
             }
         }
         Transport::Tls(acceptor) => {
+            let trusted_under = connections.trust.as_ref().map_or(0, |generation| generation());
             let handshake = tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp));
             let tls = tokio::select! {
                 done = handshake => match done {
@@ -715,17 +808,34 @@ async fn connection(
             state.idle_since.store(clock.now_ms(), Ordering::Release);
             let session = tls.get_ref().1;
             let h2 = session.alpn_protocol() == Some(b"h2");
-            let peer = session
-                .peer_certificates()
-                .and_then(|chain| chain.first())
-                .map(|leaf| PeerCertificate::new(leaf.clone().into_owned()));
+            let peer_addr = peer;
+            let chain: Vec<_> =
+                session.peer_certificates().unwrap_or_default().iter().map(|c| c.clone().into_owned()).collect();
+            let peer = PeerCertificate::new(chain, trusted_under);
+            if let Some(peer) = &peer {
+                // Closed when the certificate stops being good, whatever the connection is doing.
+                state
+                    .credential_until
+                    .store(credential_until(clock, peer.leaf(), std::time::SystemTime::now()), Ordering::Release);
+            }
+            let client = Client { addr: peer_addr, tls: true };
             if h2 {
-                http2(tls, app, connections, state, stop, peer).await
+                http2(tls, app, connections, state, stop, peer, client).await
             } else {
-                http1(tls, app, connections, state, stop, peer).await
+                http1(tls, app, connections, state, stop, peer, client).await
             }
         }
     }
+}
+
+/// The clock's time at which a client certificate (`leaf`, DER) stops being valid: its
+/// notAfter, seen from `now`. 0 (none) when it cannot be read: the handler refuses it then.
+fn credential_until(clock: Clock, leaf: &[u8], now: std::time::SystemTime) -> u64 {
+    let Ok((_, cert)) = x509_parser::parse_x509_certificate(leaf) else { return 0 };
+    let not_after = cert.validity().not_after.timestamp();
+    let now_unix = now.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let left_ms = u64::try_from(not_after).unwrap_or(0).saturating_sub(now_unix).saturating_mul(1000);
+    clock.now_ms().saturating_add(left_ms).max(1)
 }
 
 /// The HTTP/2 connection preface (RFC 9113, 3.4): what a client that knows the server speaks
@@ -779,6 +889,7 @@ fn tracked_service(
     clock: Clock,
     gauge: Gauge,
     peer: Option<PeerCertificate>,
+    client: Client,
 ) -> impl Service<
     hyper::Request<Incoming>,
     Response = hyper::Response<axum::body::Body>,
@@ -790,6 +901,7 @@ fn tracked_service(
     service_fn(move |mut req: hyper::Request<Incoming>| {
         let guard = InFlight::begin(&state, clock, Some(gauge.clone()));
         req.extensions_mut().insert(RequestProgress { state: state.clone() });
+        req.extensions_mut().insert(client);
         if let Some(peer) = &peer {
             req.extensions_mut().insert(peer.clone());
         }
@@ -808,6 +920,7 @@ async fn http1<I>(
     state: &Arc<ConnState>,
     stop: watch::Receiver<bool>,
     peer: Option<PeerCertificate>,
+    client: Client,
 ) -> Option<CloseReason>
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -820,7 +933,7 @@ where
     builder.timer(TokioTimer::new()).header_read_timeout(None).keep_alive(true);
     let conn = builder.serve_connection(
         io,
-        tracked_service(app, state, clock, connections.metrics.requests_in_flight(connections.role), peer),
+        tracked_service(app, state, clock, connections.metrics.requests_in_flight(connections.role), peer, client),
     );
     let conn = std::pin::pin!(conn);
     watch_connection(conn, |c| c.graceful_shutdown(), connections, state, stop).await
@@ -833,6 +946,7 @@ async fn http2<I>(
     state: &Arc<ConnState>,
     stop: watch::Receiver<bool>,
     peer: Option<PeerCertificate>,
+    client: Client,
 ) -> Option<CloseReason>
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -843,7 +957,7 @@ where
     builder.timer(TokioTimer::new()).max_concurrent_streams(H2_MAX_STREAMS);
     let conn = builder.serve_connection(
         io,
-        tracked_service(app, state, clock, connections.metrics.requests_in_flight(connections.role), peer),
+        tracked_service(app, state, clock, connections.metrics.requests_in_flight(connections.role), peer, client),
     );
     let conn = std::pin::pin!(conn);
     watch_connection(conn, |c| c.graceful_shutdown(), connections, state, stop).await
@@ -908,6 +1022,8 @@ where
                 graceful(conn.as_mut());
                 closing = Some((CloseReason::Shutdown, Instant::now() + limits.shutdown_grace));
             }
+            // A deadline was brought forward: the loop computes them again.
+            _ = state.recheck.notified(), if closing.is_none() => {}
         }
     }
 }
@@ -1003,7 +1119,7 @@ pub fn cap_for_open_files(wanted: usize, open_files: Option<u64>) -> usize {
 mod tests {
     #[test]
     fn a_peer_certificate_is_read_once_per_connection() {
-        let peer = PeerCertificate::new(rustls::pki_types::CertificateDer::from(vec![1, 2, 3]));
+        let peer = PeerCertificate::new(vec![rustls::pki_types::CertificateDer::from(vec![1, 2, 3])], 0).unwrap();
         let reads = AtomicUsize::new(0);
         let read = |der: &[u8]| {
             reads.fetch_add(1, Ordering::Relaxed);

@@ -290,7 +290,17 @@ pub(crate) fn tls_config(
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
         .context("TLS configuration")?;
     let mut tls = match clients {
-        Some(verifier) => builder.with_client_cert_verifier(verifier).with_cert_resolver(certs),
+        Some(verifier) => {
+            let mut tls = builder.with_client_cert_verifier(verifier).with_cert_resolver(certs);
+            // A resumed session brings its client certificate back from the session cache
+            // without verifying it again: one expired since, or of a client CA rotated out,
+            // would be admitted, and each resumption would issue the next ticket. No session
+            // cache and no TLS 1.3 tickets: every connection's certificate is verified in full.
+            // (TLS 1.2 tickets: rustls' default ticketer makes none.)
+            tls.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+            tls.send_tls13_tickets = 0;
+            tls
+        }
         None => builder.with_no_client_auth().with_cert_resolver(certs),
     };
     // Go's crypto/tls sends tls.Config.ServerName as the SNI, as it is: fms-lm-eval-service's
