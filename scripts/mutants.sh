@@ -41,12 +41,25 @@ if [[ "${1:-}" == "--ci" ]]; then
     echo "mutants --ci: the tree has uncommitted changes; run it on a clean checkout" >&2
     exit 1
   fi
-  # At most 20 mutants (about half an hour on 2 cores, with the install): a larger change is
-  # sampled, one shard of as many as it takes.
-  count=$(cargo mutants --workspace --list --in-diff "$out/last-commit.diff" | wc -l)
-  shards=$(( (count + 19) / 20 ))
-  echo "mutants: $count in the last commit's changes; testing $(( count < 20 ? count : 20 )) of them"
-  exec cargo mutants --workspace --in-place --in-diff "$out/last-commit.diff" --shard "0/$(( shards > 0 ? shards : 1 ))" --output "$out/ci"
+  # The crates' files, each mutant tested with its crate's tests: at most 20 (about half an
+  # hour on 2 cores, with the install); a larger change is sampled, one shard of as many as it
+  # takes. The binary's (src/): with the binary's unit tests, at most 10 (a build of the binary
+  # each, about a minute).
+  status=0
+  count=$(cargo mutants --workspace --list --exclude 'src/**' --in-diff "$out/last-commit.diff" | wc -l)
+  if (( count > 0 )); then
+    shards=$(( (count + 19) / 20 ))
+    echo "mutants: $count in the last commit's changes to the crates; testing $(( count < 20 ? count : 20 )) of them"
+    cargo mutants --workspace --in-place --exclude 'src/**' --in-diff "$out/last-commit.diff" --shard "0/$shards" --output "$out/ci" || status=$?
+  fi
+  mapfile -t binary < <(printf '%s\n' "${files[@]}" | grep '^src/' | sed 's/^/-f\n/' )
+  count=$(cargo mutants --no-config -p keyward "${binary[@]}" --list --in-diff "$out/last-commit.diff" | wc -l)
+  if (( count > 0 )); then
+    shards=$(( (count + 9) / 10 ))
+    echo "mutants: $count in the last commit's changes to the binary's gate; testing $(( count < 10 ? count : 10 )) of them"
+    cargo mutants --no-config -p keyward "${binary[@]}" --in-place --in-diff "$out/last-commit.diff" --shard "0/$shards" --output "$out/ci-binary" -- --bin keyward || status=$?
+  fi
+  exit "$status"
 fi
 if [[ $# -gt 0 ]]; then
   exec cargo mutants --workspace --output "$out" "$@"
@@ -65,13 +78,21 @@ git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | t
 cd "$tree"
 # Warm for what cargo-mutants builds: the three mutated crates together (the baseline), then
 # each alone (a mutant is built and tested with its own crate, whose features unify apart).
-for packages in "-p keyward-certs -p keyward-engine -p keyward-controller" "-p keyward-certs" "-p keyward-engine" "-p keyward-controller"; do
+for packages in "-p keyward-certs -p keyward-engine -p keyward-controller" "-p keyward-certs" "-p keyward-engine" "-p keyward-controller" "-p keyward --bin keyward"; do
   # shellcheck disable=SC2086 # one word per argument
   cargo test --locked --profile mutants --no-run --quiet $packages
 done
 run=(cargo mutants --workspace --profile mutants --jobs 2 --copy-target=true)
 status=0
-"${run[@]}" --output "$results/files" || status=$?
+"${run[@]}" --exclude 'src/**' --output "$results/files" || status=$?
+# The gate's request path and TLS setup, in the binary (.cargo/mutants.toml): tested with the
+# binary's unit tests only (its integration tests take minutes a mutant), and two functions of
+# larger files, the TLS configuration and a connection's certificate deadline, alone.
+mapfile -t binary < <(sed -n 's/^ *"\(src\/[^"]*\.rs\)",$/-f\n\1/p' .cargo/mutants.toml)
+binary_run=(cargo mutants --no-config -p keyward --profile mutants --jobs 2 --copy-target=true --baseline=skip)
+"${binary_run[@]}" "${binary[@]}" --output "$results/binary" -- --bin keyward || status=$?
+"${binary_run[@]}" -f src/serve/mod.rs -F tls_config --output "$results/tls" -- --bin keyward || status=$?
+"${binary_run[@]}" -f src/serve/connections.rs -F 'credential_until|close_when_answered|deadline' --output "$results/connection" -- --bin keyward || status=$?
 # Only these functions of two larger files: the owner check before issuing, and who may
 # create a profile's pods. (cargo-mutants 27's --re and --exclude-re do not filter its
 # "delete field" mutants: a struct literal elsewhere in the file would come along.) The tree
@@ -79,7 +100,7 @@ status=0
 "${run[@]}" --no-config --baseline=skip --output "$results/owner" -f controller/src/context.rs -F owner_verified || status=$?
 "${run[@]}" --no-config --baseline=skip --output "$results/requester" -f webhooks/src/select.rs -F requester_allowed || status=$?
 cd "$results"
-for part in files owner requester; do
+for part in files owner requester binary tls connection; do
   for kind in missed timeout; do
     if [[ -s "$part/mutants.out/$kind.txt" ]]; then sed "s/^/$kind: /" "$part/mutants.out/$kind.txt"; fi
   done

@@ -118,7 +118,7 @@ impl Default for Metrics {
         let closed_connections = Family::<ClosedLabels, Counter>::default();
         registry.register(
             "connections_closed_by_server",
-            "Connections keyward closed, by listener and reason (handshake-timeout|handshake-failed|first-request-timeout|header-timeout|idle|evicted|shutdown)",
+            "Connections keyward closed, by listener and reason (handshake-timeout|handshake-failed|first-request-timeout|header-timeout|slow-request|idle|evicted|shutdown|credential-ended)",
             closed_connections.clone(),
         );
         let refused_connections = Family::<ListenerLabels, Counter>::default();
