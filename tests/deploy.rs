@@ -198,7 +198,38 @@ fn cert_manager_issues_an_ecdsa_serving_certificate_that_rotates_its_key() {
     );
     let client_ca = find(&docs, "Certificate", "keyward-client-ca");
     assert_eq!(client_ca["spec"]["isCA"], true);
-    find(&docs, "Issuer", "keyward-client-ca");
+}
+
+/// keyward's controller alone signs with the client CA, after its checks: an Issuer of that
+/// key would sign any workload identity for whoever may create a CertificateRequest, approved by
+/// cert-manager's default approver. No install, no component, has one.
+#[test]
+fn no_issuer_in_any_install_signs_with_keywards_client_ca() {
+    let mut installs: Vec<(String, Vec<Value>)> =
+        ["cert-manager", "local", "local-pod-certificates", "local-self-managed", "openshift", "self-managed"]
+            .into_iter()
+            .map(|o| (o.to_string(), render(o)))
+            .collect();
+    for component in ["account-provisioning", "audit", "monitoring"] {
+        let docs = render_own(
+            json!({"resources": ["deploy/overlays/cert-manager"], "components": [format!("deploy/components/{component}")]}),
+        );
+        installs.push((component.to_string(), docs));
+    }
+    for (install, docs) in &installs {
+        // The Secret the controller reads the client CA from, where it has one.
+        let controller =
+            docs.iter().find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "keyward-controller");
+        let volumes =
+            controller.and_then(|c| c["spec"]["template"]["spec"]["volumes"].as_array()).cloned().unwrap_or_default();
+        let client_ca = volumes.iter().find(|v| v["name"] == "client-ca").map(|v| v["secret"]["secretName"].clone());
+        if let Some(secret) = &client_ca {
+            assert_eq!(secret, "keyward-client-ca", "{install}");
+        }
+        for issuer in docs.iter().filter(|d| d["kind"] == "Issuer" || d["kind"] == "ClusterIssuer") {
+            assert_ne!(issuer["spec"]["ca"]["secretName"], "keyward-client-ca", "{install}: {issuer}");
+        }
+    }
 }
 
 #[test]
