@@ -62,13 +62,9 @@ impl ClientCa {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let bundle = read_bundle(file)?;
         let verifier = verifier(&bundle, &provider).map_err(|e| format!("--client-ca {}: {e}", file.display()))?;
-        let dir = match file.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
         Ok(Self {
             file: file.to_path_buf(),
-            dir,
+            dir: watched_dir(file),
             provider,
             current: ArcSwap::from_pointee(Loaded { verifier, bundle, generation: 1 }),
             observer: None,
@@ -148,6 +144,14 @@ impl ClientCa {
 
     fn algorithms(&self) -> &WebPkiSupportedAlgorithms {
         &self.provider.signature_verification_algorithms
+    }
+}
+
+/// The directory to watch for `file` (a ConfigMap's mount: the kubelet swaps its `..data`).
+fn watched_dir(file: &Path) -> PathBuf {
+    match file.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
     }
 }
 
@@ -273,6 +277,36 @@ mod tests {
         std::fs::write(&file, "-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n").unwrap();
         assert!(matches!(ca.reload_now(), Reload::Failed(e) if e.contains("certificate 1 of the bundle")));
         assert_eq!(ca.current.load().bundle, format!("{}{}", old.cert_pem(), new.cert_pem()).into_bytes());
+    }
+
+    #[test]
+    fn the_bundle_is_read_within_its_bound_watched_in_its_directory_and_counted_in_generations() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("ca.crt");
+        let now = std::time::SystemTime::now();
+        let ca = keyward_certs::pki::Ca::mint("client CA", now, std::time::Duration::from_secs(86_400)).unwrap();
+        // Exactly the bound is read (and refused for what it holds); a byte more is not read.
+        let padded = |len: usize| {
+            let mut text = ca.cert_pem().to_string().into_bytes();
+            text.resize(len, b'\n');
+            text
+        };
+        std::fs::write(&file, padded(1024 * 1024)).unwrap();
+        let loaded = ClientCa::load(&file).unwrap();
+        std::fs::write(&file, padded(1024 * 1024 + 1)).unwrap();
+        assert!(
+            matches!(loaded.reload_now(), Reload::Failed(e) if e.ends_with("1048577 bytes, more than a CA bundle's 1048576"))
+        );
+        assert_eq!(loaded.generation(), 1);
+        std::fs::write(&file, ca.cert_pem()).unwrap();
+        // The watch's reload is the same reload.
+        ReloadSource::reload(&loaded, Trigger::Poll);
+        assert_eq!(loaded.generation(), 2, "a new bundle is a new generation");
+        assert_eq!(loaded.reload_now(), Reload::Unchanged);
+        assert_eq!(loaded.generation(), 2, "the same bundle is not");
+        assert_eq!(ReloadSource::dir(&loaded), dir.path());
+        assert_eq!(watched_dir(Path::new("ca.crt")), Path::new("."));
+        assert!(format!("{loaded:?}").contains("ca.crt"));
     }
 
     #[test]

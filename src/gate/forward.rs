@@ -197,6 +197,16 @@ mod tests {
     }
 
     #[test]
+    fn a_body_with_its_trailers_filtered_says_its_size_and_end_as_the_body_does() {
+        use http_body::Body as _;
+        let loaded = Arc::new(keyward_gate::config::load("g.yaml", GATE).unwrap());
+        let body = strip_trailers(Body::from("abc"), loaded.clone());
+        assert_eq!(body.size_hint().exact(), Some(3), "a Content-Length, not chunks, to an HTTP/1.1 upstream");
+        assert!(!body.is_end_stream());
+        assert!(strip_trailers(Body::empty(), loaded).is_end_stream());
+    }
+
+    #[test]
     fn a_connection_header_may_drop_what_no_one_reads_and_nothing_else() {
         let mut h = headers(&[
             ("connection", "keep-alive, x-debug"),

@@ -432,6 +432,28 @@ mod tests {
         );
     }
 
+    /// A message of up to 16 KiB goes with its HEADERS: one write, the whole message in one
+    /// DATA frame that ends the stream.
+    #[tokio::test]
+    async fn a_message_of_up_to_16_kib_leaves_with_its_headers() {
+        let (gate_side, upstream_side) = tokio::io::duplex(256 * 1024);
+        tokio::spawn(upstream(upstream_side, 1));
+        let writes = Arc::new(Mutex::new(Vec::new()));
+        let sender = handshake(Recorded { io: gate_side, writes: writes.clone() }).await.unwrap();
+        let mut sender = sender.ready().await.unwrap();
+        let mut message = msg(Bytes::from(vec![b'x'; FIRST_PIECE]));
+        let (opened, rest) = open_on(&mut sender, call("/Big"), &message.bytes).await.unwrap();
+        assert!(rest.is_empty());
+        let response = send_on(opened, rest, &mut message, WAIT).await.unwrap();
+        assert_eq!(read(response).await.0.len(), "/Big ".len() + FIRST_PIECE);
+        let writes = writes.lock().unwrap();
+        let together = writes.iter().map(|w| frames(w)).find(|f| f.contains(&(1, 0x4, 1)));
+        assert_eq!(
+            together.map(|f| f.into_iter().filter(|(_, _, s)| *s == 1).collect::<Vec<_>>()),
+            Some(vec![(1, 0x4, 1), (0, 0x1, 1)])
+        );
+    }
+
     #[tokio::test]
     async fn an_empty_body_ends_the_stream_with_the_headers() {
         let (gate_side, upstream_side) = tokio::io::duplex(64 * 1024);

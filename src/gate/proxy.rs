@@ -197,9 +197,6 @@ async fn decide(
     }
     match verdict.allowed_by {
         Some(rule) => Ok((caller, groups, rule, body)),
-        None if !verdict.pending.is_empty() => {
-            Err(fail(Decision::Unavailable, "the API server's answers did not decide the request".into()))
-        }
         // No rule is open to a caller without a credential here: asking for one is the answer.
         None if caller == Caller::Anonymous => Err(fail(Decision::Unauthenticated, NO_CREDENTIAL.into())),
         None => Err(fail(Decision::Refused, verdict.reason())),

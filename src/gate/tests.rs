@@ -662,6 +662,57 @@ async fn a_held_message_larger_than_one_write_reaches_the_upstream_whole() {
     assert_eq!(f.gate.state.body_budget.available_permits(), 64 << 20, "given back");
 }
 
+/// The largest message a rule reads (4 MiB and its prefix) is held and passed on; a byte more
+/// is refused, saying the bound.
+#[tokio::test]
+async fn a_held_message_is_read_up_to_its_bound_and_no_further() {
+    let f = Fixture::start().await;
+    let driver = f.driver("team-a", "evaljob-sample");
+    let largest = |extra: usize| {
+        let fields = encode_strings(&[(1, "evaljob-sample"), (2, "team-a")]);
+        // Field 6 (results) pads the message to the bound: a tag, a 4-byte length, the string.
+        let pad = keyward_gate::grpc::MAX_MESSAGE_BYTES - (fields.len() - 5) - 5;
+        let mut message = fields[5..].to_vec();
+        message.push(0x32);
+        let mut len = pad;
+        while len >= 0x80 {
+            message.push((len as u8 & 0x7f) | 0x80);
+            len >>= 7;
+        }
+        message.push(len as u8);
+        message.resize(message.len() + pad, b'r');
+        let mut body = vec![0];
+        body.extend_from_slice(&u32::try_from(message.len() + extra).unwrap().to_be_bytes());
+        body.extend_from_slice(&message);
+        body.resize(body.len() + extra, b'r');
+        body
+    };
+    let body = largest(0);
+    assert_eq!(body.len(), keyward_gate::grpc::MAX_MESSAGE_BYTES + 5);
+    let answer = f.call(true, Some(&driver), grpc_call("UpdateStatus", body)).await;
+    assert_eq!(answer.grpc().0, "0", "{:?}", answer.grpc());
+    let answer = f.call(true, Some(&driver), grpc_call("UpdateStatus", largest(1))).await;
+    let (status, message) = answer.grpc();
+    assert_eq!(status, "7");
+    assert!(percent_decode(&message).contains("the request body is more than 4194309 bytes"), "{message}");
+}
+
+/// A gate with no API server to ask (no tokens, no reviews, no owners) refuses with the rules'
+/// reason, not as unavailable.
+#[tokio::test]
+async fn without_an_api_server_a_refusal_gives_the_rules_reason() {
+    let f = Fixture::start().await;
+    let mut state = f.gate.state.clone();
+    state.reviews = None;
+    let gate = serve_with_state(&f, state).await;
+    let driver = f.driver("team-a", "evaljob-sample");
+    let answer = f.send_at(gate, false, Some(&driver), http_get("/apis/v1/namespaces/team-b/runs/r1")).await.unwrap();
+    assert_eq!(
+        (answer.status, answer.text().as_str()),
+        (403, "keyward gate: rule \"runs in the caller's namespace\": the caller's namespace is \"team-a\", and path segment {namespace} is \"team-b\"\n")
+    );
+}
+
 #[tokio::test]
 async fn a_streaming_call_passes_whole_and_a_body_of_two_messages_is_refused() {
     let f = Fixture::start().await;
@@ -924,6 +975,11 @@ async fn an_upstream_over_tls_is_verified_and_spoken_to_in_the_callers_protocol(
 async fn serve_with_upstream(f: &Fixture, upstream: Upstream) -> SocketAddr {
     let mut state = f.gate.state.clone();
     state.upstream = Arc::new(upstream);
+    serve_with_state(f, state).await
+}
+
+/// The fixture's gate with `state`, on a listener of its own.
+async fn serve_with_state(f: &Fixture, state: GateState) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let limits = crate::serve::connections::ConnectionLimits {

@@ -293,6 +293,21 @@ mod tests {
         assert!(Upstream::new("ftp://x:1", None, UpstreamProtocol::Auto, WAIT).unwrap_err().contains("scheme \"ftp\""));
     }
 
+    /// An upstream that cannot be reached is named in the log line, with hyper's error and its
+    /// causes (hyper's own message is only "client error").
+    #[tokio::test]
+    async fn an_unreachable_upstream_is_named_and_said_why() {
+        let upstream = Upstream::new("http://127.0.0.1:1", None, UpstreamProtocol::Auto, WAIT).unwrap();
+        assert_eq!(format!("{upstream:?}"), "http://127.0.0.1:1");
+        let (parts, _) = http::Request::get("/x").body(()).unwrap().into_parts();
+        let Err(SendError::Unreachable(why)) = upstream.send(parts, Outgoing::Streamed(Body::empty()), false).await
+        else {
+            panic!("sent to a port nothing listens on");
+        };
+        assert!(why.starts_with("client error (Connect): "), "{why}");
+        assert!(why.to_lowercase().contains("connection refused"), "{why}");
+    }
+
     #[test]
     fn grpc_goes_as_http2_and_the_rest_as_the_upstream_protocol_says() {
         let at = |url: &str, protocol| Upstream::new(url, None, protocol, WAIT).unwrap();
