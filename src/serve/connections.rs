@@ -1131,6 +1131,7 @@ mod tests {
     }
 
     use super::*;
+    use keyward_certs::pki::Ca;
 
     const HERE: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 
@@ -1214,6 +1215,34 @@ mod tests {
         assert_eq!(at, state.idle_since.load(Ordering::Acquire) + 120_000);
         state.reading_since.store(at, Ordering::Release);
         assert_eq!(state.deadline(&l), Some((at + 10_000, CloseReason::HeaderTimeout)));
+    }
+
+    #[tokio::test]
+    async fn a_client_certificate_ends_the_connection_at_its_end_unless_a_phase_ends_it_first() {
+        let l = limits();
+        let state = Arc::new(ConnState::new(1000, HERE));
+        // Good for a day: the first request's deadline comes first, as without a certificate.
+        state.credential_until.store(86_400_000, Ordering::Release);
+        assert_eq!(state.deadline(&l), Some((11_000, CloseReason::FirstRequestTimeout)));
+        // Ending before it: the certificate's end.
+        state.credential_until.store(5_000, Ordering::Release);
+        assert_eq!(state.deadline(&l), Some((5_000, CloseReason::CredentialEnded)));
+        // While a request is answered (no phase deadline) too.
+        let clock = Clock(Instant::now());
+        let _guard = InFlight::begin(&state, clock, None);
+        let _answering = RequestProgress { state: state.clone() }.read_whole();
+        assert_eq!(state.deadline(&l), Some((5_000, CloseReason::CredentialEnded)));
+        // Found no longer good by a request: at once.
+        RequestProgress { state: state.clone() }.close_when_answered();
+        assert_eq!(state.deadline(&l), Some((1, CloseReason::CredentialEnded)));
+        let leaf = Ca::mint("x", std::time::SystemTime::now(), Duration::from_secs(3600)).unwrap();
+        let der = rustls::pki_types::pem::PemObject::from_pem_slice(leaf.cert_pem().as_bytes())
+            .map(|c: rustls::pki_types::CertificateDer<'static>| c.to_vec())
+            .unwrap();
+        let until = credential_until(clock, &der, std::time::SystemTime::now());
+        let left = until.saturating_sub(clock.now_ms());
+        assert!((3_590_000..=3_600_000).contains(&left), "{left}");
+        assert_eq!(credential_until(clock, b"not DER", std::time::SystemTime::now()), 0);
     }
 
     #[tokio::test]
