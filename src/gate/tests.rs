@@ -493,22 +493,7 @@ impl Fixture {
             .connect(ServerName::try_from("localhost").unwrap(), tcp)
             .await
             .map_err(|e| format!("handshake: {e}"))?;
-        let io = TokioIo::new(stream);
-        let response = if h2 {
-            let (mut sender, conn) =
-                hyper::client::conn::http2::handshake(TokioExecutor::new(), io).await.map_err(|e| e.to_string())?;
-            tokio::spawn(conn);
-            sender.send_request(request).await
-        } else {
-            let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await.map_err(|e| e.to_string())?;
-            tokio::spawn(conn);
-            sender.send_request(request).await
-        };
-        let response = response.map_err(|e| format!("request: {e}"))?;
-        let (parts, body) = response.into_parts();
-        let collected = body.collect().await.map_err(|e| format!("body: {e}"))?;
-        let trailers = collected.trailers().cloned();
-        Ok(Answer { status: parts.status.as_u16(), headers: parts.headers, body: collected.to_bytes(), trailers })
+        exchange(stream, h2, request).await
     }
 
     /// A client's TLS configuration: the gate's server CA, `identity`'s certificate if given,
@@ -544,24 +529,34 @@ impl Fixture {
 
     /// One request over the plaintext listener: HTTP/1.1, or HTTP/2 with prior knowledge.
     async fn call_plain(&self, h2: bool, request: Request<Full<Bytes>>) -> Answer {
-        let exchange = async {
-            let io = TokioIo::new(TcpStream::connect(self.plain).await.unwrap());
-            let response = if h2 {
-                let (mut sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io).await.unwrap();
-                tokio::spawn(conn);
-                sender.send_request(request).await
-            } else {
-                let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
-                tokio::spawn(conn);
-                sender.send_request(request).await
-            };
-            let (parts, body) = response.unwrap().into_parts();
-            let collected = body.collect().await.unwrap();
-            let trailers = collected.trailers().cloned();
-            Answer { status: parts.status.as_u16(), headers: parts.headers, body: collected.to_bytes(), trailers }
-        };
-        tokio::time::timeout(EVENT_TIMEOUT, exchange).await.unwrap()
+        let exchanged = async { exchange(TcpStream::connect(self.plain).await.unwrap(), h2, request).await.unwrap() };
+        tokio::time::timeout(EVENT_TIMEOUT, exchanged).await.unwrap()
     }
+}
+
+/// One request on a new connection `io` (HTTP/2 with `h2`, else HTTP/1.1), and its whole answer.
+async fn exchange<I, B>(io: I, h2: bool, request: Request<B>) -> Result<Answer, String>
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let io = TokioIo::new(io);
+    let response = if h2 {
+        let (mut sender, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), io).await.map_err(|e| e.to_string())?;
+        tokio::spawn(conn);
+        sender.send_request(request).await
+    } else {
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await.map_err(|e| e.to_string())?;
+        tokio::spawn(conn);
+        sender.send_request(request).await
+    };
+    let response = response.map_err(|e| format!("request: {e}"))?;
+    let (parts, body) = response.into_parts();
+    let collected = body.collect().await.map_err(|e| format!("body: {e}"))?;
+    let trailers = collected.trailers().cloned();
+    Ok(Answer { status: parts.status.as_u16(), headers: parts.headers, body: collected.to_bytes(), trailers })
 }
 
 /// gRPC's percent-decoding of `grpc-message`.

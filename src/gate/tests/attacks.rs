@@ -469,20 +469,7 @@ async fn send_with(addr: SocketAddr, config: rustls::ClientConfig, request: Requ
     let tcp = TcpStream::connect(addr).await.unwrap();
     let stream =
         TlsConnector::from(Arc::new(config)).connect(ServerName::try_from("localhost").unwrap(), tcp).await.unwrap();
-    let io = TokioIo::new(stream);
-    let response = if h2 {
-        let (mut sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io).await.unwrap();
-        tokio::spawn(conn);
-        sender.send_request(request).await
-    } else {
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
-        tokio::spawn(conn);
-        sender.send_request(request).await
-    };
-    let (parts, body) = response.unwrap().into_parts();
-    let collected = body.collect().await.unwrap();
-    let trailers = collected.trailers().cloned();
-    Answer { status: parts.status.as_u16(), headers: parts.headers, body: collected.to_bytes(), trailers }
+    exchange(stream, h2, request).await.unwrap()
 }
 
 // === 7. A certificate caller's token, route overrides, where-from ===
