@@ -221,7 +221,11 @@ struct Target {
 
 impl Target {
     fn new(addr: SocketAddr, ca_pem: &str, identity: Option<&Minted>, h2: bool) -> Self {
-        let tls = client_config(ca_pem.as_bytes(), identity, if h2 { b"h2" } else { b"http/1.1" });
+        let mut tls = client_config(ca_pem.as_bytes(), identity, if h2 { b"h2" } else { b"http/1.1" });
+        // Every new connection a full handshake, to the floor as to the gate: the gate resumes
+        // no session (a resumed one would skip verifying its client certificate again), and a
+        // floor that resumed would be measured doing less work than a new client's first one.
+        tls.resumption = rustls::client::Resumption::disabled();
         Self { addr, tls: Arc::new(tls) }
     }
 
