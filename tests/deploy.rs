@@ -516,7 +516,11 @@ fn every_metric_an_alert_uses_is_one_keyward_exports() {
     // The names registered in the two registries (prefix keyward_ and keyward_controller_), as
     // the text format exposes them (counters with _total, histograms with _bucket).
     let mut exported = std::collections::BTreeSet::new();
-    for (file, prefix) in [("src/metrics.rs", "keyward_"), ("controller/src/metrics.rs", "keyward_controller_")] {
+    for (file, prefix) in [
+        ("src/metrics.rs", "keyward_"),
+        ("src/gate/metrics.rs", "keyward_"),
+        ("controller/src/metrics.rs", "keyward_controller_"),
+    ] {
         let source = std::fs::read_to_string(format!("{}/{file}", root())).unwrap();
         for part in source.split("register(").skip(1) {
             let name = part.trim_start().trim_start_matches('"').split('"').next().unwrap();
@@ -832,6 +836,14 @@ fn the_inference_graph_gate_fronts_the_routers_service_with_its_own_account() {
     let (graph, namespace) = (review["name"].as_str().unwrap(), review["namespace"].as_str().unwrap());
     let deployment = find(&docs, "Deployment", &format!("{graph}-gate"));
     assert_eq!(deployment["metadata"]["namespace"], namespace);
+    // Scraped by the monitoring component's PodMonitor, its metrics port open to scrapers only.
+    assert_eq!(deployment["spec"]["template"]["metadata"]["labels"]["keyward.io/gate"], "deployment");
+    let own = find(&docs, "NetworkPolicy", &format!("{graph}-gate"));
+    assert_eq!(
+        own["spec"]["ingress"][1],
+        json!({"from": [{"namespaceSelector": {"matchLabels": {"keyward.io/metrics-scraper": "true"}}}],
+               "ports": [{"port": "gate-metrics", "protocol": "TCP"}]})
+    );
     let pod = &deployment["spec"]["template"]["spec"];
     let args: Vec<&str> =
         pod["containers"][0]["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
@@ -867,16 +879,36 @@ fn the_inference_graph_gate_fronts_the_routers_service_with_its_own_account() {
 fn the_gate_sidecar_runs_the_recipe_restricted_behind_its_own_port_only() {
     let docs = render_dir("deploy/gate/example");
     let deployment = find(&docs, "Deployment", "lm-eval-controller-manager");
-    let containers = deployment["spec"]["template"]["spec"]["containers"].as_array().unwrap();
-    let names: Vec<&str> = containers.iter().map(|c| c["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["keyward-gate", "operator"]);
-    let gate = &containers[0];
+    let pod = &deployment["spec"]["template"]["spec"];
+    let names = |list: &Value| -> Vec<String> {
+        list.as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap().to_string()).collect()
+    };
+    // A native sidecar: started and ready (its startup probe) before the operator, which stays
+    // containers/0.
+    assert_eq!(names(&pod["containers"]), ["operator"]);
+    assert_eq!(names(&pod["initContainers"]), ["keyward-gate"]);
+    let gate = &pod["initContainers"][0];
+    assert_eq!(gate["restartPolicy"], "Always");
+    assert_eq!(gate["startupProbe"]["httpGet"], json!({"path": "/readyz", "port": "gate-metrics"}));
+    assert_eq!(deployment["spec"]["template"]["metadata"]["labels"]["keyward.io/gate"], "sidecar");
     let security = &gate["securityContext"];
     assert_eq!(security["allowPrivilegeEscalation"], false);
     assert_eq!(security["readOnlyRootFilesystem"], true);
     assert_eq!(security["runAsNonRoot"], true);
     assert_eq!(security["capabilities"]["drop"], json!(["ALL"]));
     assert_eq!(security["seccompProfile"]["type"], "RuntimeDefault");
+    // No fixed IDs in what the component adds (OpenShift's restricted-v2 assigns them); the key
+    // is read through the pod's fsGroup, which the example's stand-in sets.
+    let component = std::fs::read_to_string(format!("{}/deploy/gate/sidecar/sidecar.yaml", root())).unwrap();
+    for field in ["runAsUser", "runAsGroup", "fsGroup", "supplementalGroups"] {
+        assert!(!component.contains(&format!("{field}:")), "the sidecar component sets {field}");
+    }
+    assert_eq!(pod["securityContext"]["fsGroup"], 65532);
+    let volume = |name: &str| pod["volumes"].as_array().unwrap().iter().find(|v| v["name"] == name).unwrap().clone();
+    assert_eq!(volume("keyward-gate-tls")["secret"]["defaultMode"], 0o440);
+    // The client CA is published only where the controller is told to: optional, and the gate
+    // waits for it only if its gate file admits workloads (src/gate/tests.rs).
+    assert_eq!(volume("keyward-client-ca")["configMap"], json!({"name": "keyward-client-ca", "optional": true}));
 
     // The gate file the ConfigMap holds is the recipe, and the upstream is on loopback.
     let config_map = docs.iter().find(|d| d["kind"] == "ConfigMap").unwrap();
@@ -905,8 +937,21 @@ fn the_gate_sidecar_runs_the_recipe_restricted_behind_its_own_port_only() {
     let policy = find(&docs, "NetworkPolicy", "lm-eval-controller-manager-through-the-gate");
     assert_eq!(
         policy["spec"]["ingress"],
-        json!([{"ports": [{"port": "gate", "protocol": "TCP"}, {"port": "gate-metrics", "protocol": "TCP"}]}])
+        json!([
+            {"ports": [{"port": "gate", "protocol": "TCP"}]},
+            {"from": [{"namespaceSelector": {"matchLabels": {"keyward.io/metrics-scraper": "true"}}}],
+             "ports": [{"port": "gate-metrics", "protocol": "TCP"}]}
+        ])
     );
+    // The monitoring component scrapes it by the label the sidecar puts on the pod.
+    let monitors = render_own(json!({"resources": ["deploy/overlays/cert-manager"],
+        "components": ["deploy/components/monitoring"]}));
+    let monitor = find(&monitors, "PodMonitor", "keyward-gate");
+    assert_eq!(
+        monitor["spec"]["selector"],
+        json!({"matchExpressions": [{"key": "keyward.io/gate", "operator": "Exists"}]})
+    );
+    assert_eq!(monitor["spec"]["podMetricsEndpoints"][0]["port"], "gate-metrics");
 
     // The binary takes the container's arguments: it gets as far as reading the gate file.
     let mut args: Vec<String> =

@@ -5,7 +5,7 @@ use std::time::SystemTime;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     // `error`, not `source`: the message says it already, and a source would print it twice.
-    #[error("{}: cannot read: {error}", path.display())]
+    #[error("{}: cannot read: {error}{}", path.display(), permission_hint(error))]
     Read { path: PathBuf, error: std::io::Error },
     #[error("{}: cannot write: {error}", path.display())]
     Write { path: PathBuf, error: std::io::Error },
@@ -37,6 +37,16 @@ pub enum Error {
     CertificatesBelow { dir: PathBuf, inside: Vec<PathBuf> },
 }
 
+/// What to do when a mounted file is not readable by this process: a Secret mounted 0440 is
+/// readable through the pod's fsGroup only.
+fn permission_hint(error: &std::io::Error) -> &'static str {
+    if error.kind() == std::io::ErrorKind::PermissionDenied {
+        " (a Secret volume mounted 0440 is readable through the pod's group only: set the pod's securityContext.fsGroup, to 65532 say, as OpenShift does for every pod)"
+    } else {
+        ""
+    }
+}
+
 /// Parses an RFC 3339 time (what [`rfc3339`] writes); `None` when it is not one.
 pub fn parse_rfc3339(text: &str) -> Option<SystemTime> {
     let t = time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339).ok()?;
@@ -47,4 +57,22 @@ pub fn parse_rfc3339(text: &str) -> Option<SystemTime> {
 pub fn rfc3339(t: SystemTime) -> String {
     let dt = time::OffsetDateTime::from(t);
     dt.format(&time::format_description::well_known::Rfc3339).unwrap_or_else(|_| format!("{dt}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unreadable_file_says_how_a_pod_reads_a_0440_secret() {
+        let path = PathBuf::from("/var/run/keyward/gate-tls/tls.key");
+        let denied =
+            Error::Read { path: path.clone(), error: std::io::Error::from(std::io::ErrorKind::PermissionDenied) };
+        assert_eq!(
+            denied.to_string(),
+            "/var/run/keyward/gate-tls/tls.key: cannot read: permission denied (a Secret volume mounted 0440 is readable through the pod's group only: set the pod's securityContext.fsGroup, to 65532 say, as OpenShift does for every pod)"
+        );
+        let missing = Error::Read { path, error: std::io::Error::from(std::io::ErrorKind::NotFound) };
+        assert_eq!(missing.to_string(), "/var/run/keyward/gate-tls/tls.key: cannot read: entity not found");
+    }
 }

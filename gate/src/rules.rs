@@ -509,6 +509,12 @@ impl Gate {
         self.rules.iter().any(|r| r.callers.anonymous)
     }
 
+    /// Whether a rule admits workloads by client certificate (`callers.workloads`): only then
+    /// does the gate need the client CA.
+    pub fn admits_workloads(&self) -> bool {
+        self.rules.iter().any(|r| r.callers.workloads.is_some())
+    }
+
     /// Whether a caller with no client certificate can be admitted by any rule: one bringing a
     /// token, or none. Only such callers can use the gate's plaintext listener.
     pub fn admits_without_certificate(&self) -> bool {

@@ -31,7 +31,9 @@ const MAX_CAS: usize = 64;
 const MAX_BUNDLE_BYTES: u64 = 1024 * 1024;
 
 struct Loaded {
-    verifier: Arc<dyn ClientCertVerifier>,
+    /// `None` while the bundle's file does not exist yet ([`ClientCa::load_or_await`]): every
+    /// client certificate is refused until it appears.
+    verifier: Option<Arc<dyn ClientCertVerifier>>,
     /// The bundle's bytes, to tell a change from a poll that finds the same file.
     bundle: Vec<u8>,
     /// Counts the bundles loaded (from 1): a connection verified under an older one is verified
@@ -66,9 +68,34 @@ impl ClientCa {
             file: file.to_path_buf(),
             dir: watched_dir(file),
             provider,
-            current: ArcSwap::from_pointee(Loaded { verifier, bundle, generation: 1 }),
+            current: ArcSwap::from_pointee(Loaded { verifier: Some(verifier), bundle, generation: 1 }),
             observer: None,
         })
+    }
+
+    /// As [`ClientCa::load`], but a file that does not exist yet is awaited: until the ConfigMap
+    /// is published (an optional volume's directory stays empty till then), no client
+    /// certificate verifies, and the watch loads the bundle when it appears.
+    pub fn load_or_await(file: &Path) -> Result<Self, String> {
+        match std::fs::metadata(file) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Self {
+                file: file.to_path_buf(),
+                dir: watched_dir(file),
+                provider: Arc::new(rustls::crypto::ring::default_provider()),
+                current: ArcSwap::from_pointee(Loaded { verifier: None, bundle: Vec::new(), generation: 1 }),
+                observer: None,
+            }),
+            _ => Self::load(file),
+        }
+    }
+
+    /// Whether a bundle is loaded (`false` while [`ClientCa::load_or_await`] awaits the file).
+    pub fn is_loaded(&self) -> bool {
+        self.current.load().verifier.is_some()
+    }
+
+    pub fn file(&self) -> &Path {
+        &self.file
     }
 
     pub fn with_observer(mut self, observer: impl Fn(&Reload) + Send + Sync + 'static) -> Self {
@@ -78,13 +105,15 @@ impl ClientCa {
 
     /// Reads the bundle again; keeps the one it has when the new one is refused.
     pub fn reload_now(&self) -> Reload {
+        let awaited = !self.is_loaded() && !self.file.exists();
         let outcome = match read_bundle(&self.file) {
+            Err(_) if awaited => Reload::Unchanged,
             Ok(bundle) if bundle == self.current.load().bundle => Reload::Unchanged,
             Ok(bundle) => match verifier(&bundle, &self.provider) {
                 Ok(verifier) => {
                     let count = count_certificates(&bundle);
                     let generation = self.current.load().generation + 1;
-                    self.current.store(Arc::new(Loaded { verifier, bundle, generation }));
+                    self.current.store(Arc::new(Loaded { verifier: Some(verifier), bundle, generation }));
                     Reload::Loaded(count)
                 }
                 Err(e) => Reload::Failed(e),
@@ -137,7 +166,10 @@ impl ClientCa {
                 _ => Err("the client certificate has expired: reconnect with the renewed one".into()),
             };
         }
-        current.verifier.verify_client_cert(leaf, intermediates, at).map(|_| current.generation).map_err(|e| {
+        let Some(verifier) = &current.verifier else {
+            return Err(format!("the gate has no client CA yet ({} does not exist)", self.file.display()));
+        };
+        verifier.verify_client_cert(leaf, intermediates, at).map(|_| current.generation).map_err(|e| {
             format!("the client certificate no longer verifies with the gate's client CAs ({e}): reconnect with a certificate of the CA in force")
         })
     }
@@ -224,7 +256,11 @@ impl ClientCertVerifier for ClientCa {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        self.current.load().verifier.verify_client_cert(end_entity, intermediates, now)
+        match &self.current.load().verifier {
+            Some(verifier) => verifier.verify_client_cert(end_entity, intermediates, now),
+            // Refused as a certificate of an unknown CA: there is none yet.
+            None => Err(rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer)),
+        }
     }
 
     fn verify_tls12_signature(

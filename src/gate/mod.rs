@@ -116,13 +116,20 @@ impl Gate {
         let client_ca = match &config.client_ca {
             Some(file) => {
                 let observer = metrics.clone();
-                let ca = ClientCa::load(file)
+                let ca = ClientCa::load_or_await(file)
                     .map_err(anyhow::Error::msg)?
                     .with_observer(move |outcome| observer.observe_reload("client-ca", outcome.as_str()));
                 Some(Arc::new(ca))
             }
             None => None,
         };
+        if let Some(ca) = client_ca.as_ref().filter(|ca| !ca.is_loaded()) {
+            if loaded.gate.admits_workloads() {
+                tracing::warn!(file = %ca.file().display(), "{}", awaited_client_ca(ca));
+            } else {
+                tracing::info!(file = %ca.file().display(), "no client CA bundle yet; the gate file admits no workloads by client certificate, so none is needed (one that appears is loaded)");
+            }
+        }
         let upstream = Upstream::new(
             &config.upstream,
             config.upstream_ca.as_deref(),
@@ -180,6 +187,17 @@ impl Gate {
         self.client_ca.clone().map(|ca| Arc::new(move || ca.generation()) as connections::TrustGeneration)
     }
 
+    fn health(&self, draining: Arc<AtomicBool>) -> Health {
+        Health {
+            certs: self.certs.clone(),
+            metrics: self.shared.clone(),
+            draining,
+            owners: self.state.owners.clone(),
+            gate: self.state.gate.clone(),
+            client_ca: self.client_ca.clone(),
+        }
+    }
+
     fn app(&self) -> Router {
         Router::new().fallback(proxy::handle).with_state(self.state.clone())
     }
@@ -200,12 +218,7 @@ async fn gate(config: GateConfig) -> anyhow::Result<()> {
     let listener = crate::serve::bind(config.listen, "--listen").await?;
     let metrics_task = match config.metrics_listen {
         Some(addr) => {
-            let health = Health {
-                certs: gate.certs.clone(),
-                metrics: gate.shared.clone(),
-                draining,
-                owners: gate.state.owners.clone(),
-            };
+            let health = gate.health(draining);
             let listener = crate::serve::bind(addr, "--metrics-listen").await?;
             tracing::info!(role = "metrics", addr = %listener.local_addr()?, "listening (plain HTTP: GET /metrics, /healthz, /readyz)");
             let connections = Connections::new("metrics", metrics_limits, gate.shared.clone());
@@ -264,6 +277,8 @@ struct Health {
     metrics: Arc<Metrics>,
     draining: Arc<AtomicBool>,
     owners: Option<Arc<LiveOwners>>,
+    gate: Arc<GateStore>,
+    client_ca: Option<Arc<ClientCa>>,
 }
 
 impl Health {
@@ -284,6 +299,14 @@ impl Health {
     }
 }
 
+/// Why a gate that admits workloads waits for its client CA, and what publishes it.
+fn awaited_client_ca(ca: &ClientCa) -> String {
+    format!(
+        "no client CA bundle at {} yet, and the gate file admits workloads by client certificate: `keyward controller --publish-client-ca-to=<this namespace>` publishes the ConfigMap keyward-client-ca (the gate loads it when it appears)",
+        ca.file().display()
+    )
+}
+
 async fn ready(State(h): State<Health>) -> Response {
     if h.draining.load(Ordering::Relaxed) {
         return (StatusCode::SERVICE_UNAVAILABLE, "not ready: shutting down\n").into_response();
@@ -295,6 +318,12 @@ async fn ready(State(h): State<Health>) -> Response {
             unlisted.join(", ")
         );
         return (StatusCode::SERVICE_UNAVAILABLE, reason).into_response();
+    }
+    if let Some(ca) = h.client_ca.as_ref().filter(|ca| !ca.is_loaded()) {
+        if h.gate.current().gate.admits_workloads() {
+            return (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {}\n", awaited_client_ca(ca)))
+                .into_response();
+        }
     }
     match h.certs.ready(SystemTime::now()) {
         Ok(()) => (StatusCode::OK, "ok\n").into_response(),

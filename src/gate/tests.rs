@@ -381,6 +381,15 @@ impl Fixture {
     /// server CA) and the gate verifies it with `--upstream-ca`. With `kube`, the gate asks that
     /// API server instead of the review fake's.
     async fn start_full(gate_yaml: &str, tls_upstream: bool, kube: Option<kube::Client>) -> Self {
+        Self::start_inner(gate_yaml, tls_upstream, kube, true).await
+    }
+
+    /// A gate whose `--client-ca` file is not there yet (an optional ConfigMap not published).
+    async fn start_without_client_ca(gate_yaml: &str) -> Self {
+        Self::start_inner(gate_yaml, false, None, false).await
+    }
+
+    async fn start_inner(gate_yaml: &str, tls_upstream: bool, kube: Option<kube::Client>, ca_published: bool) -> Self {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let dir = tempfile::tempdir().unwrap();
         let now = SystemTime::now();
@@ -393,7 +402,9 @@ impl Fixture {
         let client_ca = Ca::mint("keyward client CA", now, DAY).unwrap();
         std::fs::create_dir(dir.path().join("client-ca")).unwrap();
         let ca_file = dir.path().join("client-ca/ca.crt");
-        std::fs::write(&ca_file, client_ca.cert_pem()).unwrap();
+        if ca_published {
+            std::fs::write(&ca_file, client_ca.cert_pem()).unwrap();
+        }
         std::fs::create_dir(dir.path().join("gate")).unwrap();
         let gate_file = dir.path().join("gate/gate.yaml");
         std::fs::write(&gate_file, gate_yaml).unwrap();
@@ -925,6 +936,51 @@ async fn a_rotated_client_ca_is_trusted_after_reload_and_the_old_one_through_the
     assert!(f.send(true, Some(&old_driver), request()).await.is_err(), "the old CA is gone after the overlap");
 }
 
+async fn readiness(health: Health) -> (u16, String) {
+    let response = ready(State(health)).await;
+    let status = response.status().as_u16();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// The sidecar's client CA volume is optional (deploy/gate/sidecar): the ConfigMap exists only
+/// where the controller publishes it. A gate that admits workloads waits for it, not ready and
+/// refusing every certificate, and loads it when it appears; one that admits none needs none.
+#[tokio::test]
+async fn a_client_ca_not_yet_published_is_awaited_only_by_a_gate_that_admits_workloads() {
+    let f = Fixture::start_without_client_ca(GATE).await;
+    let health = f.gate.health(Arc::new(AtomicBool::new(false)));
+    let (status, reason) = readiness(health.clone()).await;
+    assert_eq!(status, 503);
+    assert_eq!(
+        reason,
+        format!("not ready: no client CA bundle at {} yet, and the gate file admits workloads by client certificate: `keyward controller --publish-client-ca-to=<this namespace>` publishes the ConfigMap keyward-client-ca (the gate loads it when it appears)\n", f.ca_file.display())
+    );
+    let driver = f.driver("team-a", "evaljob-sample");
+    let request = || update_status("evaljob-sample", "team-a");
+    assert!(f.send(true, Some(&driver), request()).await.is_err(), "no CA: the certificate is refused");
+    assert!(f.upstream_calls().is_empty());
+    let ca = f.gate.client_ca.as_ref().unwrap();
+    assert_eq!(ca.reload_now(), Reload::Unchanged, "still absent: nothing to say");
+    std::fs::write(&f.ca_file, f.client_ca.cert_pem()).unwrap();
+    assert_eq!(ca.reload_now(), Reload::Loaded(1));
+    assert_eq!(readiness(health).await, (200, "ok\n".into()));
+    assert_eq!(f.call(true, Some(&driver), request()).await.grpc().0, "0");
+    assert!(f.upstream_calls().len() == 1, "{:?}", f.upstream_calls());
+
+    // Tokens and anonymous callers only: ready without it.
+    let tokens_only = KFP_GATE.split("    - name: drivers only").next().unwrap();
+    let kfp = Fixture::start_without_client_ca(tokens_only).await;
+    assert_eq!(readiness(kfp.gate.health(Arc::new(AtomicBool::new(false)))).await, (200, "ok\n".into()));
+    let health = kfp
+        .call_plain(
+            true,
+            Request::get("http://ml-pipeline:8888/apis/v1beta1/healthz").body(Full::new(Bytes::new())).unwrap(),
+        )
+        .await;
+    assert_eq!(health.status, 200);
+}
+
 #[tokio::test]
 async fn a_silent_client_and_a_message_that_never_ends_are_cut_off() {
     let f = Fixture::start().await;
@@ -1208,18 +1264,7 @@ async fn until_the_owners_are_listed_their_identities_wait_and_the_gate_is_not_r
     kube.fail("GET", LMEVALJOBS, 429, 1);
     kube.hang("GET", "lmevaljobs", None);
     let f = live_owners_gate(&kube).await;
-    let health = Health {
-        certs: f.gate.certs.clone(),
-        metrics: f.gate.shared.clone(),
-        draining: Arc::new(AtomicBool::new(false)),
-        owners: f.gate.state.owners.clone(),
-    };
-    let readiness = |h: Health| async move {
-        let response = ready(State(h)).await;
-        let status = response.status().as_u16();
-        let body = response.into_body().collect().await.unwrap().to_bytes();
-        (status, String::from_utf8_lossy(&body).into_owned())
-    };
+    let health = f.gate.health(Arc::new(AtomicBool::new(false)));
     assert_eq!(
         readiness(health.clone()).await,
         (503, "not ready: the gate has not yet listed lmevaljobs (spec.liveOwners) from the API server\n".into())
