@@ -100,7 +100,7 @@ pub fn request_failed(server: &str, what: &str, error: &kube::Error) -> ClusterU
             };
             let check = match status.code {
                 401 => "the server refused the credentials: log in again (kubectl auth whoami)",
-                403 => "not permitted: ask for the read-only ClusterRole in deploy/components/audit/rbac.yaml",
+                403 => "not permitted: ask for the read-only ClusterRole in deploy/audit/rbac.yaml",
                 404 => "not served there: is this the right cluster, and does its Kubernetes serve this API?",
                 429 | 500..=599 => "the API server is overloaded or failing: try again",
                 _ => "see the answer",

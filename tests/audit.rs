@@ -271,7 +271,7 @@ fn an_unreachable_or_forbidding_cluster_exits_2_naming_the_permission() {
     let out = audit(&fake, &["-A"]);
     assert_eq!(out.status.code(), Some(2));
     let err = text(&out.stderr);
-    assert!(err.starts_with("keyward: error: forbidden: list pods in any namespace; keyward audit needs the read-only ClusterRole in deploy/components/audit/rbac.yaml"), "{err}");
+    assert!(err.starts_with("keyward: error: forbidden: list pods in any namespace; keyward audit needs the read-only ClusterRole in deploy/audit/rbac.yaml"), "{err}");
     assert!(out.stdout.is_empty());
 
     let out =
@@ -706,7 +706,7 @@ fn where_keyward_signs_anyone_but_the_nodes_who_may_create_requests_is_reported(
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(report["findings"].as_array().unwrap().iter().all(|f| f["finding"] != "certificate-requesters"));
     let notes = report["notes"].to_string();
-    assert!(notes.contains("who may create PodCertificateRequests was not checked: forbidden to list clusterroles (deploy/components/audit/rbac.yaml grants it)"), "{report:#}");
+    assert!(notes.contains("who may create PodCertificateRequests was not checked: forbidden to list clusterroles (deploy/audit/rbac.yaml grants it)"), "{report:#}");
 }
 
 #[test]

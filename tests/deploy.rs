@@ -744,6 +744,24 @@ fn the_audit_runs_the_installs_image_and_any_uid() {
     assert_eq!(pod["containers"][0]["image"], "keyward:dev");
     assert_eq!(pod["securityContext"], json!({"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}}));
     assert_eq!(pod["containers"][0]["securityContext"]["runAsUser"], Value::Null);
+    // Exactly as docs/audit-and-explain.md composes it: an install whose overlay maps the image
+    // (deploy/overlays/local), the component beside it. The objects keep their namespace (the
+    // binding names keyward-system) and the CronJob runs the overlay's image.
+    let composed = render_own(json!({"resources": ["deploy/overlays/local"], "components": ["deploy/components/audit"]}));
+    let cronjob = find(&composed, "CronJob", "keyward-audit");
+    assert_eq!(cronjob["metadata"]["namespace"], "keyward-system");
+    assert_eq!(find(&composed, "ServiceAccount", "keyward-audit")["metadata"]["namespace"], "keyward-system");
+    assert_eq!(
+        find(&composed, "ClusterRoleBinding", "keyward-audit")["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "keyward-audit", "namespace": "keyward-system"}])
+    );
+    assert_eq!(
+        cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["image"],
+        find(&composed, "Deployment", "keyward")["spec"]["template"]["spec"]["containers"][0]["image"]
+    );
+    assert_eq!(cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["image"], "keyward:dev");
+    let docs = std::fs::read_to_string(format!("{}/docs/audit-and-explain.md", root())).unwrap();
+    assert!(docs.contains("resources:\n  - ../local\ncomponents:\n  - ../../components/audit\n"), "the docs compose it otherwise");
     // On its own beside an install: the release placeholder, like the installs.
     let out = support::tool("kubectl").args(["kustomize", &format!("{}/deploy/audit", root())]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

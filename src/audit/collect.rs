@@ -55,7 +55,7 @@ pub struct Gathered {
 /// Reading failed: which request, and the API's answer.
 #[derive(Debug, thiserror::Error)]
 pub enum AuditError {
-    #[error("forbidden: {what}; keyward audit needs the read-only ClusterRole in deploy/components/audit/rbac.yaml (bound to you), or at least that permission")]
+    #[error("forbidden: {what}; keyward audit needs the read-only ClusterRole in deploy/audit/rbac.yaml (bound to you), or at least that permission")]
     Forbidden { what: String },
     #[error("{what}: {source}")]
     Api { what: String, source: kube::Error },
@@ -308,7 +308,7 @@ async fn check_requesters(client: &Client, notes: &mut Vec<String>) -> Result<Ve
     let rbac = match read.await {
         Ok(rbac) => rbac,
         Err(AuditError::Forbidden { what }) => {
-            notes.push(format!("who may create PodCertificateRequests was not checked: forbidden to {what} (deploy/components/audit/rbac.yaml grants it)"));
+            notes.push(format!("who may create PodCertificateRequests was not checked: forbidden to {what} (deploy/audit/rbac.yaml grants it)"));
             return Ok(Vec::new());
         }
         Err(e) => return Err(e),
