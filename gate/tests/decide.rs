@@ -564,6 +564,9 @@ fn the_summary_says_which_rules_a_caller_without_a_certificate_can_reach() {
     assert!(!lmeval.admits_anonymous());
     let certificates_only = LMEVAL.split("    - name: agents").next().unwrap();
     assert!(!load("only.yaml", certificates_only).unwrap().gate.admits_without_certificate());
+    // Only a gate that admits workloads needs the client CA (the sidecar's is optional).
+    assert!(lmeval.admits_workloads());
+    assert!(!kfp.admits_workloads(), "tokens and anonymous callers only");
 }
 
 #[test]
