@@ -496,8 +496,17 @@ fn check_gate_validates_the_recipe_and_decides_a_request_offline() {
         stdout(&o),
         "  a driver updates only its own job: allows it\n  spec.liveOwners: only while LMEvalJob (foundation-model-stack.github.com.github.com/v1beta1) team-a/evaljob-sample exists (the gate's watch decides that; not checked offline)\nallowed by rule \"a driver updates only its own job\"\n"
     );
+    // Without the message's fields: refused for an empty message, with the flag to give them.
+    let o = keyward(&["check-gate", recipe, "--caller", driver, "--request", update], None);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("\n  hint: a rule for this request reads the gRPC message: give its string fields with --grpc-field NUMBER=VALUE (as --grpc-field 1=evaljob-sample)\nrefused: "),
+        "{}",
+        stdout(&o)
+    );
     let o = ask("another-job");
     assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert!(!stdout(&o).contains("hint:"), "the fields were given: {}", stdout(&o));
     assert!(
         stdout(&o).ends_with("refused: rule \"a driver updates only its own job\": the caller's name is \"evaljob-sample\", and gRPC field 1 is \"another-job\"\n"),
         "{}",
@@ -544,7 +553,7 @@ fn the_kfp_and_inference_graph_recipes_decide_their_systems_requests() {
     }
     let graph = "gate/recipes/inference-graph.yaml";
     let o = decide(graph, "system:serviceaccount:team-a:client", "POST /v1/models/x:predict");
-    assert_eq!(o.status.code(), Some(3));
+    assert_eq!(o.status.code(), Some(4), "the review decides: not a refusal");
     assert!(
         stdout(&o).contains("would ask the API server: may system:serviceaccount:team-a:client get inferencegraphs (group \"serving.kserve.io\", namespace \"team-a\", name \"my-graph\")"),
         "{}",
@@ -552,8 +561,13 @@ fn the_kfp_and_inference_graph_recipes_decide_their_systems_requests() {
     );
     // A person, as ODH's router admits one: the review decides.
     let o = decide(graph, "alice", "POST /v1/models/x:predict");
-    assert_eq!(o.status.code(), Some(3));
+    assert_eq!(o.status.code(), Some(4));
     assert!(stdout(&o).contains("would ask the API server: may alice get inferencegraphs"), "{}", stdout(&o));
+    assert!(
+        stdout(&o).starts_with("  caller \"alice\": a user named by a bearer token (a workload by client certificate is spiffe://TRUST-DOMAIN/ns/NAMESPACE/KIND/NAME; a service account system:serviceaccount:NAMESPACE:NAME)\n"),
+        "{}",
+        stdout(&o)
+    );
     // The v2 driver's cache lookup needs no credential; another method of the service does.
     let o = decide(kfp, "anonymous", "POST /api.TaskService/ListTasksV1");
     assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));

@@ -382,12 +382,24 @@ impl Gate {
                 }
             }
             if let Some(route) = route {
+                // Kinds compare as `liveOwners` compares them: `LMEvalJob` is `lmevaljob`, the
+                // spelling of the identity's path.
+                let mut callers = r.callers;
+                if let Some(w) = callers.workloads.as_mut() {
+                    w.kinds.iter_mut().for_each(|k| k.make_ascii_lowercase());
+                }
+                let mut when = r.when;
+                for c in when.iter_mut().filter(|c| c.caller == CallerField::Kind) {
+                    if let Operand::Value(v) = &mut c.equals {
+                        v.make_ascii_lowercase();
+                    }
+                }
                 rules.push(Rule {
                     name: r.name,
-                    reads_message: reads_message(&r.when, r.subject_access_review.as_ref()),
+                    reads_message: reads_message(&when, r.subject_access_review.as_ref()),
                     route,
-                    callers: r.callers,
-                    when: r.when,
+                    callers,
+                    when,
                     review: r.subject_access_review,
                     forward_authorization: r.forward_authorization,
                 });

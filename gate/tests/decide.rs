@@ -113,6 +113,24 @@ fn another_owner_kind_or_trust_domain_is_not_admitted() {
     assert_eq!(v.reason(), "the identity's trust domain is \"other.org\", not \"cluster.local\"");
 }
 
+/// `kinds` and a `caller: kind` value are spelled as the owner's Kind or in lower case, as
+/// `liveOwners` takes them: both match the identity's lower-case kind.
+#[test]
+fn an_owner_kind_matches_whatever_its_case() {
+    let kind_spelled = LMEVAL.replace("kinds: [lmevaljob]", "kinds: [LMEvalJob]").replace(
+        "        - caller: name\n          equals: {grpcField: 1}\n",
+        "        - caller: name\n          equals: {grpcField: 1}\n        - caller: kind\n          equals: {value: LMEvalJob}\n",
+    );
+    assert_ne!(kind_spelled, LMEVAL);
+    assert!(kind_spelled.contains("equals: {value: LMEvalJob}"));
+    let gate = load("kind.yaml", &kind_spelled).unwrap().gate;
+    let body = job_status("evaljob-sample", "team-a");
+    let request = Request { method: "POST", path: UPDATE, headers: &[], body: &body };
+    let v = gate.decide(&driver("team-a", "evaljob-sample"), &request, &RequestPath::parse(UPDATE).unwrap(), &|_| None);
+    assert_eq!(v.allowed_by.as_deref(), Some("a driver updates only its own job"), "{}", v.reason());
+    assert!(gate.summary()[0].contains("workloads (lmevaljob, any namespace)"), "{}", gate.summary()[0]);
+}
+
 #[test]
 fn a_service_account_acts_in_its_own_namespace_only() {
     let agent = Caller::ServiceAccount(

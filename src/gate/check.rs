@@ -11,6 +11,10 @@ use keyward_gate::identity::{ServiceAccount, UserName, WorkloadIdentity};
 use keyward_gate::route::RequestPath;
 use keyward_gate::rules::{Caller, Request};
 
+/// The exit code when no rule allows the request offline and a SubjectAccessReview would decide:
+/// not a refusal (3), not an error (1).
+pub const NEEDS_API_SERVER: u8 = 4;
+
 #[derive(Debug, Args)]
 pub struct CheckGateArgs {
     /// The gate file (apiVersion keyward.io/v1alpha1, kind Gate).
@@ -52,7 +56,12 @@ pub fn check(args: &CheckGateArgs) -> anyhow::Result<ExitCode> {
     } else if caller.starts_with("system:serviceaccount:") {
         Caller::ServiceAccount(ServiceAccount::parse(caller)?)
     } else {
-        Caller::User(UserName::parse(caller)?)
+        let user = Caller::User(UserName::parse(caller)?);
+        // The form that takes anything: say what else the caller could have meant.
+        println!(
+            "  caller {caller:?}: a user named by a bearer token (a workload by client certificate is spiffe://TRUST-DOMAIN/ns/NAMESPACE/KIND/NAME; a service account system:serviceaccount:NAMESPACE:NAME)"
+        );
+        user
     };
     let Some((method, path)) = request.split_once(' ') else {
         bail!("--request {request:?}: write METHOD PATH, as `POST /LMEvalJobUpdateService/UpdateStatus`");
@@ -103,6 +112,11 @@ pub fn check(args: &CheckGateArgs) -> anyhow::Result<ExitCode> {
             id.name
         );
     }
+    if fields.is_empty() && verdict.allowed_by.is_none() && loaded.gate.reads_message(&caller, method, &checked) {
+        println!(
+            "  hint: a rule for this request reads the gRPC message: give its string fields with --grpc-field NUMBER=VALUE (as --grpc-field 1=evaljob-sample)"
+        );
+    }
     match &verdict.allowed_by {
         Some(rule) => {
             println!("allowed by rule {rule:?}");
@@ -110,7 +124,7 @@ pub fn check(args: &CheckGateArgs) -> anyhow::Result<ExitCode> {
         }
         None if !verdict.pending.is_empty() => {
             println!("not allowed offline: the API server's answer to the SubjectAccessReview above decides");
-            Ok(ExitCode::from(3))
+            Ok(ExitCode::from(NEEDS_API_SERVER))
         }
         None => {
             println!("refused: {}", verdict.reason());
