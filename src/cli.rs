@@ -56,7 +56,7 @@ enum Command {
     /// --request, say which rule allows the request, or why none does.
     ///
     /// Exits 0 when the file is valid (and the request allowed), 3 when the request is
-    /// refused, 1 on bad input.
+    /// refused, 4 when a SubjectAccessReview would decide it, 1 on bad input.
     CheckGate(crate::gate::CheckGateArgs),
     /// Serve the gate: an HTTPS reverse proxy in front of a control plane's endpoint that lets
     /// each caller (a keyward client certificate, or a service account token) do only what
@@ -122,6 +122,11 @@ struct ExplainArgs {
     /// pod would depend on exist (read-only, with your kubeconfig).
     #[arg(long)]
     cluster: bool,
+    /// Without --operator-namespace, explain pins requesters as the shipped Deployments do
+    /// (--operator-namespace=lmeval=lm-eval) and says so; this leaves them unpinned, as a
+    /// keyward run without the flag would.
+    #[arg(long, conflicts_with = "operator_namespaces")]
+    no_install_pins: bool,
     #[command(flatten)]
     access: crate::kubeconfig::KubeconfigArgs,
     /// A Pod, an AdmissionReview, a Deployment, ReplicaSet, StatefulSet, DaemonSet, Job or
@@ -141,14 +146,36 @@ impl Cli {
                 Ok(ExitCode::SUCCESS)
             }
             Command::Explain(args) => {
-                let profiles = args.profiles.source().load()?;
+                let mut source = args.profiles.source();
+                let mut note = None;
+                if source.operator_namespaces.is_empty() && !args.no_install_pins {
+                    let loaded = source.load()?;
+                    // Only the pins of profiles in the set (--no-default-profiles may drop one).
+                    source.operator_namespaces = crate::profiles::INSTALL_OPERATOR_NAMESPACES
+                        .iter()
+                        .filter(|(profile, _)| loaded.get(profile).is_some())
+                        .map(|(p, n)| (p.to_string(), n.to_string()))
+                        .collect();
+                    let shown: Vec<String> =
+                        source.operator_namespaces.iter().map(|(p, n)| format!("{p}={n}")).collect();
+                    note = (!shown.is_empty()).then(|| format!(
+                        "keyward: note: requesters pinned as the shipped Deployments pin them: --operator-namespace={} (give --operator-namespace to pin otherwise, --no-install-pins for none)",
+                        shown.join(",")
+                    ));
+                }
+                let profiles = source.load()?;
                 let options = ExplainOptions {
                     namespace: args.namespace,
                     user: args.user,
                     output: args.output,
                     cluster: args.cluster.then_some(args.access),
                 };
-                explain::run(&args.file, &profiles, &options)
+                let code = explain::run(&args.file, &profiles, &options)?;
+                // After the answer, in text only: JSON readers get the answer alone.
+                if let Some(note) = note.filter(|_| matches!(options.output, OutputFormat::Text)) {
+                    eprintln!("{note}");
+                }
+                Ok(code)
             }
             Command::Manifests(ManifestsCommand::Webhook { profiles, namespace, service }) => {
                 let set = profiles.source().load()?;

@@ -13,6 +13,11 @@ use keyward_certs::Trigger;
 use keyward_engine::{ClusterFacts, ProfileSet};
 use tokio::sync::watch;
 
+/// The `--operator-namespace` pins the shipped Deployments run with (deploy/base; tests/deploy.rs
+/// keeps them equal): `keyward explain` applies them too unless told otherwise, so that it
+/// answers as the install would.
+pub const INSTALL_OPERATOR_NAMESPACES: &[(&str, &str)] = &[("lmeval", "lm-eval")];
+
 #[derive(Debug, Args)]
 /// The flags that say which profiles to load, shared by every subcommand.
 pub struct ProfileArgs {

@@ -159,8 +159,16 @@ fn explain_text_lists_what_the_pod_requires_and_every_profile() {
 fn a_pinned_operator_namespace_refuses_a_tenants_account_of_the_same_name() {
     let tenant = "system:serviceaccount:team-a:lm-eval-controller-manager";
     // Unpinned, the name is all the check has.
-    let o = keyward(&["explain", "--user", tenant, "-o", "json", FMS_POD], None);
+    let o = keyward(&["explain", "--no-install-pins", "--user", tenant, "-o", "json", FMS_POD], None);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // By default, explain pins as the shipped Deployments do, and says so.
+    let o = keyward(&["explain", "--user", tenant, FMS_POD], None);
+    assert_eq!(o.status.code(), Some(3), "{}", stdout(&o));
+    assert!(stdout(&o).contains("decision:   DENIED (requester-denied)\n"), "{}", stdout(&o));
+    assert_eq!(
+        stderr(&o),
+        "keyward: note: requesters pinned as the shipped Deployments pin them: --operator-namespace=lmeval=lm-eval (give --operator-namespace to pin otherwise, --no-install-pins for none)\n"
+    );
     let pin = ["--operator-namespace", "lmeval=lm-eval"];
     let o = keyward(&[&["explain", "--user", tenant, "-o", "json"][..], &pin, &[FMS_POD]].concat(), None);
     assert_eq!(o.status.code(), Some(3), "{}", stdout(&o));

@@ -394,6 +394,12 @@ fn the_lmeval_built_in_is_pinned_to_its_operators_namespace_in_both_halves() {
             "{deployment}: {args}"
         );
     }
+    // `keyward explain` answers as the install would: its default pins are these.
+    let profiles = std::fs::read_to_string(format!("{}/src/profiles.rs", root())).unwrap();
+    assert!(
+        profiles.contains("pub const INSTALL_OPERATOR_NAMESPACES: &[(&str, &str)] = &[(\"lmeval\", \"lm-eval\")];"),
+        "src/profiles.rs INSTALL_OPERATOR_NAMESPACES differs from the Deployments' --operator-namespace"
+    );
 }
 
 #[test]
@@ -747,7 +753,8 @@ fn the_audit_runs_the_installs_image_and_any_uid() {
     // Exactly as docs/audit-and-explain.md composes it: an install whose overlay maps the image
     // (deploy/overlays/local), the component beside it. The objects keep their namespace (the
     // binding names keyward-system) and the CronJob runs the overlay's image.
-    let composed = render_own(json!({"resources": ["deploy/overlays/local"], "components": ["deploy/components/audit"]}));
+    let composed =
+        render_own(json!({"resources": ["deploy/overlays/local"], "components": ["deploy/components/audit"]}));
     let cronjob = find(&composed, "CronJob", "keyward-audit");
     assert_eq!(cronjob["metadata"]["namespace"], "keyward-system");
     assert_eq!(find(&composed, "ServiceAccount", "keyward-audit")["metadata"]["namespace"], "keyward-system");
@@ -761,7 +768,10 @@ fn the_audit_runs_the_installs_image_and_any_uid() {
     );
     assert_eq!(cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["image"], "keyward:dev");
     let docs = std::fs::read_to_string(format!("{}/docs/audit-and-explain.md", root())).unwrap();
-    assert!(docs.contains("resources:\n  - ../local\ncomponents:\n  - ../../components/audit\n"), "the docs compose it otherwise");
+    assert!(
+        docs.contains("resources:\n  - ../local\ncomponents:\n  - ../../components/audit\n"),
+        "the docs compose it otherwise"
+    );
     // On its own beside an install: the release placeholder, like the installs.
     let out = support::tool("kubectl").args(["kustomize", &format!("{}/deploy/audit", root())]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
