@@ -166,6 +166,116 @@ async fn the_gate_serves_a_dev_certificate_allows_by_its_file_and_reloads_it() {
     assert!(gate.terminate().success());
 }
 
+/// The commands of docs/gate.md's "Try it", each line as a list of words (continuations
+/// joined), from the block's `cargo run --` and `curl` lines.
+fn try_it_commands() -> Vec<Vec<String>> {
+    let docs = std::fs::read_to_string(format!("{}/docs/gate.md", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let section = docs.split("\n## Try it\n").nth(1).unwrap().split("\n## ").next().unwrap();
+    let mut commands = Vec::new();
+    let mut line = String::new();
+    for block in section.split("```sh\n").skip(1) {
+        for text in block.split("```").next().unwrap().lines() {
+            line.push_str(text.trim_end_matches('\\'));
+            line.push(' ');
+            if !text.ends_with('\\') {
+                let words = shell_words(&line);
+                if words.first().is_some_and(|w| w == "cargo" || w == "curl") {
+                    commands.push(words);
+                }
+                line.clear();
+            }
+        }
+    }
+    commands
+}
+
+/// A command line's words, as a shell splits them: on spaces, outside single quotes.
+fn shell_words(line: &str) -> Vec<String> {
+    let (mut words, mut word, mut quoted) = (Vec::new(), String::new(), false);
+    for c in line.chars() {
+        match c {
+            '\'' => quoted = !quoted,
+            ' ' if !quoted => {
+                if !word.is_empty() {
+                    words.push(std::mem::take(&mut word));
+                }
+            }
+            c => word.push(c),
+        }
+    }
+    if !word.is_empty() {
+        words.push(word);
+    }
+    words
+}
+
+/// docs/gate.md's "Try it", as written: the certificates `certs mint` makes, the example gate
+/// file, the flags; a job's own status passes, another job's is refused, no certificate is not
+/// authenticated. (The upstream here stands in for the block's `python3 -m http.server`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gate_docs_try_it_runs_as_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_str().unwrap().to_string();
+    let upstream = format!("http://{}", upstream().await);
+    let local = |words: &[String]| -> Vec<String> {
+        words
+            .iter()
+            .filter(|w| *w != "&")
+            .map(|w| w.replace("/tmp/try-gate", &out).replace("http://127.0.0.1:8082", &upstream))
+            .collect()
+    };
+    let commands = try_it_commands();
+    let cargo: Vec<Vec<String>> = commands.iter().filter(|c| c[0] == "cargo").map(|c| local(&c[3..])).collect();
+    assert_eq!(cargo.iter().map(|c| c[0].as_str()).collect::<Vec<_>>(), ["certs", "gate", "check-gate"]);
+    let minted = std::process::Command::new(env!("CARGO_BIN_EXE_keyward"))
+        .args(&cargo[0])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(minted.status.success(), "{}", String::from_utf8_lossy(&minted.stderr));
+    let gate_args: Vec<&str> = cargo[1][1..].iter().map(String::as_str).collect();
+    let mut gate = Server::start_gate(&gate_args, std::fs::read(dir.path().join("serving/ca.crt")).unwrap(), false);
+    let client = Minted {
+        cert_pem: std::fs::read_to_string(dir.path().join("client/tls.crt")).unwrap(),
+        key_pem: std::fs::read_to_string(dir.path().join("client/tls.key")).unwrap(),
+    };
+    let mut answers = Vec::new();
+    for curl in commands.iter().filter(|c| c[0] == "curl") {
+        let url = curl.last().unwrap();
+        let path = url.strip_prefix("https://localhost:8444").unwrap();
+        let identity = curl.iter().any(|w| w == "--cert").then_some(&client);
+        let tls = client_config(&gate.endpoint.ca_pem, identity, b"http/1.1");
+        let tcp = TcpStream::connect(gate.endpoint.addr).await.unwrap();
+        let stream = tokio_rustls::TlsConnector::from(Arc::new(tls))
+            .connect(ServerName::try_from("localhost").unwrap(), tcp)
+            .await
+            .unwrap();
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
+        tokio::spawn(conn);
+        let request = hyper::Request::get(path).header("host", "localhost").body(Full::new(Bytes::new())).unwrap();
+        let response = tokio::time::timeout(EVENT_TIMEOUT, sender.send_request(request)).await.unwrap().unwrap();
+        let status = response.status().as_u16();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        answers.push((status, String::from_utf8_lossy(&body).into_owned()));
+    }
+    assert_eq!(
+        answers,
+        [
+            (200, "upstream saw GET /jobs/team-a/evaljob-sample/status as spiffe://cluster.local/ns/team-a/lmevaljob/evaljob-sample".to_string()),
+            (403, "keyward gate: rule \"a job reads only its own status\": the caller's name is \"evaljob-sample\", and path segment {name} is \"other-job\"\n".to_string()),
+            (401, "keyward gate: no client certificate and no bearer token: present the keyward client certificate of your workload, or a service account token\n".to_string()),
+        ]
+    );
+    assert!(gate.terminate().success());
+    // The recipe's offline decision.
+    let checked = std::process::Command::new(env!("CARGO_BIN_EXE_keyward"))
+        .args(&cargo[2])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert_eq!(checked.status.code(), Some(0), "{}", String::from_utf8_lossy(&checked.stdout));
+}
+
 /// fms-lm-eval-service's driver sets `ServerName` to `<service>.<namespace>.svc:8082`
 /// (backend/driver/driver.go @ 38689a3, l.161-167), and Go sends it as the SNI: the gate's
 /// handshake completes with the certificate it serves (the driver verifies that certificate's

@@ -315,6 +315,21 @@ mod tests {
         assert_eq!(ca.current.load().bundle, format!("{}{}", old.cert_pem(), new.cert_pem()).into_bytes());
     }
 
+    /// Only a file that does not exist is awaited; any other failure to read it stops the gate.
+    #[test]
+    fn only_a_missing_bundle_is_awaited() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = ClientCa::load_or_await(&dir.path().join("ca.crt")).unwrap();
+        assert!(!missing.is_loaded());
+        let not_a_dir = dir.path().join("file");
+        std::fs::write(&not_a_dir, "x").unwrap();
+        let err = ClientCa::load_or_await(&not_a_dir.join("ca.crt")).unwrap_err();
+        assert!(err.starts_with("cannot read "), "{err}");
+        std::fs::write(dir.path().join("ca.crt"), "").unwrap();
+        let empty = ClientCa::load_or_await(&dir.path().join("ca.crt")).unwrap_err();
+        assert!(empty.contains("the bundle holds no certificate"), "{empty}");
+    }
+
     #[test]
     fn the_bundle_is_read_within_its_bound_watched_in_its_directory_and_counted_in_generations() {
         let dir = tempfile::tempdir().unwrap();
