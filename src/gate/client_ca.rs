@@ -328,6 +328,19 @@ mod tests {
         std::fs::write(dir.path().join("ca.crt"), "").unwrap();
         let empty = ClientCa::load_or_await(&dir.path().join("ca.crt")).unwrap_err();
         assert!(empty.contains("the bundle holds no certificate"), "{empty}");
+        // Loaded, then gone: a failure (the last good bundle kept), not an awaited file.
+        let ca = keyward_certs::pki::Ca::mint(
+            "client CA",
+            std::time::SystemTime::now(),
+            std::time::Duration::from_secs(86_400),
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("ca.crt"), ca.cert_pem()).unwrap();
+        let loaded = ClientCa::load_or_await(&dir.path().join("ca.crt")).unwrap();
+        assert!(loaded.is_loaded());
+        std::fs::remove_file(dir.path().join("ca.crt")).unwrap();
+        assert!(matches!(loaded.reload_now(), Reload::Failed(e) if e.starts_with("cannot read ")));
+        assert!(loaded.is_loaded());
     }
 
     #[test]
