@@ -58,6 +58,55 @@ fn the_overlays_kind_sh_installs_are_the_shipped_installs_with_the_image_it_buil
     }
 }
 
+fn render_dir(dir: &str) -> Vec<Value> {
+    let out = support::tool("kubectl").args(["kustomize", &format!("{}/{dir}", root().display())]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    keyward_engine::yaml::documents(&text).unwrap().into_iter().map(|d| d.value).collect()
+}
+
+/// kind.sh's last install is the self-managed one with its two components, and its gate step
+/// runs deploy/gate/example as it ships, but for the operator (a stand-in) and the certificate
+/// (the e2e's own, named for the Service too) and the image.
+#[test]
+fn its_gate_and_components_steps_run_what_ships() {
+    let script = std::fs::read_to_string(root().join("deploy/e2e/kind.sh")).unwrap();
+    for dir in ["deploy/e2e/gate", "deploy/e2e/install"] {
+        assert!(script.contains(&format!("apply -k \"$ROOT/{dir}\"")), "{dir}");
+    }
+    let install = render_dir("deploy/e2e/install");
+    let plain = render("local-self-managed");
+    for doc in &plain {
+        assert!(install.contains(doc), "{} {} changed", doc["kind"], doc["metadata"]["name"]);
+    }
+    let added: Vec<(String, String)> = install
+        .iter()
+        .filter(|d| !plain.contains(d))
+        .map(|d| (d["kind"].as_str().unwrap().to_string(), d["metadata"]["name"].as_str().unwrap().to_string()))
+        .collect();
+    let names: Vec<(&str, &str)> = added.iter().map(|(k, n)| (k.as_str(), n.as_str())).collect();
+    for expected in [("PrometheusRule", "keyward"), ("PodMonitor", "keyward-gate"), ("CronJob", "keyward-audit")] {
+        assert!(names.contains(&expected), "{expected:?} not in {names:?}");
+    }
+
+    let e2e = render_dir("deploy/e2e/gate");
+    let example = render_dir("deploy/gate/example");
+    let kinds = |docs: &[Value]| docs.iter().map(|d| d["kind"].as_str().unwrap().to_string()).collect::<Vec<_>>();
+    assert!(kinds(&example).contains(&"Certificate".to_string()));
+    assert!(!kinds(&e2e).contains(&"Certificate".to_string()) && !kinds(&e2e).contains(&"Issuer".to_string()));
+    let pod =
+        |docs: &[Value]| docs.iter().find(|d| d["kind"] == "Deployment").unwrap()["spec"]["template"]["spec"].clone();
+    let (mut ran, shipped) = (pod(&e2e), pod(&example));
+    assert_eq!(ran["initContainers"][0]["image"], "keyward:dev");
+    ran["initContainers"][0]["image"] = shipped["initContainers"][0]["image"].clone();
+    assert_eq!(ran["initContainers"], shipped["initContainers"], "the gate runs as it ships");
+    assert_eq!(ran["containers"][0]["image"], "docker.io/nginxinc/nginx-unprivileged:1.27-alpine");
+    assert_eq!(ran["securityContext"], shipped["securityContext"]);
+    // The certificate the gate serves names the Service curl dials.
+    assert!(script.contains("dnsNames: [tls-echo.lm-eval.svc, lm-eval-grpc.lm-eval.svc]"));
+    assert!(script.contains("https://lm-eval-grpc.lm-eval.svc:8082/LMEvalJobUpdateService/UpdateStatus"));
+}
+
 #[test]
 fn its_pod_certificate_step_runs_on_a_cluster_that_serves_them_with_the_shipped_profile_mounted() {
     let script = std::fs::read_to_string(root().join("deploy/e2e/kind.sh")).unwrap();
@@ -434,6 +483,39 @@ fn expect_and_expect_contains_fail_on_what_differs() {
     assert_eq!((code, err.as_str()), (1, "\nFAIL: controller signs: nothing to look for\n"));
 }
 
+/// A refused pod prints nothing: a check that expects nothing must still fail then. The fake
+/// here is the API server refusing the dry run, as it would if keyward wrongly denied the pod.
+#[test]
+fn a_check_of_an_empty_value_fails_when_the_command_is_refused() {
+    let refusing = "dry_create() { echo 'Error from server (Forbidden): admission webhook \"keyward.io\" denied the request' >&2; return 1; }";
+    let (code, _, err) = lib_run(&format!(
+        "{refusing}; expect 'ray pod unchanged' \"$(dry_create u f '{{.metadata.annotations}}')\" ''; echo not reached"
+    ));
+    assert_eq!(code, 1);
+    assert!(err.ends_with("\nFAIL: ray pod unchanged: expects nothing, which a failed command prints too: check it with expect_output\n"), "{err}");
+    let (code, out, err) =
+        lib_run(&format!("{refusing}; expect_output 'ray pod unchanged' '' dry_create u f x; echo not reached"));
+    assert_eq!((code, out.as_str()), (1, ""));
+    assert!(
+        err.contains("denied the request")
+            && err.ends_with("\nFAIL: ray pod unchanged: the command failed: dry_create u f x\n"),
+        "{err}"
+    );
+    let (code, _, err) = lib_run(&format!(
+        "{refusing}; expect_output_contains 'audit annotation' lmeval dry_create u f x; echo not reached"
+    ));
+    assert_eq!(code, 1);
+    assert!(err.ends_with("\nFAIL: audit annotation: the command failed: dry_create u f x\n"), "{err}");
+    // Admitted: the empty value is what it says, and a wrong one fails.
+    assert_eq!(lib_run("dry_create() { echo; }; expect_output 'ray pod unchanged' '' dry_create").0, 0);
+    assert_eq!(
+        lib_run("dry_create() { echo 'raycluster-sample||'; }; expect_output r 'raycluster-sample||' dry_create"),
+        (0, "ok: r = 'raycluster-sample||'\n".into(), String::new())
+    );
+    assert_eq!(lib_run("dry_create() { echo '{\"keyward.io/injected\": 1}'; }; expect_output r '' dry_create").0, 1);
+    assert_eq!(lib_run("dry_create() { echo 'x \"profile\":\"lmeval\"'; }; expect_output_contains a '\"profile\":\"lmeval\"' dry_create").0, 0);
+}
+
 #[test]
 fn output_has_reads_the_whole_output_where_a_grep_q_pipe_fails_on_sigpipe() {
     // A log that goes on after the line looked for: `| grep -q` quits at the line, the writer
@@ -516,6 +598,10 @@ fn kind_sh_checks_what_it_means_to() {
         let followed = script[at..].split("\n").take(4).any(|l| l == "rolled_out");
         assert!(inside_rolled_out || followed, "a rollout not followed by rolled_out at byte {at}");
     }
+    // No check of an empty value made from a command substitution (lib.sh refuses it at run
+    // time too): a refused pod would pass it.
+    let empty: Vec<&str> = script.lines().filter(|l| l.starts_with("expect ") && l.ends_with(" \"\"")).collect();
+    assert!(empty.is_empty(), "use expect_output: {empty:?}");
     // The rotation counts an uninjected admission as a failure.
     assert!(script.contains("prints evaljob-sample-lmeval-client dry_create \"$LMEVAL_USER\" \"$WORK/lmeval.yaml\" \"$injected_secret\" || failures=$((failures + 1))"));
 }

@@ -747,3 +747,128 @@ async fn the_api_servers_webhook_client_gets_the_patch_from_keyward_serve() {
         assert!(env.contains(&name), "{name} in {env:?}");
     }
 }
+
+// === deploy/e2e's gate check, offline ===
+
+/// nginx with deploy/e2e/gate/default.conf (the stand-in for the operator in kind.sh's gate
+/// step) on a free port of 127.0.0.1, in the foreground; killed with the guard.
+struct Nginx {
+    child: std::process::Child,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl Nginx {
+    async fn start() -> Nginx {
+        let dir = tempfile::tempdir().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let server =
+            std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/e2e/gate/default.conf"))
+                .unwrap();
+        assert!(server.contains("listen 8082 http2;") && server.contains("access_log /dev/stdout;"));
+        let server = server
+            .replace("listen 8082 http2;", &format!("listen 127.0.0.1:{port} http2;"))
+            .replace("access_log /dev/stdout;", &format!("access_log {}/access.log;", dir.path().display()));
+        std::fs::write(dir.path().join("default.conf"), server).unwrap();
+        let d = dir.path().display();
+        std::fs::write(
+            dir.path().join("nginx.conf"),
+            format!("daemon off;\nmaster_process off;\npid {d}/nginx.pid;\nerror_log {d}/error.log;\nevents {{}}\nhttp {{\n  client_body_temp_path {d}/body;\n  include {d}/default.conf;\n}}\n"),
+        )
+        .unwrap();
+        let child = tool("nginx").arg("-c").arg(dir.path().join("nginx.conf")).spawn().unwrap();
+        // Listening once it accepts a connection.
+        let deadline = std::time::Instant::now() + EVENT_TIMEOUT;
+        while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+            assert!(std::time::Instant::now() < deadline, "nginx did not listen on {port}");
+            tokio::task::yield_now().await;
+        }
+        Nginx { child, port, dir }
+    }
+
+    fn access_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("access.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// kind.sh's gate step, without the cluster: the lmeval recipe as it ships (its `liveOwners`
+/// from a fake API server), in front of deploy/e2e/gate's nginx stand-in, called by
+/// deploy/e2e/gate-check.sh with messages from lib.sh's grpc_job_status, its output read by
+/// lib.sh's gate_check_verdict: what kind.sh runs, checked here so that a broken piece fails on
+/// this machine and not only on a cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kind_sh_s_gate_check_passes_through_the_gate_and_its_stand_in() {
+    let nginx = Nginx::start().await;
+    let kube = kube_fake::FakeApi::default();
+    kube.seed(lmevaljob("keyward-e2e-jobs", "e2e-gate"));
+    let api_dir = tempfile::tempdir().unwrap();
+    let kubeconfig = api_server(api_dir.path(), kube, &[], &[]).await;
+    let upstream: SocketAddr = format!("127.0.0.1:{}", nginx.port).parse().unwrap();
+    let mut gate = Gate::start("lmeval-status.yaml", upstream, Serving::Dev(&["localhost"]), &kubeconfig, &[]);
+    gate.ready().await;
+    let (cert, key) = gate.client_certificate("spiffe://cluster.local/ns/keyward-e2e-jobs/lmevaljob/e2e-gate");
+    let lib = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/e2e/lib.sh");
+    let messages = gate.dir.path().join("grpc");
+    std::fs::create_dir(&messages).unwrap();
+    let made = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "source {lib:?} && grpc_job_status e2e-gate keyward-e2e-jobs > own.bin && grpc_job_status e2e-eval keyward-e2e-jobs > other.bin"
+        ))
+        .current_dir(&messages)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let url = format!("https://localhost:{}/LMEvalJobUpdateService/UpdateStatus", gate.server.endpoint.addr.port());
+    let check = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/e2e/gate-check.sh");
+    require("curl");
+    let out = Command::new("sh")
+        .arg(&check)
+        .arg(&url)
+        .arg(&messages)
+        .env("GRPC_CLIENT_CERT", &cert)
+        .env("GRPC_CLIENT_KEY", &key)
+        .env("GRPC_SERVER_CA", gate.server_ca())
+        .output()
+        .unwrap();
+    let output = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success() && output.ends_with("CALLS-DONE\n"),
+        "{output}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let verdict = Command::new("bash")
+        .arg("-c")
+        .arg(format!("source {lib:?} && gate_check_verdict \"$1\""))
+        .arg("verdict")
+        .arg(&output)
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&verdict.stdout),
+        "ok: the gate lets a job update its own status has grpc-status: 0\nok: the gate refuses another job's update has grpc-status: 7\n",
+        "{output}"
+    );
+    // The one call allowed is the one that reached the operator's stand-in, as HTTP/2.
+    let log = nginx.access_log();
+    assert_eq!(log.lines().count(), 1, "{log}");
+    assert!(log.contains("\"POST /LMEvalJobUpdateService/UpdateStatus HTTP/2.0\" 200"), "{log}");
+    // The verdict fails when the gate lets the other job's call through (the stand-in alone).
+    let direct = output.replace("grpc-status: 7", "grpc-status: 0");
+    let verdict = Command::new("bash")
+        .arg("-c")
+        .arg(format!("source {lib:?} && gate_check_verdict \"$1\""))
+        .arg("verdict")
+        .arg(&direct)
+        .output()
+        .unwrap();
+    assert_eq!(verdict.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&verdict.stderr).contains("FAIL: the gate refuses another job's update"));
+}

@@ -5,6 +5,15 @@
 #   KEEP=1 deploy/e2e/kind.sh     # keep the cluster afterwards to poke at it
 #
 # Needs: docker (with BuildKit), kind (v0.31.0 or later, for Kubernetes 1.35), kubectl, openssl.
+# Covers: the cert-manager install (webhook, controller, serving certificate and its rotation),
+# injection of the built-ins and leaving other pods alone, the attestation and its admission
+# policy, client certificates by Secret and by pod certificate with an mTLS handshake, the server
+# CA's provisioning and removal, the self-managed install (its CAs, caBundle repair, a CA
+# rotation under load), keyward gate as the lm-eval operator's native sidecar with the lmeval
+# recipe (a job's own update passes, another job's is refused, the gate's metrics), and the
+# monitoring component (admitted by the Prometheus Operator's CRDs; no Prometheus runs) and the
+# audit CronJob (a Job from it runs the install's image and reads the cluster). Not covered:
+# account provisioning (--provision-accounts), OpenShift, scraping by a real Prometheus.
 # The cluster runs Kubernetes 1.35 with pod certificates on (deploy/e2e/kind-config.yaml), so
 # both deliveries of the client certificate run: a Secret, then a pod certificate. Pulls
 # kindest/node, cert-manager and
@@ -18,6 +27,9 @@ CLUSTER="${CLUSTER:-keyward-e2e}"
 KIND_NODE_IMAGE="${KIND_NODE_IMAGE:-kindest/node:v1.35.0@sha256:452d707d4862f52530247495d180205e029056831160e22870e37e3f6c1ac31f}"
 # A supported cert-manager whose support matrix holds the node's Kubernetes (README, "Deploy").
 CERT_MANAGER_VERSION="${CERT_MANAGER_VERSION:-v1.21.1}"
+# The Prometheus Operator's CRDs only (its release's stripped-down-crds.yaml), for the monitoring
+# component's objects.
+PROMETHEUS_OPERATOR_VERSION="${PROMETHEUS_OPERATOR_VERSION:-v0.93.1}"
 IMAGE="keyward:dev"                                           # what deploy/overlays/local installs
 NS="keyward-e2e-jobs"
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -89,7 +101,9 @@ kind: Certificate
 metadata: {name: grpc-server-cert, namespace: lm-eval}
 spec:
   secretName: grpc-server-cert
-  dnsNames: [tls-echo.lm-eval.svc]
+  # tls-echo's; and the gate's Service (deploy/e2e/gate serves this certificate), by the name
+  # curl dials.
+  dnsNames: [tls-echo.lm-eval.svc, lm-eval-grpc.lm-eval.svc]
   privateKey: {algorithm: ECDSA, size: 256}
   issuerRef: {kind: Issuer, name: selfsigned}
 YAML
@@ -144,15 +158,19 @@ spec:
     - {name: main, image: registry.k8s.io/pause:3.10}
 YAML
 LMEVAL_USER="system:serviceaccount:lm-eval:lm-eval-controller-manager"
-expect "lmeval keeps its service account" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.spec.serviceAccountName}')" default
-expect "lmeval automountServiceAccountToken" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.spec.automountServiceAccountToken}')" false
-expect "lmeval volumes" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.spec.volumes[*].name}')" "keyward-client-cert keyward-server-ca"
+# The account is kept and its token no longer mounted: only keyward sets the second.
+expect_output "lmeval keeps its service account, without its token" "default false" \
+  dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.spec.serviceAccountName} {.spec.automountServiceAccountToken}'
+expect_output "lmeval volumes" "keyward-client-cert keyward-server-ca" dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.spec.volumes[*].name}'
 expect "lmeval client Secret" \
   "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" "$(volume_jsonpath keyward-client-cert secret.secretName)")" evaljob-sample-lmeval-client
-expect "lmeval driver init container untouched" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.spec.initContainers[0].volumeMounts}')" ""
-expect "lmeval main env" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.spec.containers[0].env[*].name}')" \
-  "GRPC_CLIENT_CERT GRPC_CLIENT_KEY GRPC_SERVER_CA"
-expect_contains "lmeval audit annotation" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.metadata.annotations.keyward\.io/injected}')" '"profile":"lmeval"'
+# Injected (the volumes), and the init container left as it was (no mounts).
+expect_output "lmeval driver init container untouched" "keyward-client-cert keyward-server-ca|" \
+  dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.spec.volumes[*].name}|{.spec.initContainers[0].volumeMounts}'
+expect_output "lmeval main env" "GRPC_CLIENT_CERT GRPC_CLIENT_KEY GRPC_SERVER_CA" \
+  dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.spec.containers[0].env[*].name}'
+expect_output_contains "lmeval audit annotation" '"profile":"lmeval"' \
+  dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.metadata.annotations.keyward\.io/injected}'
 # The admission attestation the controller checks before it issues (the key is the Secret
 # keyward-attestation, which the controller created and the webhook mounts).
 attestation="$(dry_create "$LMEVAL_USER" "$WORK/lmeval.yaml" '{.metadata.annotations.keyward\.io/attestation}')"
@@ -161,7 +179,8 @@ expect_contains "lmeval admission attestation" "$attestation" 'v2.'
 # (not selected by any profile, here), refused by the admission policy where it does not.
 sed -e "s#^  labels: {app.kubernetes.io/name: fms-lm-eval-service}#  labels: {app: tenant}\n  annotations: {keyward.io/attestation: \"$attestation\"}#" \
   "$WORK/lmeval.yaml" > "$WORK/copied.yaml"
-expect "a copied attestation is removed by the webhook" "$(dry_create "$LMEVAL_USER" "$WORK/copied.yaml" '{.metadata.annotations}')" ""
+expect_output "a copied attestation is removed by the webhook" "tenant|" \
+  dry_create "$LMEVAL_USER" "$WORK/copied.yaml" '{.metadata.labels.app}|{.metadata.annotations}'
 sed -e 's#{app: tenant}#{app: tenant, keyward.io/inject: disabled}#' "$WORK/copied.yaml" > "$WORK/copied-opted-out.yaml"
 if out="$("${K[@]}" create --dry-run=server -n "$NS" -f "$WORK/copied-opted-out.yaml" 2>&1)"; then
   fail "a pod labelled out of the webhook's reach was created with a copied attestation: $out"
@@ -170,7 +189,8 @@ expect_contains "a copied attestation on an opted-out pod" "$out" "keyward.io/at
 # The pod opt-out: labelled keyward.io/inject=disabled, it is never sent to keyward.
 sed 's#labels: {app.kubernetes.io/name: fms-lm-eval-service}#labels: {app.kubernetes.io/name: fms-lm-eval-service, keyward.io/inject: disabled}#' \
   "$WORK/lmeval.yaml" > "$WORK/lmeval-opted-out.yaml"
-expect "opted-out pod not injected" "$(dry_create "$LMEVAL_USER" "$WORK/lmeval-opted-out.yaml" '{.metadata.annotations}')" ""
+expect_output "opted-out pod not injected" "disabled|" \
+  dry_create "$LMEVAL_USER" "$WORK/lmeval-opted-out.yaml" '{.metadata.labels.keyward\.io/inject}|{.metadata.annotations}'
 if out="$("${K[@]}" create --dry-run=server -n "$NS" -f "$WORK/lmeval.yaml" 2>&1)"; then
   fail "a user copying the operator's labels was admitted: $out"
 fi
@@ -214,7 +234,8 @@ spec:
   containers:
     - {name: ray-worker, image: registry.k8s.io/pause:3.10}
 YAML
-expect "ray pod unchanged" "$(dry_create "$LMEVAL_USER" "$WORK/ray.yaml" '{.metadata.annotations}')" ""
+expect_output "ray pod unchanged" "raycluster-sample||" \
+  dry_create "$LMEVAL_USER" "$WORK/ray.yaml" '{.metadata.labels.ray\.io/cluster}|{.metadata.annotations}|{.spec.volumes[?(@.name=="keyward-client-cert")].name}'
 
 say "an LMEvalJob driver pod reaches Running and completes an mTLS handshake with the operator's side"
 # A TLS server in lm-eval standing in for the operator's gRPC server: its certificate is
@@ -441,5 +462,90 @@ done
 [[ "$(serving_ca)" != "$old_ca" ]] || fail "the CA was not rotated"
 expect "caBundle holds only the new CA" "$(bundle)" "$(serving_ca)"
 expect "pods refused during the rotation" "$failures" 0
+
+say "keyward gate as the lm-eval operator's native sidecar, with the lmeval recipe"
+# deploy/e2e/gate: deploy/gate/example with nginx standing in for the operator (UpdateStatus
+# answered OK over h2c), serving grpc-server-cert above, whose CA the lmeval profile injects.
+# Its client CA is the ConfigMap the controller publishes to lm-eval; it watches LMEvalJobs.
+"${K[@]}" apply -k "$ROOT/deploy/e2e/gate"
+"${K[@]}" -n lm-eval rollout status deploy/lm-eval-controller-manager --timeout=180s
+expect_output "the gate is a native sidecar" "keyward-gate Always" "${K[@]}" -n lm-eval get deploy/lm-eval-controller-manager \
+  -o jsonpath='{.spec.template.spec.initContainers[0].name} {.spec.template.spec.initContainers[0].restartPolicy}'
+gate_uid="$(new_job e2e-gate)"
+grpc_job_status e2e-gate "$NS" > "$WORK/own.bin"
+grpc_job_status e2e-eval "$NS" > "$WORK/other.bin"
+"${K[@]}" -n "$NS" create configmap e2e-grpc --from-file=own.bin="$WORK/own.bin" --from-file=other.bin="$WORK/other.bin"
+"${K[@]}" -n "$NS" create configmap e2e-gate-check --from-file=gate-check.sh="$ROOT/deploy/e2e/gate-check.sh"
+cat > "$WORK/gate-driver.yaml" <<YAML
+apiVersion: v1
+kind: Pod
+metadata:
+  name: e2e-gate
+  labels: {app.kubernetes.io/name: fms-lm-eval-service}
+  ownerReferences:
+    - {apiVersion: foundation-model-stack.github.com.github.com/v1beta1, kind: LMEvalJob, name: e2e-gate, uid: $gate_uid, controller: true}
+spec:
+  restartPolicy: Never
+  containers:
+    - name: main
+      image: docker.io/curlimages/curl:8.11.1
+      command: [sh, -c]
+      args:
+        - |
+          sh /e2e/gate-check.sh https://lm-eval-grpc.lm-eval.svc:8082/LMEvalJobUpdateService/UpdateStatus /grpc
+          sleep 3600
+      volumeMounts:
+        - {name: e2e, mountPath: /e2e, readOnly: true}
+        - {name: grpc, mountPath: /grpc, readOnly: true}
+  volumes:
+    - {name: e2e, configMap: {name: e2e-gate-check}}
+    - {name: grpc, configMap: {name: e2e-grpc}}
+YAML
+"${K[@]}" --as="$LMEVAL_USER" --as-group=system:serviceaccounts -n "$NS" create -f "$WORK/gate-driver.yaml"
+for _ in $(seq 90); do
+  output_has CALLS-DONE "${K[@]}" -n "$NS" logs e2e-gate && break
+  sleep 2
+done
+gate_check_verdict "$("${K[@]}" -n "$NS" logs e2e-gate)"
+# What reached the operator: the one update the gate allowed.
+operator_updates() {
+  "${K[@]}" -n lm-eval logs deploy/lm-eval-controller-manager -c operator | grep -c 'POST /LMEvalJobUpdateService/UpdateStatus'
+}
+expect_output "updates that reached the operator" 1 operator_updates
+# The gate's metrics, from inside its pod (its port admits only scrapers' namespaces).
+gate_metrics() {
+  "${K[@]}" -n lm-eval exec deploy/lm-eval-controller-manager -c operator -- wget -qO- http://127.0.0.1:9091/metrics
+}
+expect_output_contains "the gate counted the update it allowed" \
+  'keyward_gate_requests_total{rule="a driver updates only its own job",decision="allowed"} 1' gate_metrics
+expect_output_contains "and the one it refused" 'keyward_gate_requests_total{rule="",decision="refused"} 1' gate_metrics
+
+say "the monitoring component and the audit CronJob, added to the install"
+"${K[@]}" apply --server-side -f \
+  "https://github.com/prometheus-operator/prometheus-operator/releases/download/${PROMETHEUS_OPERATOR_VERSION}/stripped-down-crds.yaml"
+"${K[@]}" wait --for=condition=Established --timeout=60s \
+  crd/prometheusrules.monitoring.coreos.com crd/podmonitors.monitoring.coreos.com crd/servicemonitors.monitoring.coreos.com
+"${K[@]}" apply -k "$ROOT/deploy/e2e/install"
+rolled_out
+# The API server checked them against the CRDs' schemas; the gate's PodMonitor selects the sidecar.
+expect_output "the alerts and the monitors" "keyward keyward keyward-controller keyward-gate" \
+  "${K[@]}" -n keyward-system get prometheusrules,servicemonitors,podmonitors -o jsonpath='{.items[*].metadata.name}'
+expect_output "the pods the gate's PodMonitor selects" "lm-eval" \
+  "${K[@]}" get pods -A -l keyward.io/gate -o jsonpath='{.items[*].metadata.namespace}'
+"${K[@]}" -n keyward-system create job e2e-audit --from=cronjob/keyward-audit
+audit_done() {
+  [[ -n "$("${K[@]}" -n keyward-system get job e2e-audit -o jsonpath='{.status.succeeded}{.status.failed}')" ]]
+}
+for _ in $(seq 90); do audit_done && break; sleep 2; done
+audit_done || fail "the audit Job did not finish"
+expect_output "the audit runs the install's image" "$IMAGE" \
+  "${K[@]}" -n keyward-system get pods -l job-name=e2e-audit -o jsonpath='{.items[0].spec.containers[0].image}'
+# 0 nothing found, 1 findings (the e2e leaves some); 2 would be a cluster it could not read.
+audit_exit="$("${K[@]}" -n keyward-system get pods -l job-name=e2e-audit \
+  -o jsonpath='{.items[0].status.containerStatuses[0].state.terminated.exitCode}')"
+[[ "$audit_exit" == 0 || "$audit_exit" == 1 ]] \
+  || fail "the audit Job exited '$audit_exit': $("${K[@]}" -n keyward-system logs job/e2e-audit 2>&1 | tail -5)"
+echo "ok: the audit read the cluster (exit $audit_exit)"
+expect_output_contains "the audit's report" '"AuditReport"' "${K[@]}" -n keyward-system logs job/e2e-audit
 
 say "all checks passed"

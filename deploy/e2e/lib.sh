@@ -44,10 +44,30 @@ cluster_exists() {
 say() { printf '\n==> %s\n' "$*"; }
 fail() { printf '\nFAIL: %s\n' "$*" >&2; exit 1; }
 
-# expect LABEL ACTUAL EXPECTED
+# expect LABEL ACTUAL EXPECTED. An empty EXPECTED is refused: `expect L "$(cmd)" ""` passes
+# when cmd fails (a refused pod prints nothing), so such a check is expect_output's.
 expect() {
+  if [[ -z "$3" ]]; then fail "$1: expects nothing, which a failed command prints too: check it with expect_output"; fi
   if [[ "$2" != "$3" ]]; then fail "$1: got '$2', expected '$3'"; fi
   echo "ok: $1 = $3"
+}
+
+# expect_output LABEL EXPECTED COMMAND...: COMMAND succeeds and prints exactly EXPECTED (which
+# may be empty). A command that fails, a pod the API server refuses, fails the check.
+expect_output() {
+  local label="$1" expected="$2" out
+  shift 2
+  out="$("$@")" || fail "$label: the command failed: $*"
+  if [[ "$out" != "$expected" ]]; then fail "$label: got '$out', expected '$expected'"; fi
+  echo "ok: $label = '$expected'"
+}
+
+# expect_output_contains LABEL NEEDLE COMMAND...: COMMAND succeeds and prints NEEDLE.
+expect_output_contains() {
+  local label="$1" needle="$2" out
+  shift 2
+  out="$("$@")" || fail "$label: the command failed: $*"
+  expect_contains "$label" "$out" "$needle"
 }
 
 # expect_contains LABEL HAYSTACK NEEDLE (an empty needle is refused: it would match anything)
@@ -99,4 +119,31 @@ wait_settled() {
   done
   echo "pods $selector still terminating after $tries tries" >&2
   return 1
+}
+
+# grpc_job_status NAME NAMESPACE: one gRPC message frame of fms-lm-eval-service's JobStatus
+# {job_name: NAME (field 1), job_namespace: NAMESPACE (field 2)}, as the driver sends it to
+# UpdateStatus; the fields the lmeval recipe's rule reads. Both under 60 bytes (one-byte
+# lengths).
+grpc_job_status() {
+  local name="$1" namespace="$2"
+  if (( ${#name} >= 60 || ${#namespace} >= 60 )); then
+    echo "grpc_job_status: names under 60 bytes only" >&2
+    return 1
+  fi
+  # shellcheck disable=SC2059 # the format is the escape of one byte, made from a number
+  _byte() { printf "\\$(printf %03o "$1")"; }
+  _byte 0; _byte 0; _byte 0; _byte 0; _byte $((4 + ${#name} + ${#namespace}))
+  _byte 10; _byte "${#name}"; printf %s "$name"
+  _byte 18; _byte "${#namespace}"; printf %s "$namespace"
+}
+
+# gate_check_verdict OUTPUT: gate-check.sh's OUTPUT says the job's own update passed
+# (grpc-status 0) and another job's was refused (grpc-status 7, PERMISSION_DENIED).
+gate_check_verdict() {
+  local own other
+  own="$(sed -n '/^CALL own$/,/^CALL other$/p' <<<"$1")"
+  other="$(sed -n '/^CALL other$/,$p' <<<"$1")"
+  expect_contains "the gate lets a job update its own status" "$own" "grpc-status: 0"
+  expect_contains "the gate refuses another job's update" "$other" "grpc-status: 7"
 }
