@@ -28,7 +28,7 @@ from glob import glob
 from docker.utils.build import exclude_paths
 from dockerfile_parse import DockerfileParser
 
-# The Rust targets the build stage builds for: each platform's own (buildx builds natively).
+# The Rust targets the build stage builds for (on the build host, cross-compiling the other).
 TARGET_PLATFORMS = ("x86_64-unknown-linux-gnu", "aarch64-unknown-linux-gnu")
 # Profiles cargo knows without a `[profile.NAME]` table.
 BUILTIN_PROFILES = {"dev", "release", "test", "bench"}
@@ -117,11 +117,23 @@ def check_cargo(line, command, cwd):
     profiles = BUILTIN_PROFILES | workspace_profiles(cwd)
     for sub, args in CARGO.findall(command):
         words = shlex.split(args.replace("\\\n", " "), posix=True) if args.strip() else []
+        if sub == "auditable" and words:
+            sub = f"auditable {words[0]}"  # cargo-auditable passes the rest to that subcommand
         named = (("--bin", bins, "binary"), ("-p", names, "package"), ("--package", names, "package"), ("--profile", profiles, "profile"))
         for flag, known, what in named:
             for i, w in enumerate(words):
                 if w == flag and i + 1 < len(words) and words[i + 1] not in known:
                     problems.append(f"line {line}: cargo {sub} {flag} {words[i + 1]}: no such {what} in the workspace ({', '.join(sorted(known))})")
+    return problems
+
+
+def check_install(line, command):
+    """A `cargo install` of a tool (cargo-auditable): pinned, so that the image's build is."""
+    problems = []
+    for sub, args in CARGO.findall(command):
+        words = shlex.split(args.replace("\\\n", " "), posix=True) if args.strip() else []
+        if sub == "install" and ("--locked" not in words or "--version" not in words):
+            problems.append(f"line {line}: cargo install {' '.join(words)}: pin the tool with --locked and --version")
     return problems
 
 
@@ -195,7 +207,10 @@ def check(root):
                     if re.search(r"--mount=type=bind", value):
                         raise Problem(f"line {line}: RUN --mount=type=bind is not modeled by this check")
                     checked += 1
-                    problems += check_cargo(line, value, os.path.join(stage_root, workdir.lstrip("/")))
+                    if all(sub == "install" for sub, _ in CARGO.findall(value)):
+                        problems += check_install(line, value)
+                    else:
+                        problems += check_cargo(line, value, os.path.join(stage_root, workdir.lstrip("/")))
             except Problem as p:
                 problems.append(str(p))
         if checked == 0:

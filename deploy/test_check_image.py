@@ -32,6 +32,19 @@ def copy_of_repo(dest):
         shutil.copy2(src, out)
 
 
+def build_line():
+    """The Dockerfile line of the RUN that builds keyward (where the problems are reported)."""
+    with open(os.path.join(ROOT, "Dockerfile"), encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    run = next(i for i, l in enumerate(lines) if "cargo auditable build" in l)
+    while not lines[run].startswith("RUN "):
+        run -= 1
+    return run + 1
+
+
+BUILD = build_line()
+
+
 class CheckImage(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="keyward-image-test-")
@@ -43,7 +56,13 @@ class CheckImage(unittest.TestCase):
     def test_the_dockerfile_passes(self):
         problems, checked = check_image.check(self.dir)
         self.assertEqual(problems, [])
-        self.assertEqual(checked, 1)
+        self.assertEqual(checked, 2)  # cargo install of cargo-auditable, then the build
+
+    def test_an_unpinned_tool_is_refused(self):
+        self.edit_dockerfile('--version "${CARGO_AUDITABLE_VERSION}" ', "")
+        problems, _ = check_image.check(self.dir)
+        self.assertEqual(len(problems), 1, problems)
+        self.assertIn("cargo install --locked cargo-auditable: pin the tool with --locked and --version", problems[0])
 
     def test_a_hand_made_dependency_layer_that_drifted_is_refused(self):
         shutil.copy(os.path.join(HERE, "testdata", "Dockerfile.drifted"), os.path.join(self.dir, "Dockerfile"))
@@ -60,7 +79,7 @@ class CheckImage(unittest.TestCase):
         self.assertEqual(
             problems,
             [
-                f"line 29: webhooks/src/profile/load.rs includes '../../profiles/{name}.yaml', which is not in the stage (.dockerignore or a COPY left it out)"
+                f"line {BUILD}: webhooks/src/profile/load.rs includes '../../profiles/{name}.yaml', which is not in the stage (.dockerignore or a COPY left it out)"
                 for name in ("lmeval", "kfp")
             ],
         )
@@ -74,7 +93,7 @@ class CheckImage(unittest.TestCase):
         problems, _ = check_image.check(self.dir)
         self.assertEqual(
             problems,
-            ["line 29: gate/src/missing_include.rs includes 'missing.bin', which is not in the stage (.dockerignore or a COPY left it out)"],
+            [f"line {BUILD}: gate/src/missing_include.rs includes 'missing.bin', which is not in the stage (.dockerignore or a COPY left it out)"],
         )
 
     def edit_dockerfile(self, old, new):
@@ -89,14 +108,14 @@ class CheckImage(unittest.TestCase):
         self.edit_dockerfile("--bin keyward", "--bin keywrad")
         problems, _ = check_image.check(self.dir)
         self.assertEqual(len(problems), 1)
-        self.assertTrue(problems[0].startswith("line 29: cargo build --bin keywrad: no such binary in the workspace"), problems[0])
+        self.assertTrue(problems[0].startswith(f"line {BUILD}: cargo auditable build --bin keywrad: no such binary in the workspace"), problems[0])
 
     def test_a_profile_that_does_not_exist_is_refused(self):
         self.edit_dockerfile("--profile dist", "--profile distribution")
         problems, _ = check_image.check(self.dir)
         self.assertEqual(
             problems,
-            ["line 29: cargo build --profile distribution: no such profile in the workspace (bench, dev, dist, mutants, release, test)"],
+            [f"line {BUILD}: cargo auditable build --profile distribution: no such profile in the workspace (bench, dev, dist, mutants, release, test)"],
         )
 
 

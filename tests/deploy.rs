@@ -990,3 +990,32 @@ fn the_gate_sidecar_runs_the_recipe_restricted_behind_its_own_port_only() {
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr.contains("cannot read /etc/keyward/gate/gate.yaml"), "{stderr}");
 }
+
+/// The release workflow holds `packages: write` and `id-token: write`: every action it runs is
+/// pinned by commit (a tag can be moved under it), with the version beside it for people and
+/// Dependabot's config to propose the next; the image's SBOM can list the crates (the binary is
+/// built with cargo-auditable) and arm64 is cross-compiled (no QEMU).
+#[test]
+fn the_release_pins_its_actions_and_ships_an_sbom_of_the_crates() {
+    let workflow = std::fs::read_to_string(format!("{}/.github/workflows/release.yml", root())).unwrap();
+    let mut pinned = 0;
+    for line in workflow.lines().filter(|l| l.trim_start().trim_start_matches("- ").starts_with("uses:")) {
+        let reference = line.split("uses:").nth(1).unwrap().trim();
+        let (action, rest) = reference.split_once('@').unwrap();
+        let (sha, comment) = rest.split_once(" # v").unwrap_or((rest, ""));
+        assert!(sha.len() == 40 && sha.bytes().all(|b| b.is_ascii_hexdigit()), "{action} is not pinned by commit: {line}");
+        assert!(!comment.is_empty(), "{action}: say which version the SHA is (`# vX.Y.Z`)");
+        pinned += 1;
+    }
+    assert!(pinned >= 5, "{pinned}");
+    assert!(!workflow.contains("setup-qemu-action"), "arm64 is cross-compiled");
+    let dependabot = std::fs::read_to_string(format!("{}/.github/dependabot.yml", root())).unwrap();
+    assert!(dependabot.contains("package-ecosystem: github-actions"));
+    assert!(workflow.contains("sbom: true"));
+    let dockerfile = std::fs::read_to_string(format!("{}/Dockerfile", root())).unwrap();
+    assert!(dockerfile.contains("FROM --platform=$BUILDPLATFORM rust:"), "the build stage runs on the build host");
+    assert!(dockerfile.contains("cargo auditable build --profile dist --locked --bin keyward --target"));
+    // The private-package stop comes before the release is published.
+    let visibility = workflow.find("The image can be pulled without credentials").unwrap();
+    assert!(visibility < workflow.find("gh release create").unwrap());
+}
