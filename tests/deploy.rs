@@ -1003,7 +1003,10 @@ fn the_release_pins_its_actions_and_ships_an_sbom_of_the_crates() {
         let reference = line.split("uses:").nth(1).unwrap().trim();
         let (action, rest) = reference.split_once('@').unwrap();
         let (sha, comment) = rest.split_once(" # v").unwrap_or((rest, ""));
-        assert!(sha.len() == 40 && sha.bytes().all(|b| b.is_ascii_hexdigit()), "{action} is not pinned by commit: {line}");
+        assert!(
+            sha.len() == 40 && sha.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{action} is not pinned by commit: {line}"
+        );
         assert!(!comment.is_empty(), "{action}: say which version the SHA is (`# vX.Y.Z`)");
         pinned += 1;
     }
