@@ -11,9 +11,18 @@
 //! gRPC (HTTP/2, unary, a field rule) with a client certificate, and HTTP/1.1 with a bearer
 //! token; then CPU per new TLS connection (one request each).
 //!
+//! Beside the gate, the proxies a platform engineer would put there instead, in front of the same
+//! upstream with the same certificate, client CA and TLS 1.3 cipher (benches/peers: nginx and
+//! HAProxy from Debian's packages, one worker each, in the foreground, client certificates
+//! verified, keep-alive to the upstream): each measured at the fixed rate and at saturation (16
+//! connections sending back to back), interleaved with the gate and the floor, and per new
+//! connection. Latency is from each request's scheduled send time (the client's timer lag,
+//! the same for every target, is printed beside it).
+//!
 //! Run: `cargo bench --bench gate` (or `scripts/bench.sh`). Knobs: KEYWARD_BENCH_SECONDS (default
 //! 10 per fixed-rate run), KEYWARD_BENCH_RATE (default 1000 requests/s),
-//! KEYWARD_BENCH_NEW_CONNECTIONS (default 1000).
+//! KEYWARD_BENCH_NEW_CONNECTIONS (default 1000), KEYWARD_BENCH_PEERS=0 (the gate and the floor
+//! only, without nginx and HAProxy).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a panic is the benchmark failure report
 
 #[path = "../tests/support/mod.rs"]
@@ -211,6 +220,75 @@ async fn fake_api() -> SocketAddr {
     addr
 }
 
+// === the peers: nginx and HAProxy (benches/peers), in front of the same upstream ===
+
+struct Peer {
+    name: &'static str,
+    child: Child,
+    addr: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl Peer {
+    /// `name` (nginx or haproxy) with its config of benches/peers, serving `tls` (tls.crt,
+    /// tls.key), verifying client certificates against `client_ca`, in front of `upstream`.
+    fn start(name: &'static str, tls: &std::path::Path, client_ca: &std::path::Path, upstream: SocketAddr) -> Peer {
+        let dir = tempfile::tempdir().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let cert_and_key = dir.path().join("tls.pem");
+        let (cert, key) = (tls.join("tls.crt"), tls.join("tls.key"));
+        std::fs::write(
+            &cert_and_key,
+            format!("{}{}", std::fs::read_to_string(&cert).unwrap(), std::fs::read_to_string(&key).unwrap()),
+        )
+        .unwrap();
+        let file = if name == "nginx" { "nginx.conf" } else { "haproxy.cfg" };
+        let template = std::fs::read_to_string(format!("{}/benches/peers/{file}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+        let config = template
+            .replace("@DIR@", dir.path().to_str().unwrap())
+            .replace("@LISTEN@", &addr.to_string())
+            .replace("@UPSTREAM@", &upstream.to_string())
+            .replace("@CERT_AND_KEY@", cert_and_key.to_str().unwrap())
+            .replace("@CERT@", cert.to_str().unwrap())
+            .replace("@KEY@", key.to_str().unwrap())
+            .replace("@CLIENT_CA@", client_ca.to_str().unwrap());
+        let path = dir.path().join(file);
+        std::fs::write(&path, config).unwrap();
+        let mut command = Command::new(tool_path(name));
+        if name == "nginx" {
+            command.arg("-e").arg(dir.path().join("nginx-startup.log")).arg("-c").arg(&path);
+        } else {
+            command.arg("-db").arg("-f").arg(&path);
+        }
+        let child = command.stdout(Stdio::null()).spawn().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(addr).is_err() {
+            assert!(std::time::Instant::now() < deadline, "{name} did not listen on {addr}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Peer { name, child, addr, _dir: dir }
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `name` from the PATH (nginx and HAProxy are in /usr/sbin, which a user's PATH may lack).
+fn tool_path(name: &str) -> String {
+    for dir in ["/usr/sbin", "/usr/local/sbin", "/usr/bin"] {
+        let path = format!("{dir}/{name}");
+        if std::path::Path::new(&path).exists() {
+            return path;
+        }
+    }
+    panic!("benches/gate.rs needs {name} (apt-get install nginx-light haproxy; scripts/bench.sh installs them)")
+}
+
 // === the client ===
 
 #[derive(Clone)]
@@ -279,6 +357,27 @@ impl Call {
 }
 
 impl Conn {
+    /// Sends `call`; what was wrong when it was not answered as the upstream answers.
+    async fn check(&mut self, call: &Call) -> Result<(), String> {
+        let response = match self {
+            Conn::H1(s) => s.send_request(call.request()).await,
+            Conn::H2(s) => s.send_request(call.request()).await,
+        };
+        let response = response.map_err(|e| format!("{e:?}"))?;
+        let status = response.status();
+        let collected = response.into_body().collect().await.map_err(|e| format!("{status}: body: {e:?}"))?;
+        let trailers = format!("{:?}", collected.trailers());
+        let body = collected.to_bytes();
+        match self.send_ok(call, status, &body, &trailers) {
+            true => Ok(()),
+            false => Err(format!("{status} {trailers} {:?}", String::from_utf8_lossy(&body))),
+        }
+    }
+
+    fn send_ok(&self, call: &Call, status: http::StatusCode, body: &Bytes, trailers: &str) -> bool {
+        status == 200 && if call.grpc { trailers.contains("\"grpc-status\": \"0\"") } else { body == "ok\n" }
+    }
+
     /// Sends `call`; true when it was allowed and answered as the upstream answers.
     async fn send(&mut self, call: &Call) -> bool {
         let response = match self {
@@ -295,10 +394,12 @@ impl Conn {
     }
 }
 
-/// `rate` requests a second over the connections for `seconds`, each timed from when it was
-/// sent (a slow answer still delays the next request of its connection); returns the sorted
-/// latencies and the failures.
-async fn fixed_rate(target: &Target, call: &Call, rate: f64, seconds: usize) -> (Vec<Duration>, usize) {
+/// `rate` requests a second over the connections for `seconds`, each timed from its scheduled
+/// send time (a request that waits behind a slow one counts the wait). One thread of its own
+/// paces them with `std::thread::sleep` (tens of microseconds late, where tokio's millisecond
+/// timer would add up to a millisecond to every figure) and hands each to its connection's
+/// task. Returns the sorted latencies, the sorted lags (sent − scheduled) and the failures.
+async fn fixed_rate(target: &Target, call: &Call, rate: f64, seconds: usize) -> (Vec<Duration>, Vec<Duration>, usize) {
     let per_connection = Duration::from_secs_f64(CONNECTIONS as f64 / rate);
     let count = (rate as usize * seconds) / CONNECTIONS;
     let mut conns = Vec::new();
@@ -307,39 +408,90 @@ async fn fixed_rate(target: &Target, call: &Call, rate: f64, seconds: usize) -> 
     }
     // Warm each connection (and the gate's review cache) first.
     for c in &mut conns {
-        assert!(c.send(call).await, "the warm-up request was not answered as expected");
+        if let Err(why) = c.check(call).await {
+            panic!("the warm-up request was not answered as expected: {why}");
+        }
     }
-    let start = Instant::now() + Duration::from_millis(50);
+    let start = std::time::Instant::now() + Duration::from_millis(50);
+    let mut senders = Vec::new();
     let mut tasks = Vec::new();
-    for (i, mut conn) in conns.into_iter().enumerate() {
+    for mut conn in conns {
         let call = call.clone();
-        let offset = per_connection.mul_f64(i as f64 / CONNECTIONS as f64);
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<std::time::Instant>();
+        senders.push(tx);
         tasks.push(tokio::spawn(async move {
-            let mut latencies = Vec::with_capacity(count);
+            let (mut latencies, mut lags) = (Vec::with_capacity(count), Vec::with_capacity(count));
             let mut failures = 0;
-            for n in 0..count {
-                let due = start + offset + per_connection * n as u32;
-                tokio::time::sleep_until(due).await;
-                let sent = Instant::now();
+            while let Some(due) = rx.recv().await {
+                let sent = std::time::Instant::now();
                 if !conn.send(&call).await {
                     failures += 1;
                 }
-                // From when it was sent: tokio's timer wakes up to a millisecond after `due`,
-                // the same for floor and gate, and that lag would swamp what the gate adds.
-                latencies.push(Instant::now() - sent);
+                latencies.push(std::time::Instant::now() - due);
+                lags.push(sent - due);
             }
-            (latencies, failures)
+            (latencies, lags, failures)
         }));
     }
-    let mut all = Vec::new();
+    let pacer = std::thread::spawn(move || {
+        for n in 0..count {
+            for (i, tx) in senders.iter().enumerate() {
+                let due = start + per_connection * n as u32 + per_connection.mul_f64(i as f64 / CONNECTIONS as f64);
+                if let Some(wait) = due.checked_duration_since(std::time::Instant::now()) {
+                    std::thread::sleep(wait);
+                }
+                let _ = tx.send(due);
+            }
+        }
+    });
+    tokio::task::spawn_blocking(move || pacer.join().unwrap()).await.unwrap();
+    let (mut all, mut all_lags) = (Vec::new(), Vec::new());
     let mut failures = 0;
     for t in tasks {
-        let (l, f) = t.await.unwrap();
+        let (l, lag, f) = t.await.unwrap();
         all.extend(l);
+        all_lags.extend(lag);
         failures += f;
     }
     all.sort();
-    (all, failures)
+    all_lags.sort();
+    (all, all_lags, failures)
+}
+
+/// 16 connections sending back to back for `seconds`: requests a second, and CPU seconds per
+/// request of each of `pids`.
+async fn saturate(name: &'static str, target: &Target, call: &Call, pids: &[u32], seconds: usize) -> (f64, Vec<f64>) {
+    let mut conns = Vec::new();
+    for _ in 0..CONNECTIONS {
+        let mut conn = target.connect().await;
+        assert!(conn.send(call).await, "the warm-up request was not answered as expected");
+        conns.push(conn);
+    }
+    let before: Vec<f64> = pids.iter().map(|p| cpu_seconds(*p)).collect();
+    let started = Instant::now();
+    let end = started + Duration::from_secs(seconds as u64);
+    let mut tasks = Vec::new();
+    for mut conn in conns {
+        let call = call.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut done = 0usize;
+            while Instant::now() < end {
+                if let Err(why) = conn.check(&call).await {
+                    panic!("{name}: request {done} on a saturated connection was not answered as expected: {why}");
+                }
+                done += 1;
+            }
+            done
+        }));
+    }
+    let mut requests = 0;
+    for t in tasks {
+        requests += t.await.unwrap();
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let after: Vec<f64> = pids.iter().map(|p| cpu_seconds(*p)).collect();
+    let per_request = before.iter().zip(&after).map(|(b, a)| (a - b) / requests as f64).collect();
+    (requests as f64 / elapsed, per_request)
 }
 
 /// One measured run: latencies, and server CPU seconds per request of each of `pids`.
@@ -351,13 +503,17 @@ async fn measure(
     seconds: usize,
 ) -> (Duration, Duration, Vec<f64>) {
     let before: Vec<f64> = pids.iter().map(|p| cpu_seconds(*p)).collect();
-    let (latencies, failures) = fixed_rate(target, call, rate, seconds).await;
+    let (latencies, lags, failures) = fixed_rate(target, call, rate, seconds).await;
     let after: Vec<f64> = pids.iter().map(|p| cpu_seconds(*p)).collect();
     assert_eq!(failures, 0, "requests not answered as expected");
     let requests = (latencies.len() + CONNECTIONS) as f64;
     let per_request = before.iter().zip(&after).map(|(b, a)| (a - b) / requests).collect();
+    LAG_P50_NS.store(percentile(&lags, 0.5).as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
     (percentile(&latencies, 0.5), percentile(&latencies, 0.99), per_request)
 }
+
+/// The client's timer lag (sent − scheduled) at the median, of the last fixed-rate run.
+static LAG_P50_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// `count` new TLS connections one after the other, one request each: CPU seconds per
 /// connection over `pids`.
@@ -437,45 +593,103 @@ async fn run() {
     };
     let token = Call { token: Some("runner-token"), ..http.clone() };
 
-    println!("keyward gate against its floor (the client to the upstream directly over TLS), {rate} req/s, {CONNECTIONS} connections, {seconds} s a run");
-    println!("| path | p50 floor | p50 gate | p99 floor | p99 gate | added p99 | CPU/request floor | CPU/request gate + upstream | ratio |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    let with_peers = env_or("KEYWARD_BENCH_PEERS", 1) == 1;
+    let peers: Vec<Peer> = if with_peers {
+        ["nginx", "haproxy"].map(|name| Peer::start(name, tls.tmp.path(), &ca_file, upstream.plain)).into()
+    } else {
+        Vec::new()
+    };
+    let us1 = |seconds: f64| format!("{:.1} µs", seconds * 1e6);
+
+    println!("keyward gate against its floor (the client to the upstream directly over TLS) and the proxies one would put there instead, {rate} req/s, {CONNECTIONS} connections, {seconds} s a run; latency from each request's scheduled send time");
+    println!();
+    println!("| path | through | p50 | p99 | added p99 | CPU/request at {rate} req/s: proxy + upstream | CPU/request at saturation: proxy + upstream | requests/s at saturation |");
+    println!("|---|---|---|---|---|---|---|---|");
     let cases = [
         ("HTTP/1.1, client certificate", &http, false, true),
         ("gRPC unary (HTTP/2), client certificate, field rule", &grpc, true, true),
         ("HTTP/1.1, bearer token (TokenReview cached)", &token, false, false),
     ];
+    let mut lags = Vec::new();
     for (name, call, h2, with_cert) in cases {
-        let floor = Target::new(upstream.secure, &upstream.ca_pem, None, h2);
-        let through = Target::new(gate.endpoint.addr, &gate_ca, with_cert.then_some(&driver), h2);
-        // Warm both (allocators, caches), then measure the floor and the gate in turn.
-        let _ = measure(&floor, call, &pids_floor, rate, 1).await;
-        let _ = measure(&through, call, &pids_gate, rate, 1).await;
-        let (fp50, fp99, fcpu) = measure(&floor, call, &pids_floor, rate, seconds).await;
-        let (gp50, gp99, gcpu) = measure(&through, call, &pids_gate, rate, seconds).await;
-        let (fcpu, gcpu) = (fcpu[0], (gcpu[0], gcpu[1]));
-        println!(
-            "| {name} | {:.0} µs | {:.0} µs | {:.0} µs | {:.0} µs | {:.0} µs | {:.1} µs | {:.1} + {:.1} µs | {:.2}× |",
-            us(fp50),
-            us(gp50),
-            us(fp99),
-            us(gp99),
-            us(gp99.saturating_sub(fp99)),
-            fcpu * 1e6,
-            gcpu.0 * 1e6,
-            gcpu.1 * 1e6,
-            (gcpu.0 + gcpu.1) / fcpu
-        );
+        // The floor, the gate, then each peer (certificate cases only: neither reviews tokens).
+        let mut targets: Vec<(&str, Target, Vec<u32>)> = vec![
+            ("direct (floor)", Target::new(upstream.secure, &upstream.ca_pem, None, h2), pids_floor.to_vec()),
+            (
+                "keyward gate",
+                Target::new(gate.endpoint.addr, &gate_ca, with_cert.then_some(&driver), h2),
+                pids_gate.to_vec(),
+            ),
+        ];
+        if with_cert {
+            for peer in &peers {
+                let target = Target::new(peer.addr, &gate_ca, Some(&driver), h2);
+                targets.push((peer.name, target, vec![peer.child.id(), upstream.child.id()]));
+            }
+        }
+        // Warm each (allocators, caches), then measure them in turn at the fixed rate and at
+        // saturation.
+        for (_, target, pids) in &targets {
+            let _ = measure(target, call, pids, rate, 1).await;
+        }
+        let mut rows = Vec::new();
+        for (through, target, pids) in &targets {
+            let (p50, p99, cpu) = measure(target, call, pids, rate, seconds).await;
+            lags.push(LAG_P50_NS.load(std::sync::atomic::Ordering::Relaxed));
+            rows.push((through, p50, p99, cpu));
+        }
+        let mut saturated = Vec::new();
+        for (through, target, pids) in &targets {
+            saturated.push(saturate(through, target, call, pids, seconds).await);
+        }
+        let floor_p99 = rows[0].2;
+        for ((through, p50, p99, cpu), (throughput, sat_cpu)) in rows.into_iter().zip(saturated) {
+            let (at_rate, at_saturation) = if cpu.len() == 1 {
+                (format!("— + {}", us1(cpu[0])), format!("— + {}", us1(sat_cpu[0])))
+            } else {
+                (format!("{} + {}", us1(cpu[0]), us1(cpu[1])), format!("{} + {}", us1(sat_cpu[0]), us1(sat_cpu[1])))
+            };
+            let added = if cpu.len() == 1 {
+                "—".to_string()
+            } else {
+                format!("{:.0} µs", us(p99.saturating_sub(floor_p99)))
+            };
+            println!(
+                "| {name} | {through} | {:.0} µs | {:.0} µs | {added} | {at_rate} | {at_saturation} | {:.0} |",
+                us(p50),
+                us(p99),
+                throughput
+            );
+        }
     }
-    let floor = Target::new(upstream.secure, &upstream.ca_pem, None, false);
-    let through = Target::new(gate.endpoint.addr, &gate_ca, Some(&driver), false);
-    let f = new_connections(&floor, &http, &pids_floor, new).await;
-    let g = new_connections(&through, &http, &pids_gate, new).await;
+    lags.sort();
     println!();
     println!(
-        "new TLS connection + one HTTP/1.1 request ({new} each): floor {:.0} µs CPU, gate+upstream {:.0} µs (client certificate verified), {:.2}×",
-        f * 1e6,
-        g * 1e6,
-        g / f
+        "client timer lag (sent − scheduled) at the median of each run's median: {:.0} µs (the same for every target)",
+        lags[lags.len() / 2] as f64 / 1e3
     );
+
+    // New connections: a full TLS handshake with the client certificate verified, one request;
+    // each proxy's own CPU, and the upstream's.
+    let mut targets: Vec<(&str, Target, Vec<u32>)> = vec![
+        ("direct (floor)", Target::new(upstream.secure, &upstream.ca_pem, None, false), pids_floor.to_vec()),
+        ("keyward gate", Target::new(gate.endpoint.addr, &gate_ca, Some(&driver), false), pids_gate.to_vec()),
+    ];
+    for peer in &peers {
+        targets.push((
+            peer.name,
+            Target::new(peer.addr, &gate_ca, Some(&driver), false),
+            vec![peer.child.id(), upstream.child.id()],
+        ));
+    }
+    println!();
+    println!("new TLS connection + one HTTP/1.1 request ({new} each, one after the other), CPU per connection:");
+    for (through, target, pids) in &targets {
+        let own = new_connections(target, &http, &pids[..1], new).await;
+        println!(
+            "- {through}: {:.0} µs{}",
+            own * 1e6,
+            if pids.len() > 1 { " (the proxy alone)" } else { " (the upstream's TLS server)" }
+        );
+    }
 }

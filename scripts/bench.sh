@@ -16,9 +16,17 @@ bench() {
     exit 1
   fi
 }
+# The gate's peers (benches/peers): nginx and HAProxy from Debian's packages.
+for package in nginx-light haproxy; do
+  if [[ "$(dpkg-query -W -f='${db:Status-Status}' "$package" 2>/dev/null)" != installed ]]; then
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends nginx-light haproxy >/dev/null
+    break
+  fi
+done
 echo "## machine"
 echo "- CPU: $(lscpu | sed -n 's/^Model name: *//p') ($(nproc) cores)"
 echo "- memory: $(free -g | awk '/^Mem:/ {print $2}') GiB; kernel $(uname -r); $(rustc --version)"
+echo "- peers: $(/usr/sbin/nginx -v 2>&1 | sed 's/^nginx version: //'), $(/usr/sbin/haproxy -v | head -1 | cut -d' ' -f1-3)"
 echo "- date: $(date -u +%Y-%m-%dT%H:%MZ); commit $(git rev-parse --short HEAD)"
 echo
 echo "## engine (criterion, cargo bench --profile dist -p keyward-engine --bench decide)"
