@@ -319,8 +319,12 @@ async fn fixed_rate_nagle(
 fn main() {
     if let Ok(mode) = std::env::var("KEYWARD_BENCH_FLOOR") {
         // The floor (and the kube-rs peer) serve on as many threads as keyward does.
+        // On the runtime keyward's --worker-threads picks: one thread is a current-thread runtime.
         let workers = env_or("KEYWARD_BENCH_WORKERS", 1);
-        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build().unwrap();
+        let runtime = match workers {
+            1 => tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap(),
+            n => tokio::runtime::Builder::new_multi_thread().worker_threads(n).enable_all().build().unwrap(),
+        };
         if mode == "kube-rs" {
             return runtime.block_on(tls_server(Arc::new(kube_rs_mutate)));
         }

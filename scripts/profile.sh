@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Where a server's CPU goes under the benchmarks' load: `perf record` of one process while a
-# benchmark drives it, then the hottest symbols and shared objects. BENCHMARKS.md's profiles.
+# Where a server's CPU goes under the benchmarks' load: `perf record` of one process for as
+# long as a benchmark drives it (every case: the fixed rate and saturation), then the hottest
+# shared objects and symbols. BENCHMARKS.md's profiles.
 #
 #   scripts/profile.sh gate        # keyward gate during `cargo bench --bench gate`
 #   scripts/profile.sh serve       # keyward serve during `cargo bench --bench load`
@@ -10,7 +11,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what="${1:?scripts/profile.sh gate|serve|nginx|haproxy}"
-seconds="${PROFILE_SECONDS:-15}"
 command -v perf >/dev/null || { echo "profile: perf is not installed (apt-get install linux-perf)" >&2; exit 1; }
 case "$what" in
   gate|nginx|haproxy) bench=gate; pattern="$what" ;;
@@ -20,7 +20,10 @@ esac
 [[ "$what" == gate ]] && pattern="keyward.* gate"
 out=target/profile
 mkdir -p "$out"
-KEYWARD_BENCH_SECONDS=20 KEYWARD_BENCH_TAIL_SECONDS=0 cargo bench -q --profile dist --bench "$bench" >"$out/$what-bench.txt" 2>&1 &
+# The gate's benchmark without the peers when the gate is profiled (the same load, less time).
+peers=1
+[[ "$what" == gate ]] && peers=0
+KEYWARD_BENCH_PEERS=$peers KEYWARD_BENCH_NEW_CONNECTIONS=200 KEYWARD_BENCH_TAIL_SECONDS=0 cargo bench -q --profile dist --bench "$bench" >"$out/$what-bench.txt" 2>&1 &
 bench_pid=$!
 pid=""
 for _ in $(seq 600); do
@@ -29,8 +32,8 @@ for _ in $(seq 600); do
   sleep 0.5
 done
 [[ -n "$pid" ]] || { echo "profile: no process matching '$pattern' appeared" >&2; kill "$bench_pid"; exit 1; }
-sleep 5 # past start-up and the warm-up runs
-perf record -F 999 -g -p "$pid" -o "$out/$what.data" -- sleep "$seconds" 2>/dev/null
+# The whole run, until the process exits with the benchmark: every case it serves.
+perf record -F 199 --call-graph dwarf,16384 -p "$pid" -o "$out/$what.data" 2>/dev/null || true
 wait "$bench_pid" || true
 perf report -i "$out/$what.data" --no-children --sort dso --stdio 2>/dev/null | grep -v '^#' | grep -v '^$' | head -12
 echo

@@ -37,13 +37,20 @@ pub fn run(config: ServeConfig) -> anyhow::Result<()> {
     result
 }
 
-/// The runtime of a server of keyward's, on `workers` threads (`--worker-threads`).
+/// The runtime of a server of keyward's, on `workers` threads (`--worker-threads`). One is a
+/// current-thread runtime: every task on the thread that started it, none handed to another
+/// (a multi-thread runtime with one worker still wakes that worker from the main thread and
+/// pays for work stealing it cannot do).
 pub(crate) fn runtime(workers: usize) -> anyhow::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
-        .enable_all()
-        .build()
-        .context("cannot start the runtime")
+    let mut builder = match workers {
+        1 => tokio::runtime::Builder::new_current_thread(),
+        _ => {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            builder.worker_threads(workers);
+            builder
+        }
+    };
+    builder.enable_all().build().context("cannot start the runtime")
 }
 
 async fn serve(config: ServeConfig) -> anyhow::Result<()> {
