@@ -48,7 +48,8 @@ pub struct ServeArgs {
     http2: bool,
     /// Threads that serve connections. One by default: an admission takes tens of
     /// microseconds, and on one thread it costs a sixth to a third less CPU than spread over two,
-    /// which wake each other for every request (BENCHMARKS.md, "CPU per admission"). Pods over
+    /// which wake each other for every request (BENCHMARKS.md, "CPU per admission"); one thread
+    /// is a current-thread runtime, 11-13% cheaper again than one worker of a multi-thread one. Pods over
     /// 64 KiB are decided on separate threads either way. Raise it for a webhook that must use
     /// more than one core.
     #[arg(long, env = "KEYWARD_WORKER_THREADS", default_value_t = 1)]
