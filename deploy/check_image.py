@@ -116,7 +116,7 @@ def check_cargo(line, command, cwd):
     names = {p["name"] for p in members}
     profiles = BUILTIN_PROFILES | workspace_profiles(cwd)
     for sub, args in CARGO.findall(command):
-        words = shlex.split(args.replace("\\\n", " "), posix=True) if args.strip() else []
+        words = words_of(args)
         if sub == "auditable" and words:
             sub = f"auditable {words[0]}"  # cargo-auditable passes the rest to that subcommand
         named = (("--bin", bins, "binary"), ("-p", names, "package"), ("--package", names, "package"), ("--profile", profiles, "profile"))
@@ -127,11 +127,16 @@ def check_cargo(line, command, cwd):
     return problems
 
 
+def words_of(args):
+    """The words of a cargo command's arguments, line continuations joined."""
+    return shlex.split(args.replace("\\\n", " "), posix=True) if args.strip() else []
+
+
 def check_install(line, command):
     """A `cargo install` of a tool (cargo-auditable): pinned, so that the image's build is."""
     problems = []
     for sub, args in CARGO.findall(command):
-        words = shlex.split(args.replace("\\\n", " "), posix=True) if args.strip() else []
+        words = words_of(args)
         if sub == "install" and ("--locked" not in words or "--version" not in words):
             problems.append(f"line {line}: cargo install {' '.join(words)}: pin the tool with --locked and --version")
     return problems

@@ -146,24 +146,24 @@ impl Cli {
                 Ok(ExitCode::SUCCESS)
             }
             Command::Explain(args) => {
-                let mut source = args.profiles.source();
+                let mut profiles = args.profiles.source().load()?;
                 let mut note = None;
-                if source.operator_namespaces.is_empty() && !args.no_install_pins {
-                    let loaded = source.load()?;
+                if args.profiles.operator_namespaces.is_empty() && !args.no_install_pins {
                     // Only the pins of profiles in the set (--no-default-profiles may drop one).
-                    source.operator_namespaces = crate::profiles::INSTALL_OPERATOR_NAMESPACES
-                        .iter()
-                        .filter(|(profile, _)| loaded.get(profile).is_some())
-                        .map(|(p, n)| (p.to_string(), n.to_string()))
-                        .collect();
-                    let shown: Vec<String> =
-                        source.operator_namespaces.iter().map(|(p, n)| format!("{p}={n}")).collect();
+                    let mut shown = Vec::new();
+                    for (profile, namespace) in crate::profiles::INSTALL_OPERATOR_NAMESPACES {
+                        if profiles.get(profile).is_some() {
+                            profiles
+                                .pin_operator_namespace(profile, namespace)
+                                .map_err(|e| anyhow::anyhow!("--operator-namespace {profile}={namespace}: {e}"))?;
+                            shown.push(format!("{profile}={namespace}"));
+                        }
+                    }
                     note = (!shown.is_empty()).then(|| format!(
                         "keyward: note: requesters pinned as the shipped Deployments pin them: --operator-namespace={} (give --operator-namespace to pin otherwise, --no-install-pins for none)",
                         shown.join(",")
                     ));
                 }
-                let profiles = source.load()?;
                 let options = ExplainOptions {
                     namespace: args.namespace,
                     user: args.user,

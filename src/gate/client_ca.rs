@@ -64,13 +64,17 @@ impl ClientCa {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let bundle = read_bundle(file)?;
         let verifier = verifier(&bundle, &provider).map_err(|e| format!("--client-ca {}: {e}", file.display()))?;
-        Ok(Self {
+        Ok(Self::with(file, provider, Loaded { verifier: Some(verifier), bundle, generation: 1 }))
+    }
+
+    fn with(file: &Path, provider: Arc<CryptoProvider>, loaded: Loaded) -> Self {
+        Self {
             file: file.to_path_buf(),
             dir: watched_dir(file),
             provider,
-            current: ArcSwap::from_pointee(Loaded { verifier: Some(verifier), bundle, generation: 1 }),
+            current: ArcSwap::from_pointee(loaded),
             observer: None,
-        })
+        }
     }
 
     /// As [`ClientCa::load`], but a file that does not exist yet is awaited: until the ConfigMap
@@ -78,13 +82,11 @@ impl ClientCa {
     /// certificate verifies, and the watch loads the bundle when it appears.
     pub fn load_or_await(file: &Path) -> Result<Self, String> {
         match std::fs::metadata(file) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Self {
-                file: file.to_path_buf(),
-                dir: watched_dir(file),
-                provider: Arc::new(rustls::crypto::ring::default_provider()),
-                current: ArcSwap::from_pointee(Loaded { verifier: None, bundle: Vec::new(), generation: 1 }),
-                observer: None,
-            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Self::with(
+                file,
+                Arc::new(rustls::crypto::ring::default_provider()),
+                Loaded { verifier: None, bundle: Vec::new(), generation: 1 },
+            )),
             _ => Self::load(file),
         }
     }
