@@ -81,6 +81,22 @@ fn cpu_seconds(pid: u32) -> f64 {
     (fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap()) / 100.0
 }
 
+/// How often any thread of a process went to sleep or was put aside (voluntary and
+/// involuntary context switches, summed over `/proc/PID/task/*/status`). Per request, this is
+/// the wake-ups a server pays for, which CPU time alone does not show. (`/proc/PID/io`'s
+/// syscr/syscw would count system calls, but not recv/send, which std and HAProxy use.)
+fn context_switches(pid: u32) -> f64 {
+    let field = |text: &str, name: &str| -> f64 {
+        text.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.trim().parse().ok()).unwrap_or(0.0)
+    };
+    let mut switches = 0.0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten() {
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        switches += field(&status, "voluntary_ctxt_switches:") + field(&status, "nonvoluntary_ctxt_switches:");
+    }
+    switches
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i.min(sorted.len() - 1)]
@@ -494,22 +510,25 @@ async fn saturate(name: &'static str, target: &Target, call: &Call, pids: &[u32]
     (requests as f64 / elapsed, per_request)
 }
 
-/// One measured run: latencies, and server CPU seconds per request of each of `pids`.
+/// One measured run: latencies, server CPU seconds per request of each of `pids`, and the
+/// first one's context switches per request.
 async fn measure(
     target: &Target,
     call: &Call,
     pids: &[u32],
     rate: f64,
     seconds: usize,
-) -> (Duration, Duration, Vec<f64>) {
+) -> (Duration, Duration, Vec<f64>, f64) {
     let before: Vec<f64> = pids.iter().map(|p| cpu_seconds(*p)).collect();
+    let switches_before = context_switches(pids[0]);
     let (latencies, lags, failures) = fixed_rate(target, call, rate, seconds).await;
     let after: Vec<f64> = pids.iter().map(|p| cpu_seconds(*p)).collect();
     assert_eq!(failures, 0, "requests not answered as expected");
     let requests = (latencies.len() + CONNECTIONS) as f64;
     let per_request = before.iter().zip(&after).map(|(b, a)| (a - b) / requests).collect();
     LAG_P50_NS.store(percentile(&lags, 0.5).as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
-    (percentile(&latencies, 0.5), percentile(&latencies, 0.99), per_request)
+    let switches = (context_switches(pids[0]) - switches_before) / requests;
+    (percentile(&latencies, 0.5), percentile(&latencies, 0.99), per_request, switches)
 }
 
 /// The client's timer lag (sent − scheduled) at the median, of the last fixed-rate run.
@@ -611,6 +630,7 @@ async fn run() {
         ("HTTP/1.1, bearer token (TokenReview cached)", &token, false, false),
     ];
     let mut lags = Vec::new();
+    let mut wakeups = Vec::new();
     for (name, call, h2, with_cert) in cases {
         // The floor, the gate, then each peer (certificate cases only: neither reviews tokens).
         let mut targets: Vec<(&str, Target, Vec<u32>)> = vec![
@@ -634,8 +654,9 @@ async fn run() {
         }
         let mut rows = Vec::new();
         for (through, target, pids) in &targets {
-            let (p50, p99, cpu) = measure(target, call, pids, rate, seconds).await;
+            let (p50, p99, cpu, switches) = measure(target, call, pids, rate, seconds).await;
             lags.push(LAG_P50_NS.load(std::sync::atomic::Ordering::Relaxed));
+            wakeups.push((name, *through, switches));
             rows.push((through, p50, p99, cpu));
         }
         let mut saturated = Vec::new();
@@ -661,6 +682,14 @@ async fn run() {
                 throughput
             );
         }
+    }
+    println!();
+    println!("context switches per request at {rate} req/s, all threads of the proxy (for the floor: of the upstream's own TLS server):");
+    println!();
+    println!("| path | through | context switches |");
+    println!("|---|---|---|");
+    for (name, through, switches) in wakeups {
+        println!("| {name} | {through} | {switches:.2} |");
     }
     lags.sort();
     println!();
