@@ -21,7 +21,6 @@ use http_body::Frame;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::{Connection, HttpConnector};
 use hyper_util::rt::TokioIo;
-use tower::ServiceExt;
 
 use super::upstream::HeldMessage;
 use std::time::Duration;
@@ -119,17 +118,9 @@ impl HeldCalls {
     }
 
     async fn connect(&self) -> Result<SendRequest<Bytes>, String> {
-        let shown = self.address.authority().map_or("the upstream", |a| a.as_str());
-        let stream = self.connector.clone().oneshot(self.address.clone()).await.map_err(|e| {
-            let mut out = format!("connecting to {shown}: {e}");
-            let mut source = e.source();
-            while let Some(cause) = source {
-                out.push_str(&format!(": {cause}"));
-                source = cause.source();
-            }
-            out
-        })?;
+        let stream = super::upstream::connect(&self.connector, &self.address).await?;
         if self.address.scheme() == Some(&Scheme::HTTPS) && !stream.connected().is_negotiated_h2() {
+            let shown = self.address.authority().map_or("the upstream", |a| a.as_str());
             return Err(format!("TLS with {shown}: the upstream did not agree to HTTP/2 (ALPN h2)"));
         }
         handshake(TokioIo::new(stream)).await

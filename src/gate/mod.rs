@@ -14,6 +14,7 @@ mod check;
 mod client_ca;
 pub(crate) mod config;
 mod forward;
+mod h1_pool;
 mod held_h2;
 mod metrics;
 mod owners;

@@ -16,10 +16,13 @@ use http::{Uri, Version};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use hyper_rustls::MaybeHttpsStream;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tower::ServiceExt;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 
+use super::h1_pool::H1Pool;
 use super::held_h2::HeldCalls;
 
 /// How long connecting to the upstream may take.
@@ -31,7 +34,7 @@ pub struct Upstream {
     scheme: Scheme,
     authority: Authority,
     protocol: UpstreamProtocol,
-    h1: Client<HttpsConnector<HttpConnector>, Body>,
+    h1: H1Pool,
     h2: Client<HttpsConnector<HttpConnector>, Body>,
     /// An `https://` upstream in `auto`: ALPN offers h2 and http/1.1, and the upstream chooses.
     negotiated: Client<HttpsConnector<HttpConnector>, Body>,
@@ -171,7 +174,7 @@ impl Upstream {
             authority,
             protocol,
             held_h2,
-            h1: Client::builder(TokioExecutor::new()).pool_max_idle_per_host(POOL_IDLE).build(h1),
+            h1: H1Pool::new(uri, h1, POOL_IDLE),
             h2: Client::builder(TokioExecutor::new()).http2_only(true).pool_max_idle_per_host(POOL_IDLE).build(h2),
             negotiated: Client::builder(TokioExecutor::new()).pool_max_idle_per_host(POOL_IDLE).build(negotiated),
         })
@@ -235,8 +238,12 @@ impl Upstream {
                     Outgoing::Held(message) => Body::from(message.bytes),
                     Outgoing::Streamed(body) => body,
                 };
-                let client = if route == Route::Negotiated { &self.negotiated } else { &self.h1 };
-                client.request(http::Request::from_parts(parts, body)).await.map_err(unreachable)?.map(Body::new)
+                let request = http::Request::from_parts(parts, body);
+                if route == Route::Negotiated {
+                    self.negotiated.request(request).await.map_err(unreachable)?.map(Body::new)
+                } else {
+                    self.h1.send(request).await.map_err(SendError::Unreachable)?.map(Body::new)
+                }
             }
         };
         super::forward::strip_hop_by_hop(response.headers_mut());
@@ -251,6 +258,24 @@ enum Route {
     Http2,
     /// TLS with ALPN h2 and http/1.1: the upstream chooses.
     Negotiated,
+}
+
+/// A connection to the upstream at `address` (`http://` or `https://`, host and port), by
+/// `connector`; its error names the upstream and every cause.
+pub(super) async fn connect(
+    connector: &HttpsConnector<HttpConnector>,
+    address: &Uri,
+) -> Result<MaybeHttpsStream<TokioIo<tokio::net::TcpStream>>, String> {
+    let shown = address.authority().map_or("the upstream", |a| a.as_str());
+    connector.clone().oneshot(address.clone()).await.map_err(|e| {
+        let mut out = format!("connecting to {shown}: {e}");
+        let mut source = e.source();
+        while let Some(cause) = source {
+            out.push_str(&format!(": {cause}"));
+            source = cause.source();
+        }
+        out
+    })
 }
 
 /// The upstream error, with its cause (hyper's own message is only "client error").
@@ -293,8 +318,8 @@ mod tests {
         assert!(Upstream::new("ftp://x:1", None, UpstreamProtocol::Auto, WAIT).unwrap_err().contains("scheme \"ftp\""));
     }
 
-    /// An upstream that cannot be reached is named in the log line, with hyper's error and its
-    /// causes (hyper's own message is only "client error").
+    /// An upstream that cannot be reached is named in the log line, with the error and its
+    /// causes.
     #[tokio::test]
     async fn an_unreachable_upstream_is_named_and_said_why() {
         let upstream = Upstream::new("http://127.0.0.1:1", None, UpstreamProtocol::Auto, WAIT).unwrap();
@@ -304,7 +329,7 @@ mod tests {
         else {
             panic!("sent to a port nothing listens on");
         };
-        assert!(why.starts_with("client error (Connect): "), "{why}");
+        assert!(why.starts_with("connecting to 127.0.0.1:1: tcp connect error: "), "{why}");
         assert!(why.to_lowercase().contains("connection refused"), "{why}");
     }
 
