@@ -77,9 +77,8 @@ impl H1Pool {
 
     async fn connect(&self) -> Result<SendRequest<Body>, String> {
         let stream = super::upstream::connect(&self.connector, &self.address).await?;
-        let (sender, connection) = hyper::client::conn::http1::handshake(stream)
-            .await
-            .map_err(|e| describe("the HTTP/1.1 handshake", &e))?;
+        let (sender, connection) =
+            hyper::client::conn::http1::handshake(stream).await.map_err(|e| describe("the HTTP/1.1 handshake", &e))?;
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "the gate's HTTP/1.1 connection to the upstream ended");

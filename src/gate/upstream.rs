@@ -14,13 +14,13 @@ use bytes::Bytes;
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Uri, Version};
 use hyper_rustls::HttpsConnector;
+use hyper_rustls::MaybeHttpsStream;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_rustls::MaybeHttpsStream;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use tower::ServiceExt;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
+use tower::ServiceExt;
 
 use super::h1_pool::H1Pool;
 use super::held_h2::HeldCalls;
