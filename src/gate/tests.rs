@@ -76,7 +76,7 @@ spec:
       when:
         - {caller: name, equals: {grpcField: 1}}
     - name: runs in the caller's namespace
-      http: {methods: [GET, POST], path: "/apis/v1/namespaces/{namespace}/runs/{run}"}
+      http: {methods: [GET, HEAD, POST], path: "/apis/v1/namespaces/{namespace}/runs/{run}"}
       callers:
         workloads: {kinds: [lmevaljob]}
         serviceAccounts: [{namespace: team-a, name: pipeline-runner}]
@@ -770,6 +770,30 @@ async fn http_rules_hold_over_http1_and_http2_and_spoofed_identity_headers_are_s
         assert_eq!(sneaky.status, 403, "a path the upstream could read another way is not judged");
     }
     assert_eq!(f.upstream_calls().len(), 2);
+}
+
+/// A HEAD request's answer has no body on either protocol, a refusal's included (HTTP/2 would
+/// otherwise carry the refusal's text as DATA a client must reject), and says how long the
+/// refusal's text is, the same on both.
+#[tokio::test]
+async fn a_head_request_is_answered_without_a_body_whether_allowed_or_refused() {
+    let f = Fixture::start().await;
+    let driver = f.driver("team-a", "evaljob-sample");
+    let head = |path: &str| {
+        let mut request = http_get(path);
+        *request.method_mut() = http::Method::HEAD;
+        request
+    };
+    let mut lengths = Vec::new();
+    for h2 in [false, true] {
+        let refused = f.call(h2, Some(&driver), head("/apis/v1/namespaces/team-b/runs/r1")).await;
+        assert_eq!((refused.status, refused.body.len()), (403, 0), "h2={h2}");
+        lengths.push(refused.headers.get(http::header::CONTENT_LENGTH).map(|v| v.to_str().unwrap().to_string()));
+        let allowed = f.call(h2, Some(&driver), head("/apis/v1/namespaces/team-a/runs/r1")).await;
+        assert_eq!((allowed.status, allowed.body.len()), (200, 0), "h2={h2}");
+    }
+    assert!(lengths[0].as_ref().is_some_and(|l| l != "0") && lengths[0] == lengths[1], "{lengths:?}");
+    assert_eq!(f.upstream_calls().len(), 2, "only the allowed HEADs reached the upstream");
 }
 
 #[tokio::test]
