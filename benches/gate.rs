@@ -22,7 +22,9 @@
 //! Run: `cargo bench --bench gate` (or `scripts/bench.sh`). Knobs: KEYWARD_BENCH_SECONDS (default
 //! 10 per fixed-rate run), KEYWARD_BENCH_RATE (default 1000 requests/s),
 //! KEYWARD_BENCH_NEW_CONNECTIONS (default 1000), KEYWARD_BENCH_PEERS=0 (the gate and the floor
-//! only, without nginx and HAProxy).
+//! only, without nginx and HAProxy), KEYWARD_BENCH_ONLY=gate|nginx|haproxy:http|grpc|token|connect
+//! (after a warm-up, only that proxy on that case at the fixed rate, or its new connections: what
+//! a profile of one case records).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a panic is the benchmark failure report
 
 #[path = "../tests/support/mod.rs"]
@@ -619,6 +621,41 @@ async fn run() {
         Vec::new()
     };
     let us1 = |seconds: f64| format!("{:.1} µs", seconds * 1e6);
+
+    // For `scripts/profile.sh gate|nginx|haproxy CASE`: one proxy, one case, nothing else.
+    if let Ok(only) = std::env::var("KEYWARD_BENCH_ONLY") {
+        let (through, case) = only.split_once(':').unwrap_or((only.as_str(), "http"));
+        let (addr, pid) = match through {
+            "gate" => (gate.endpoint.addr, gate.pid()),
+            peer => {
+                let peer = peers.iter().find(|p| p.name == peer);
+                let peer = peer
+                    .unwrap_or_else(|| panic!("KEYWARD_BENCH_ONLY={only}: gate, or nginx or haproxy with the peers"));
+                (peer.addr, peer.child.id())
+            }
+        };
+        let (call, h2, with_cert) = match case {
+            "http" | "connect" => (&http, false, true),
+            "grpc" => (&grpc, true, true),
+            "token" if through == "gate" => (&token, false, false),
+            _ => panic!("KEYWARD_BENCH_ONLY={only}: the case is http, grpc, token (the gate only) or connect"),
+        };
+        let target = Target::new(addr, &gate_ca, with_cert.then_some(&driver), h2);
+        let _ = measure(&target, call, &[pid], rate, 1).await;
+        // The line a profiler waits for: from here on, only the measured run.
+        println!("measuring pid {pid}");
+        if case == "connect" {
+            let own = new_connections(&target, call, &[pid], new).await;
+            println!("only {only}: {} CPU per new connection ({new})", us1(own));
+        } else {
+            let (_, _, cpu, switches) = measure(&target, call, &[pid], rate, seconds).await;
+            println!(
+                "only {only}: {} CPU per request at {rate} req/s for {seconds} s, {switches:.2} context switches",
+                us1(cpu[0])
+            );
+        }
+        return;
+    }
 
     println!("keyward gate against its floor (the client to the upstream directly over TLS) and the proxies one would put there instead, {rate} req/s, {CONNECTIONS} connections, {seconds} s a run; latency from each request's scheduled send time");
     println!();
