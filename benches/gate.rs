@@ -23,8 +23,9 @@
 //! 10 per fixed-rate run), KEYWARD_BENCH_RATE (default 1000 requests/s),
 //! KEYWARD_BENCH_NEW_CONNECTIONS (default 1000), KEYWARD_BENCH_PEERS=0 (the gate and the floor
 //! only, without nginx and HAProxy), KEYWARD_BENCH_ONLY=gate|nginx|haproxy:http|grpc|token|connect
-//! (after a warm-up, only that proxy on that case at the fixed rate, or its new connections: what
-//! a profile of one case records).
+//! with `:saturated` after http, grpc or token to saturate instead (after a warm-up, only that
+//! proxy on that case at the fixed rate, saturated, or its new connections: what a profile of
+//! one case records).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a panic is the benchmark failure report
 
 #[path = "../tests/support/mod.rs"]
@@ -625,6 +626,10 @@ async fn run() {
     // For `scripts/profile.sh gate|nginx|haproxy CASE`: one proxy, one case, nothing else.
     if let Ok(only) = std::env::var("KEYWARD_BENCH_ONLY") {
         let (through, case) = only.split_once(':').unwrap_or((only.as_str(), "http"));
+        let (case, saturated) = match case.strip_suffix(":saturated") {
+            Some(case) => (case, true),
+            None => (case, false),
+        };
         let (addr, pid) = match through {
             "gate" => (gate.endpoint.addr, gate.pid()),
             peer => {
@@ -647,6 +652,12 @@ async fn run() {
         if case == "connect" {
             let own = new_connections(&target, call, &[pid], new).await;
             println!("only {only}: {} CPU per new connection ({new})", us1(own));
+        } else if saturated {
+            let (throughput, cpu) = saturate("the profiled proxy", &target, call, &[pid], seconds).await;
+            println!(
+                "only {only}: {} CPU per request at saturation, {throughput:.0} req/s for {seconds} s",
+                us1(cpu[0])
+            );
         } else {
             let (_, _, cpu, switches) = measure(&target, call, &[pid], rate, seconds).await;
             println!(

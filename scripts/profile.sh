@@ -9,7 +9,8 @@
 #                                  # the CPU-per-admission target measures
 #   scripts/profile.sh gate|nginx|haproxy http|grpc|token|connect   # one proxy of the gate
 #                                  # benchmark on one case at 1,000 req/s for 30 s (token: the
-#                                  # gate only), or 3,000 new connections
+#                                  # gate only), or 3,000 new connections; `http:saturated`,
+#                                  # `grpc:saturated`, `token:saturated`: 16 connections flat out
 # Every case of a benchmark (the fixed rate and saturation), at 199 Hz:
 #   scripts/profile.sh gate        # keyward gate during `cargo bench --bench gate`
 #   scripts/profile.sh serve       # keyward serve during `cargo bench --bench load`
@@ -18,13 +19,13 @@
 # Needs perf (linux-perf) and permission to profile (root, or kernel.perf_event_paranoid <= 1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-usage="scripts/profile.sh serve|serve-lmeval|floor-lmeval, or gate|nginx|haproxy [http|grpc|token|connect]"
+usage="scripts/profile.sh serve|serve-lmeval|floor-lmeval, or gate|nginx|haproxy [http|grpc|token|connect|http:saturated|grpc:saturated|token:saturated]"
 what="${1:?$usage}"
 case_="${2:-}"
 command -v perf >/dev/null || { echo "profile: perf is not installed (apt-get install linux-perf)" >&2; exit 1; }
 out=target/profile
 mkdir -p "$out"
-name="$what${case_:+-$case_}"
+name="$what${case_:+-${case_//:/-}}"
 
 report() {
   perf report -i "$out/$name.data" --no-children --sort dso --stdio -g none 2>/dev/null | grep -v '^#' | grep -v '^$' | head -12 || true
@@ -56,7 +57,8 @@ case "$what:$case_" in
   floor-lmeval:)
     focused load floor KEYWARD_BENCH_SECONDS=30
     exit 0 ;;
-  gate:http | gate:grpc | gate:token | gate:connect | nginx:http | nginx:grpc | nginx:connect | haproxy:http | haproxy:grpc | haproxy:connect)
+  gate:http | gate:grpc | gate:token | gate:connect | nginx:http | nginx:grpc | nginx:connect | haproxy:http | haproxy:grpc | haproxy:connect | \
+  gate:http:saturated | gate:grpc:saturated | gate:token:saturated | nginx:http:saturated | nginx:grpc:saturated | haproxy:http:saturated | haproxy:grpc:saturated)
     # The peers run only when one of them is profiled.
     peers=1
     [[ "$what" == gate ]] && peers=0
