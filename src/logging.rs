@@ -6,7 +6,7 @@
 //! forge a line or a field.
 
 use std::io::{IsTerminal, Write};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use std::fmt::{self, Write as _};
@@ -29,14 +29,18 @@ pub enum LogFormat {
 pub fn init(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let buffer = BUFFER.get_or_init(|| {
+        let shared = Arc::<Shared>::default();
+        let flusher = shared.clone();
         std::thread::Builder::new()
             .name("keyward-log".into())
-            .spawn(|| loop {
-                std::thread::sleep(FLUSH_EVERY);
-                flush();
+            .spawn(move || {
+                flusher.flush_batches(std::thread::sleep, |batch| {
+                    // Nowhere to report a failed log write; the next batch tries again.
+                    let _ = std::io::stdout().lock().write_all(batch);
+                })
             })
             .ok();
-        Arc::default()
+        shared
     });
     // A second init (in tests) is harmless; keep the first.
     let _ = tracing::dispatcher::set_global_default(dispatch(
@@ -61,16 +65,23 @@ const FLUSH_AT: usize = 64 * 1024;
 
 static BUFFER: OnceLock<Arc<Shared>> = OnceLock::new();
 
-/// Log lines gathered in memory and written to stdout in batches (every 50 ms, or at 64 KiB),
-/// so that a busy webhook makes one write a batch instead of one per decision.
+/// Log lines gathered in memory and written to stdout in batches (50 ms after a batch's first
+/// line, or at 64 KiB), so that a busy webhook makes one write a batch instead of one per
+/// decision, and an idle one (a gate sidecar in every job pod) is never woken to write nothing.
 #[derive(Debug, Default)]
 struct Shared {
     lines: Mutex<Vec<u8>>,
+    /// Signalled when a line lands in an empty batch.
+    arrived: Condvar,
 }
 
 impl Shared {
+    fn lines(&self) -> MutexGuard<'_, Vec<u8>> {
+        self.lines.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn take(&self) -> Vec<u8> {
-        std::mem::take(&mut *self.lines.lock().unwrap_or_else(|p| p.into_inner()))
+        std::mem::take(&mut *self.lines())
     }
 
     fn write_out(&self) {
@@ -78,6 +89,24 @@ impl Shared {
         if !batch.is_empty() {
             // Nowhere to report a failed log write; the next batch tries again.
             let _ = std::io::stdout().lock().write_all(&batch);
+        }
+    }
+
+    /// The flusher's loop: sleeps until a batch has its first line, lets the batch gather for
+    /// [`FLUSH_EVERY`], and hands it to `write`. Never returns.
+    fn flush_batches(&self, sleep: impl Fn(Duration), mut write: impl FnMut(&[u8])) {
+        loop {
+            let mut lines = self.lines();
+            while lines.is_empty() {
+                lines = self.arrived.wait(lines).unwrap_or_else(|p| p.into_inner());
+            }
+            drop(lines);
+            sleep(FLUSH_EVERY);
+            let batch = self.take();
+            // Empty when a line that filled the batch wrote it out meanwhile.
+            if !batch.is_empty() {
+                write(&batch);
+            }
         }
     }
 }
@@ -97,13 +126,16 @@ struct Line<'w>(&'w Shared);
 
 impl Write for Line<'_> {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        let full = {
-            let mut lines = self.0.lines.lock().unwrap_or_else(|p| p.into_inner());
+        let (first, full) = {
+            let mut lines = self.0.lines();
+            let first = lines.is_empty();
             lines.extend_from_slice(bytes);
-            lines.len() >= FLUSH_AT
+            (first, lines.len() >= FLUSH_AT)
         };
         if full {
             self.0.write_out();
+        } else if first {
+            self.0.arrived.notify_one();
         }
         Ok(bytes.len())
     }
@@ -342,6 +374,68 @@ mod tests {
         fn make_writer(&'a self) -> Captured {
             self.clone()
         }
+    }
+
+    /// How long a test waits for the flusher before it fails (instead of hanging).
+    const WAIT: Duration = Duration::from_secs(10);
+
+    /// The flusher sleeps until a line arrives, not on a timer: it lets one batch gather (one
+    /// sleep) and writes it whole, and was not woken while nothing was logged.
+    #[test]
+    fn the_flusher_waits_for_a_line_then_writes_the_batch_once() {
+        let shared = Arc::<Shared>::default();
+        let (slept, sleeps) = std::sync::mpsc::channel();
+        let (written, batches) = std::sync::mpsc::channel();
+        let flusher = shared.clone();
+        std::thread::spawn(move || {
+            flusher.flush_batches(|pause| slept.send(pause).unwrap(), |batch| written.send(batch.to_vec()).unwrap())
+        });
+        Line(&shared).write_all(b"{\"n\":1}\n").unwrap();
+        Line(&shared).write_all(b"{\"n\":2}\n").unwrap();
+        let batch = batches.recv_timeout(WAIT).unwrap();
+        // Both lines in one batch when the second arrived before the first's pause ended;
+        // the first alone otherwise: never an empty write, never a line twice.
+        let mut all = batch.clone();
+        if batch == b"{\"n\":1}\n" {
+            all.extend(batches.recv_timeout(WAIT).unwrap());
+        }
+        assert_eq!(all, b"{\"n\":1}\n{\"n\":2}\n");
+        let pauses: Vec<Duration> = sleeps.try_iter().collect();
+        assert!(pauses.iter().all(|p| *p == FLUSH_EVERY), "{pauses:?}");
+        assert_eq!(pauses.len(), if batch == all { 1 } else { 2 }, "one pause a batch, none while idle");
+        assert!(shared.take().is_empty());
+    }
+
+    /// A batch that a line crossing [`FLUSH_AT`] wrote out while the flusher paused leaves it
+    /// nothing to write: no empty write, and the next line is the next batch.
+    #[test]
+    fn the_flusher_skips_a_batch_written_out_during_its_pause() {
+        let shared = Arc::<Shared>::default();
+        let (written, batches) = std::sync::mpsc::channel();
+        let flusher = shared.clone();
+        let during_pause = shared.clone();
+        let pauses = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::spawn(move || {
+            flusher.flush_batches(
+                |_| {
+                    // The first pause: what a full batch's writer does meanwhile.
+                    if pauses.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                        assert_eq!(during_pause.take(), b"{\"n\":1}\n");
+                    }
+                },
+                |batch| written.send(batch.to_vec()).unwrap(),
+            )
+        });
+        Line(&shared).write_all(b"{\"n\":1}\n").unwrap();
+        // The first batch is gone before the second line can land in an empty batch and wake
+        // the flusher again: wait for it to be taken.
+        let deadline = std::time::Instant::now() + WAIT;
+        while !shared.lines().is_empty() {
+            assert!(std::time::Instant::now() < deadline, "the flusher never woke for the first line");
+            std::thread::yield_now();
+        }
+        Line(&shared).write_all(b"{\"n\":2}\n").unwrap();
+        assert_eq!(batches.recv_timeout(WAIT).unwrap(), b"{\"n\":2}\n");
     }
 
     #[test]
