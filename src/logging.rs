@@ -33,12 +33,7 @@ pub fn init(format: LogFormat) {
         let flusher = shared.clone();
         std::thread::Builder::new()
             .name("keyward-log".into())
-            .spawn(move || {
-                flusher.flush_batches(std::thread::sleep, |batch| {
-                    // Nowhere to report a failed log write; the next batch tries again.
-                    let _ = std::io::stdout().lock().write_all(batch);
-                })
-            })
+            .spawn(move || flusher.flush_batches(std::thread::sleep, to_stdout))
             .ok();
         shared
     });
@@ -87,8 +82,7 @@ impl Shared {
     fn write_out(&self) {
         let batch = self.take();
         if !batch.is_empty() {
-            // Nowhere to report a failed log write; the next batch tries again.
-            let _ = std::io::stdout().lock().write_all(&batch);
+            to_stdout(&batch);
         }
     }
 
@@ -109,6 +103,11 @@ impl Shared {
             }
         }
     }
+}
+
+/// Writes a batch of lines. Nowhere to report a failed log write; the next batch tries again.
+fn to_stdout(batch: &[u8]) {
+    let _ = std::io::stdout().lock().write_all(batch);
 }
 
 #[derive(Debug, Clone)]
