@@ -318,7 +318,17 @@ struct Target {
 
 impl Target {
     fn new(addr: SocketAddr, ca_pem: &str, identity: Option<&Minted>, h2: bool) -> Self {
-        let mut tls = client_config(ca_pem.as_bytes(), identity, if h2 { b"h2" } else { b"http/1.1" });
+        // The one TLS 1.3 suite the peers are configured with (benches/peers), and the one Go's
+        // crypto/tls clients pick first on AES hardware: rustls' default order would otherwise
+        // put TLS_AES_256_GCM_SHA384 first, and the gate and the floor would be measured
+        // running a SHA-384 key schedule (no SHA-512 instructions on x86) that nginx and HAProxy
+        // are not.
+        let provider = rustls::crypto::CryptoProvider {
+            cipher_suites: vec![rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256],
+            ..rustls::crypto::ring::default_provider()
+        };
+        let alpn: &[u8] = if h2 { b"h2" } else { b"http/1.1" };
+        let mut tls = client_config_with(provider, ca_pem.as_bytes(), identity, alpn);
         // Every new connection a full handshake, to the floor as to the gate: the gate resumes
         // no session (a resumed one would skip verifying its client certificate again), and a
         // floor that resumed would be measured doing less work than a new client's first one.

@@ -245,11 +245,21 @@ pub fn keyward_bin() -> std::ffi::OsString {
 
 /// given (a keyward workload's, to `keyward gate`), and offers `alpn`.
 pub fn client_config(ca_pem: &[u8], identity: Option<&Minted>, alpn: &[u8]) -> rustls::ClientConfig {
+    client_config_with(rustls::crypto::ring::default_provider(), ca_pem, identity, alpn)
+}
+
+/// As [`client_config`], offering what `provider` holds (the benchmarks: one cipher suite).
+pub fn client_config_with(
+    provider: rustls::crypto::CryptoProvider,
+    ca_pem: &[u8],
+    identity: Option<&Minted>,
+    alpn: &[u8],
+) -> rustls::ClientConfig {
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(ca_pem) {
         roots.add(cert.unwrap()).unwrap();
     }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(provider);
     let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .unwrap()
