@@ -31,13 +31,6 @@ pub fn workload_of(der: &[u8]) -> Result<WorkloadIdentity, String> {
     }
 }
 
-/// When a certificate (DER) stops being valid: `None` when it cannot be read.
-pub fn not_after(der: &[u8]) -> Option<std::time::SystemTime> {
-    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
-    let seconds = u64::try_from(cert.validity().not_after.timestamp()).ok()?;
-    std::time::UNIX_EPOCH.checked_add(std::time::Duration::from_secs(seconds))
-}
-
 /// The token of an `Authorization: Bearer` header: `None` when there is none, an error when
 /// the header is there but is not one bearer token.
 pub fn bearer_token(headers: &http::HeaderMap) -> Result<Option<&str>, String> {

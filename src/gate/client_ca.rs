@@ -387,7 +387,7 @@ mod tests {
         let ca = ClientCa::load(&file).unwrap();
         let leaf = old.issue_client_identity(&[], "spiffe://td/ns/a/job/j", now, day).unwrap();
         let chain = vec![CertificateDer::from_pem_slice(leaf.cert_pem.as_bytes()).unwrap()];
-        let not_after = super::super::caller::not_after(&chain[0]);
+        let not_after = crate::serve::connections::not_after(&chain[0]);
         assert!(not_after.is_some_and(|t| t > now));
         // Verified at the handshake under generation 1: only its time is checked while it lasts.
         assert_eq!(ca.still_trusts(&chain, 1, not_after, now), Ok(1));

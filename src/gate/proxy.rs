@@ -25,7 +25,7 @@ use keyward_gate::route::RequestPath;
 use keyward_gate::rules::{AccessReview, Caller};
 use tokio::sync::Semaphore;
 
-use super::caller::{bearer_token, not_after, workload_of};
+use super::caller::{bearer_token, workload_of};
 use super::client_ca::ClientCa;
 use super::forward;
 use super::metrics::{Decision, GateMetrics};
@@ -206,7 +206,6 @@ async fn decide(
 /// What a connection's client certificate says, read on its first request.
 struct PeerReading {
     identity: Result<WorkloadIdentity, String>,
-    not_after: Option<SystemTime>,
 }
 
 /// The caller: the client certificate's workload identity, else a bearer token's account.
@@ -219,13 +218,12 @@ async fn authenticate(
     let unauthenticated = |why: String| Stop::new(Decision::Unauthenticated, grpc, why);
     if let Some(peer) = parts.extensions.get::<PeerCertificate>() {
         // Read on the connection's first request, kept for the rest.
-        let reading =
-            peer.read_once(|der| Arc::new(PeerReading { identity: workload_of(der), not_after: not_after(der) }));
+        let reading = peer.read_once(|der| Arc::new(PeerReading { identity: workload_of(der) }));
         // Good at the handshake is not good for ever: on every request the certificate must
         // still be in its validity and, after a reload, chain to a client CA in force (no TLS
         // session is resumed, so no connection skips its handshake's verification either).
         if let Some(ca) = &state.client_ca {
-            match ca.still_trusts(peer.chain(), peer.trusted_under(), reading.not_after, SystemTime::now()) {
+            match ca.still_trusts(peer.chain(), peer.trusted_under(), peer.not_after(), SystemTime::now()) {
                 Ok(generation) => peer.trusted_again(generation),
                 Err(why) => {
                     if let Some(progress) = parts.extensions.get::<RequestProgress>() {

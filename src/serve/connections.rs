@@ -287,15 +287,26 @@ pub struct PeerCertificate {
     /// ([`Connections::with_trust_generation`]): taken before the handshake, so a reload during
     /// it counts as after.
     trusted_under: Arc<AtomicU64>,
+    /// When the end entity stops being valid, read once with the connection: `None` when it
+    /// cannot be read.
+    not_after: Option<std::time::SystemTime>,
 }
 
 impl PeerCertificate {
     fn new(chain: Vec<rustls::pki_types::CertificateDer<'static>>, trusted_under: u64) -> Option<Self> {
-        (!chain.is_empty()).then(|| Self {
+        let leaf = chain.first()?;
+        let not_after = not_after(leaf);
+        Some(Self {
             chain: Arc::new(chain),
             read: Arc::default(),
             trusted_under: Arc::new(AtomicU64::new(trusted_under)),
+            not_after,
         })
+    }
+
+    /// When the end entity stops being valid: `None` when it cannot be read.
+    pub fn not_after(&self) -> Option<std::time::SystemTime> {
+        self.not_after
     }
 
     /// The end entity's DER.
@@ -816,7 +827,7 @@ async fn connection(
                 // Closed when the certificate stops being good, whatever the connection is doing.
                 state
                     .credential_until
-                    .store(credential_until(clock, peer.leaf(), std::time::SystemTime::now()), Ordering::Release);
+                    .store(credential_until(clock, peer.not_after(), std::time::SystemTime::now()), Ordering::Release);
             }
             let client = Client { addr: peer_addr, tls: true };
             if h2 {
@@ -828,13 +839,20 @@ async fn connection(
     }
 }
 
-/// The clock's time at which a client certificate (`leaf`, DER) stops being valid: its
-/// notAfter, seen from `now`. 0 (none) when it cannot be read: the handler refuses it then.
-fn credential_until(clock: Clock, leaf: &[u8], now: std::time::SystemTime) -> u64 {
-    let Ok((_, cert)) = x509_parser::parse_x509_certificate(leaf) else { return 0 };
-    let not_after = cert.validity().not_after.timestamp();
-    let now_unix = now.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let left_ms = u64::try_from(not_after).unwrap_or(0).saturating_sub(now_unix).saturating_mul(1000);
+/// When a certificate (DER) stops being valid: `None` when it cannot be read (or says a time
+/// before 1970).
+pub fn not_after(der: &[u8]) -> Option<std::time::SystemTime> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let seconds = u64::try_from(cert.validity().not_after.timestamp()).ok()?;
+    std::time::UNIX_EPOCH.checked_add(Duration::from_secs(seconds))
+}
+
+/// The clock's time at which a client certificate valid until `not_after` stops being valid,
+/// seen from `now`. 0 (none) when its end is unknown: the handler refuses it then.
+fn credential_until(clock: Clock, not_after: Option<std::time::SystemTime>, now: std::time::SystemTime) -> u64 {
+    let Some(not_after) = not_after else { return 0 };
+    let left = not_after.duration_since(now).unwrap_or_default();
+    let left_ms = left.as_secs().saturating_mul(1000);
     clock.now_ms().saturating_add(left_ms).max(1)
 }
 
@@ -1239,10 +1257,11 @@ mod tests {
         let der = rustls::pki_types::pem::PemObject::from_pem_slice(leaf.cert_pem().as_bytes())
             .map(|c: rustls::pki_types::CertificateDer<'static>| c.to_vec())
             .unwrap();
-        let until = credential_until(clock, &der, std::time::SystemTime::now());
+        let until = credential_until(clock, not_after(&der), std::time::SystemTime::now());
         let left = until.saturating_sub(clock.now_ms());
         assert!((3_590_000..=3_600_000).contains(&left), "{left}");
-        assert_eq!(credential_until(clock, b"not DER", std::time::SystemTime::now()), 0);
+        assert_eq!(not_after(b"not DER"), None);
+        assert_eq!(credential_until(clock, None, std::time::SystemTime::now()), 0);
     }
 
     #[tokio::test]
