@@ -245,7 +245,30 @@ pub fn keyward_bin() -> std::ffi::OsString {
 
 /// given (a keyward workload's, to `keyward gate`), and offers `alpn`.
 pub fn client_config(ca_pem: &[u8], identity: Option<&Minted>, alpn: &[u8]) -> rustls::ClientConfig {
-    client_config_with(rustls::crypto::ring::default_provider(), ca_pem, identity, alpn)
+    client_config_with(go_client_provider(), ca_pem, identity, alpn)
+}
+
+/// ring's suites in the order Go's crypto/tls client offers them on AES hardware (the
+/// apiserver's webhook client, the served systems' drivers; `defaultCipherSuitesTLS13` and
+/// `cipherSuitesPreferenceOrder` in Go 1.19's crypto/tls/cipher_suites.go, Debian's golang-go):
+/// TLS_AES_128_GCM_SHA256 first, where rustls' default puts TLS_AES_256_GCM_SHA384 first. A
+/// test or benchmark then negotiates what keyward's real clients do.
+pub fn go_client_provider() -> rustls::crypto::CryptoProvider {
+    use rustls::crypto::ring::cipher_suite::*;
+    rustls::crypto::CryptoProvider {
+        cipher_suites: vec![
+            TLS13_AES_128_GCM_SHA256,
+            TLS13_AES_256_GCM_SHA384,
+            TLS13_CHACHA20_POLY1305_SHA256,
+            TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+            TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+            TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+            TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+            TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+            TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
+        ],
+        ..rustls::crypto::ring::default_provider()
+    }
 }
 
 /// As [`client_config`], offering what `provider` holds (the benchmarks: one cipher suite).
@@ -283,7 +306,7 @@ impl Endpoint {
         for cert in CertificateDer::pem_slice_iter(&self.ca_pem) {
             roots.add(cert.unwrap()).unwrap();
         }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = Arc::new(go_client_provider());
         let mut config = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .unwrap()
