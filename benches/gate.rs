@@ -12,7 +12,8 @@
 //! token; then CPU per new TLS connection (one request each).
 //!
 //! Beside the gate, the proxies a platform engineer would put there instead, in front of the same
-//! upstream with the same certificate, client CA and TLS 1.3 cipher (benches/peers: nginx and
+//! upstream with the same certificate, client CA and TLS 1.3 cipher (TLS_AES_128_GCM_SHA256, the
+//! only one the client offers, as benches/peers pins it for the proxies; benches/peers: nginx and
 //! HAProxy from Debian's packages, one worker each, in the foreground, client certificates
 //! verified, keep-alive to the upstream): each measured at the fixed rate and at saturation (16
 //! connections sending back to back), interleaved with the gate and the floor, and per new
