@@ -2,13 +2,14 @@
 //! a TLS server built here (the same rustls and hyper settings) that reads the whole body and
 //! returns a fixed AdmissionReview answer, without parsing anything. Both run as separate
 //! processes; one load generator (HTTP/1.1 keep-alive, as the apiserver's webhook client)
-//! drives each in turn.
+//! drives each in turn. Beside them two peers built here on the floor's TLS and HTTP: the
+//! kube-rs admission example, and the floor serving keyward's own engine.
 //!
 //! Run: `cargo bench --bench load` (or `scripts/bench.sh`). Bounded: fixed request counts, to
 //! loopback only, and it stops by itself. Knobs: KEYWARD_BENCH_REQUESTS (default 20000 per
 //! closed-loop run), KEYWARD_BENCH_SECONDS (default 5 per fixed-rate run), KEYWARD_BENCH_TAIL_SECONDS
 //! (default 20 per run of the 200 KB pod's tail, four runs; 0 leaves it out), KEYWARD_BENCH_WORKERS
-//! (default 1: keyward's `--worker-threads`, and the floor's threads), KEYWARD_BENCH_ONLY=keyward|floor
+//! (default 1: keyward's `--worker-threads`, and the floor's threads), KEYWARD_BENCH_ONLY=keyward|floor|floor-engine
 //! (after the warm-up, only the LMEval driver's fixed-rate CPU run on that server: what a profile
 //! of the serving path records).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a panic is the benchmark failure report
@@ -105,6 +106,37 @@ async fn floor_server() {
         })
     }))
     .await
+}
+
+/// The floor serving keyward's engine: each body read, decided and answered as `keyward serve`
+/// does it (the same profiles and attestation key), on the floor's TLS and HTTP instead of
+/// keyward's. What keyward would cost with a serving layer exactly as cheap as the floor's.
+fn engine_answer(attestation_dir: &std::path::Path) -> impl Fn(hyper::body::Bytes) -> hyper::body::Bytes {
+    use keyward_engine::engine::decide_object;
+    use keyward_engine::review;
+    let profiles = example_profiles();
+    let attestor = DirAttestor::load(attestation_dir);
+    move |body| {
+        let request = review::read_request(&body, profiles.annotations_read()).unwrap();
+        let decision = decide_object(&request.facts().attested_by(&attestor), &request.object, &profiles);
+        review::respond(&request.uid, &decision).into()
+    }
+}
+
+/// The profiles `keyward serve` runs with here: the built-ins and the engine tests' examples.
+fn example_profiles() -> keyward_engine::ProfileSet {
+    let examples = concat!(env!("CARGO_MANIFEST_DIR"), "/webhooks/tests/profiles");
+    let sources = std::fs::read_dir(examples)
+        .unwrap()
+        .map(|e| {
+            let path = e.unwrap().path();
+            (path.display().to_string(), std::fs::read_to_string(&path).unwrap())
+        })
+        .collect::<Vec<_>>();
+    keyward_engine::ProfileSet::builtin()
+        .unwrap()
+        .overlay(keyward_engine::ProfileSet::from_sources(sources).unwrap())
+        .unwrap()
 }
 
 /// The kube-rs peer: what kube-rs's own admission example does with a review
@@ -218,10 +250,16 @@ impl Floor {
         Self::spawn("kube-rs", std::path::Path::new("/nonexistent"))
     }
 
-    fn spawn(mode: &str, answers: &std::path::Path) -> Self {
+    /// The floor serving keyward's engine ([`engine_answer`]) with keyward's attestation key.
+    fn start_engine(keyward: &Server) -> Self {
+        Self::spawn("engine", keyward.attestation_dir.as_ref().unwrap().path())
+    }
+
+    /// `path`: the floor's answers, or the engine's attestation key directory.
+    fn spawn(mode: &str, path: &std::path::Path) -> Self {
         let mut child = Command::new(std::env::current_exe().unwrap())
             .env("KEYWARD_BENCH_FLOOR", mode)
-            .env("KEYWARD_BENCH_FLOOR_ANSWERS", answers)
+            .env("KEYWARD_BENCH_FLOOR_ANSWERS", path)
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
@@ -330,6 +368,10 @@ fn main() {
         if mode == "kube-rs" {
             return runtime.block_on(tls_server(Arc::new(kube_rs_mutate)));
         }
+        if mode == "engine" {
+            let answer = engine_answer(std::path::Path::new(&std::env::var("KEYWARD_BENCH_FLOOR_ANSWERS").unwrap()));
+            return runtime.block_on(tls_server(Arc::new(answer)));
+        }
         return runtime.block_on(floor_server());
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
@@ -378,10 +420,27 @@ async fn run() {
         (200, &json!(true), &json!("JSONPatch"))
     );
 
-    // Warm up both (TLS session caches, allocator, the page cache).
+    // The floor serving the engine patches as keyward does (the attestation's values aside).
+    let served_engine = Floor::start_engine(&keyward);
+    let (mut served, _) = served_engine.endpoint.connect().await.unwrap();
+    for body in [&lmeval, &kuberay] {
+        let ops = |answer: &[u8]| {
+            let answer: Value = serde_json::from_slice(answer).unwrap();
+            let patch = answer["response"]["patch"].as_str().unwrap();
+            let patch = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, patch).unwrap();
+            let patch: Vec<Value> = serde_json::from_slice(&patch).unwrap();
+            patch.iter().map(|op| format!("{} {}", op["op"], op["path"])).collect::<Vec<_>>()
+        };
+        let (status, answer) = served.request("POST", "/mutate", body.to_vec()).await.unwrap();
+        let (_, own) = client.request("POST", "/mutate?timeout=10s", body.to_vec()).await.unwrap();
+        assert_eq!((status, ops(&answer)), (200, ops(&own)));
+    }
+
+    // Warm up all four (TLS session caches, allocator, the page cache).
     for body in [&lmeval, &kuberay] {
         closed_loop(&keyward.endpoint, body, 2000).await;
         closed_loop(&floor.endpoint, body, 2000).await;
+        closed_loop(&served_engine.endpoint, body, 2000).await;
         closed_loop(&kube_rs.endpoint, body, 2000).await;
     }
     let (_, idle_rss) = process_usage(pid);
@@ -390,7 +449,8 @@ async fn run() {
         let (endpoint, server_pid) = match only.as_str() {
             "keyward" => (&keyward.endpoint, pid),
             "floor" => (&floor.endpoint, floor.pid()),
-            other => panic!("KEYWARD_BENCH_ONLY={other}: keyward or floor"),
+            "floor-engine" => (&served_engine.endpoint, served_engine.pid()),
+            other => panic!("KEYWARD_BENCH_ONLY={other}: keyward, floor or floor-engine"),
         };
         // The line a profiler waits for: from here on, only the measured run.
         println!("measuring pid {server_pid}");
@@ -438,7 +498,8 @@ async fn run() {
         let (sum1, count1) = decided(&keyward.endpoint).await;
         let in_server = (sum1 - sum0) / (count1 - count0) * 1e6;
         let peer_cpu = cpu_per_request(&kube_rs.endpoint, kube_rs.pid(), body, CPU_RATE, seconds).await;
-        cpu_rows.push((name, floor_cpu, keyward_cpu, engine_cost(&keyward, body), in_server, peer_cpu));
+        let served_cpu = cpu_per_request(&served_engine.endpoint, served_engine.pid(), body, CPU_RATE, seconds).await;
+        cpu_rows.push((name, floor_cpu, keyward_cpu, engine_cost(&keyward, body), in_server, peer_cpu, served_cpu));
     }
     println!();
     println!(
@@ -457,20 +518,24 @@ async fn run() {
     println!("Beside them, the kube-rs peer: kube-rs's admission example (examples/admission_controller.rs,");
     println!("kube-rs/kube ac95b19) served as the floor is, decoding AdmissionReview<DynamicObject> and");
     println!("answering a JSON patch. Targets (issue 45): keyward ≤ 1.15 × (floor + engine); keyward ≤ 0.6 × kube-rs.");
+    println!("And the floor serving the engine: the floor's TLS and HTTP around keyward's engine, as keyward");
+    println!("decides (the same profiles and attestation key): keyward with a serving layer as cheap as the floor's.");
     println!();
-    println!("| AdmissionReview | floor CPU µs/req | engine µs/req | engine, evicted µs/req | decision in keyward µs/req | keyward CPU µs/req | keyward − floor − engine | keyward / (floor + engine) | keyward / (floor + engine, evicted) | kube-rs peer CPU µs/req | keyward / kube-rs |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
-    for (name, floor_cpu, keyward_cpu, engine, in_server, peer_cpu) in cpu_rows {
+    println!("| AdmissionReview | floor CPU µs/req | engine µs/req | engine, evicted µs/req | decision in keyward µs/req | keyward CPU µs/req | keyward − floor − engine | keyward / (floor + engine) | keyward / (floor + engine, evicted) | kube-rs peer CPU µs/req | keyward / kube-rs | floor serving the engine µs/req | keyward / floor serving the engine | floor serving the engine / (floor + engine) |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for (name, floor_cpu, keyward_cpu, engine, in_server, peer_cpu, served_cpu) in cpu_rows {
         let overhead = keyward_cpu - floor_cpu - engine.hot;
         let serving = keyward_cpu / (floor_cpu + engine.hot);
         let serving_evicted = keyward_cpu / (floor_cpu + engine.evicted);
         let against_peer = keyward_cpu / peer_cpu;
         println!(
-            "| {name} | {floor_cpu:.1} | {:.1} | {:.1} | {in_server:.1} | {keyward_cpu:.1} | {overhead:.1} | {serving:.2}× ({}) | {serving_evicted:.2}× | {peer_cpu:.1} | {against_peer:.2}× ({}) |",
+            "| {name} | {floor_cpu:.1} | {:.1} | {:.1} | {in_server:.1} | {keyward_cpu:.1} | {overhead:.1} | {serving:.2}× ({}) | {serving_evicted:.2}× | {peer_cpu:.1} | {against_peer:.2}× ({}) | {served_cpu:.1} | {:.2}× | {:.2}× |",
             engine.hot,
             engine.evicted,
             if serving <= 1.15 { "met" } else { "not met" },
-            if against_peer <= 0.6 { "met" } else { "not met" }
+            if against_peer <= 0.6 { "met" } else { "not met" },
+            keyward_cpu / served_cpu,
+            served_cpu / (floor_cpu + engine.hot)
         );
     }
     println!();
@@ -554,18 +619,7 @@ async fn cpu_per_request(endpoint: &Endpoint, pid: u32, body: &Arc<Vec<u8>>, rat
 fn engine_cost(keyward: &Server, body: &[u8]) -> EngineCost {
     use keyward_engine::engine::decide_object;
     use keyward_engine::review;
-    let examples = concat!(env!("CARGO_MANIFEST_DIR"), "/webhooks/tests/profiles");
-    let sources = std::fs::read_dir(examples)
-        .unwrap()
-        .map(|e| {
-            let path = e.unwrap().path();
-            (path.display().to_string(), std::fs::read_to_string(&path).unwrap())
-        })
-        .collect::<Vec<_>>();
-    let profiles = keyward_engine::ProfileSet::builtin()
-        .unwrap()
-        .overlay(keyward_engine::ProfileSet::from_sources(sources).unwrap())
-        .unwrap();
+    let profiles = example_profiles();
     let attestor = DirAttestor::load(keyward.attestation_dir.as_ref().unwrap().path());
     let run = || {
         let request = review::read_request(std::hint::black_box(body), profiles.annotations_read()).unwrap();

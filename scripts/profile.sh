@@ -4,7 +4,8 @@
 #
 # One case alone (KEYWARD_BENCH_ONLY: after a warm-up the benchmark prints the pid it measures,
 # and only the measured run is recorded, at 999 Hz):
-#   scripts/profile.sh serve-lmeval|floor-lmeval   # keyward serve, or the load bench's floor, on
+#   scripts/profile.sh serve-lmeval|floor-lmeval|floor-engine-lmeval   # keyward serve, the load
+#                                  # bench's floor, or the floor serving keyward's engine, on
 #                                  # the LMEval driver at 4,000 req/s for 30 s: the serving path
 #                                  # the CPU-per-admission target measures
 #   scripts/profile.sh gate|nginx|haproxy http|grpc|token|connect   # one proxy of the gate
@@ -19,7 +20,7 @@
 # Needs perf (linux-perf) and permission to profile (root, or kernel.perf_event_paranoid <= 1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-usage="scripts/profile.sh serve|serve-lmeval|floor-lmeval, or gate|nginx|haproxy [http|grpc|token|connect|http:saturated|grpc:saturated|token:saturated]"
+usage="scripts/profile.sh serve|serve-lmeval|floor-lmeval|floor-engine-lmeval, or gate|nginx|haproxy [http|grpc|token|connect|http:saturated|grpc:saturated|token:saturated]"
 what="${1:?$usage}"
 case_="${2:-}"
 command -v perf >/dev/null || { echo "profile: perf is not installed (apt-get install linux-perf)" >&2; exit 1; }
@@ -54,6 +55,7 @@ focused() {
 
 case "$what:$case_" in
   serve-lmeval:) focused load keyward KEYWARD_BENCH_SECONDS=30; exit 0 ;;
+  floor-engine-lmeval:) focused load floor-engine KEYWARD_BENCH_SECONDS=30; exit 0 ;;
   floor-lmeval:)
     focused load floor KEYWARD_BENCH_SECONDS=30
     exit 0 ;;
