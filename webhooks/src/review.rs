@@ -254,18 +254,9 @@ pub fn respond(uid: &str, decision: &Decision) -> Vec<u8> {
         Ok(_) if !patch.is_empty() => {
             let mark = out.len();
             out.extend_from_slice(b",\"patchType\":\"JSONPatch\",\"patch\":\"");
-            // The patch's JSON goes through a base64 encoder straight into the response.
             // The patch's JSON, then its base64 straight into the response.
             let mut json = Vec::with_capacity(patch.len() * 160);
-            let ok = patch.write_json(&mut json).is_ok();
-            if ok {
-                use base64::Engine as _;
-                let start = out.len();
-                out.resize(start + base64::encoded_len(json.len(), true).unwrap_or_default(), 0);
-                let written =
-                    base64::engine::general_purpose::STANDARD.encode_slice(&json, &mut out[start..]).unwrap_or(0);
-                out.truncate(start + written);
-            }
+            let ok = patch.write_json(&mut json).is_ok() && append_base64(&mut out, &json);
             if ok {
                 out.extend_from_slice(b"\",\"allowed\":true");
             } else {
@@ -293,6 +284,27 @@ pub fn respond(uid: &str, decision: &Decision) -> Vec<u8> {
     out
 }
 
+/// Appends `bytes` in standard base64. False, with `out` as it was, if they cannot be encoded:
+/// the caller then refuses the pod rather than admit it with an empty patch.
+fn append_base64(out: &mut Vec<u8>, bytes: &[u8]) -> bool {
+    use base64::Engine as _;
+    let start = out.len();
+    let Some(len) = base64::encoded_len(bytes.len(), true) else {
+        return false;
+    };
+    out.resize(start + len, 0);
+    match base64::engine::general_purpose::STANDARD.encode_slice(bytes, &mut out[start..]) {
+        Ok(written) => {
+            out.truncate(start + written);
+            true
+        }
+        Err(_) => {
+            out.truncate(start);
+            false
+        }
+    }
+}
+
 fn write_json<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) {
     // Strings, maps of strings and lists of strings always serialise.
     let _ = serde_json::to_writer(&mut *out, value);
@@ -302,6 +314,16 @@ fn write_json<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) {
 mod tests {
     use super::*;
     use serde_json::{json, Value};
+
+    #[test]
+    fn base64_is_appended_after_what_is_there_with_its_padding() {
+        let mut out = b"\"patch\":\"".to_vec();
+        assert!(append_base64(&mut out, b"[{\"op\":\"add\"}]"));
+        assert_eq!(out, b"\"patch\":\"W3sib3AiOiJhZGQifV0=".to_vec());
+        let mut empty = b"x".to_vec();
+        assert!(append_base64(&mut empty, b""));
+        assert_eq!(empty, b"x".to_vec());
+    }
 
     #[test]
     fn strings_are_borrowed_from_the_body() {
