@@ -595,7 +595,8 @@ impl Gate {
 
     /// Decides on a request from `caller`. Pure: the transport has verified the caller, a path
     /// the gate will not judge was refused before, and `reviews` answers the SubjectAccessReviews
-    /// it knows (`None`: not asked yet; they come back in [`Verdict::pending`]).
+    /// it knows (`None`: not asked yet; they come back in [`Verdict::pending`]). The trace says
+    /// what every rule made of the request, as `keyward gate check` prints it.
     pub fn decide(
         &self,
         caller: &Caller,
@@ -603,6 +604,32 @@ impl Gate {
         path: &RequestPath<'_>,
         reviews: &dyn Fn(&AccessReview) -> Option<bool>,
     ) -> Verdict {
+        self.judge(caller, request, path, reviews, Trace::Every)
+    }
+
+    /// [`Gate::decide`] for the proxy: the same `allowed_by`, `pending` and
+    /// [`Verdict::reason`], but the trace keeps only the lines a refusal's reason shows. Rules
+    /// whose route the request is not on, and the rule that allows it, write nothing: the
+    /// proxy would format and drop those lines on every request.
+    pub fn decide_for_proxy(
+        &self,
+        caller: &Caller,
+        request: &Request<'_>,
+        path: &RequestPath<'_>,
+        reviews: &dyn Fn(&AccessReview) -> Option<bool>,
+    ) -> Verdict {
+        self.judge(caller, request, path, reviews, Trace::Reasons)
+    }
+
+    fn judge(
+        &self,
+        caller: &Caller,
+        request: &Request<'_>,
+        path: &RequestPath<'_>,
+        reviews: &dyn Fn(&AccessReview) -> Option<bool>,
+        detail: Trace,
+    ) -> Verdict {
+        let every = detail == Trace::Every;
         let mut trace = Vec::new();
         if let (Caller::Workload(id), Some(td)) = (caller, &self.trust_domain) {
             if id.trust_domain != *td {
@@ -614,8 +641,15 @@ impl Gate {
         for rule in &self.rules {
             match rule.check(caller, request, path, reviews) {
                 Ok(()) => {
-                    trace.push((rule.name.clone(), "allows it".into()));
+                    if every {
+                        trace.push((rule.name.clone(), "allows it".into()));
+                    }
                     return Verdict { allowed_by: Some(rule.name.clone()), trace, pending: Vec::new() };
+                }
+                Err(Failed::OffRoute) => {
+                    if every {
+                        trace.push((rule.name.clone(), rule.route.off_route(request.method)));
+                    }
                 }
                 Err(Failed::Awaits(review)) => {
                     trace.push((rule.name.clone(), "awaits the API server's SubjectAccessReview".into()));
@@ -638,14 +672,15 @@ impl Route {
         }
     }
 
-    /// The path's captures when `method` `path` is this route's; else why not.
-    fn fits<'p>(&self, method: &str, path: &RequestPath<'p>) -> Result<BTreeMap<&str, &'p str>, String> {
+    /// The path's captures when `method` `path` is this route's; else `OffRoute`, whose words
+    /// [`Route::off_route`] writes only when a trace wants them.
+    fn fits<'p>(&self, method: &str, path: &RequestPath<'p>) -> Result<BTreeMap<&str, &'p str>, Failed> {
         match self {
             Route::Http { methods, path: pattern } => {
-                if !methods.is_empty() && !methods.iter().any(|m| m == method) {
-                    return Err(format!("the route is {} only", methods.join(", ")));
+                if !takes(methods, method) {
+                    return Err(Failed::OffRoute);
                 }
-                pattern.matches(path).ok_or_else(|| format!("the route is {}", pattern.as_str()))
+                pattern.matches(path).ok_or(Failed::OffRoute)
             }
             Route::Grpc { service, methods } => {
                 let fits = method == "POST"
@@ -655,15 +690,43 @@ impl Route {
                 if fits {
                     Ok(BTreeMap::new())
                 } else {
-                    Err(format!("the route is gRPC {service}/{}", methods.join("|")))
+                    Err(Failed::OffRoute)
                 }
             }
         }
     }
+
+    /// Why a request with `method` is not on this route, for a trace. [`Verdict::reason`] leaves
+    /// these lines out by their "the route is" start.
+    fn off_route(&self, method: &str) -> String {
+        match self {
+            Route::Http { methods, .. } if !takes(methods, method) => {
+                format!("the route is {} only", methods.join(", "))
+            }
+            Route::Http { path, .. } => format!("the route is {}", path.as_str()),
+            Route::Grpc { service, methods } => format!("the route is gRPC {service}/{}", methods.join("|")),
+        }
+    }
+}
+
+/// Whether an http route's `methods` take `method` (none listed: every method).
+fn takes(methods: &[String], method: &str) -> bool {
+    methods.is_empty() || methods.iter().any(|m| m == method)
+}
+
+/// How much of the rules' reasoning a verdict keeps.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Trace {
+    /// Every rule's line, as `keyward gate check` prints them.
+    Every,
+    /// Only the lines [`Verdict::reason`] shows.
+    Reasons,
 }
 
 /// Why a rule did not allow a request.
 enum Failed {
+    /// The request is not on the rule's route.
+    OffRoute,
     Because(String),
     Awaits(Box<AccessReview>),
 }

@@ -8,7 +8,7 @@ use keyward_gate::config::load;
 use keyward_gate::grpc::encode_strings;
 use keyward_gate::identity::{ServiceAccount, WorkloadIdentity};
 use keyward_gate::route::RequestPath;
-use keyward_gate::rules::{AccessReview, Caller, Request, Verdict};
+use keyward_gate::rules::{AccessReview, Caller, Gate, Request, Verdict};
 
 const LMEVAL: &str = r#"
 apiVersion: keyward.io/v1alpha1
@@ -58,7 +58,68 @@ fn driver(namespace: &str, name: &str) -> Caller {
 fn decide(caller: &Caller, method: &str, path: &str, body: &[u8]) -> Verdict {
     let gate = load("lmeval.yaml", LMEVAL).unwrap().gate;
     let request = Request { method, path, headers: &[], body };
-    gate.decide(caller, &request, &RequestPath::parse(path).unwrap(), &|_| None)
+    decided(&gate, caller, &request, &RequestPath::parse(path).unwrap(), &|_| None)
+}
+
+/// `Gate::decide`, and the proxy's `decide_for_proxy` beside it: every test's request must get
+/// the same verdict and, refused, the same reason from both; the proxy's trace a part of the full one.
+fn decided(
+    gate: &Gate,
+    caller: &Caller,
+    request: &Request<'_>,
+    path: &RequestPath<'_>,
+    reviews: &dyn Fn(&AccessReview) -> Option<bool>,
+) -> Verdict {
+    let every = gate.decide(caller, request, path, reviews);
+    let proxy = gate.decide_for_proxy(caller, request, path, reviews);
+    // A reason is asked of a refusal only.
+    let reason = |v: &Verdict| v.allowed_by.is_none().then(|| v.reason());
+    assert_eq!(
+        (&proxy.allowed_by, &proxy.pending, reason(&proxy)),
+        (&every.allowed_by, &every.pending, reason(&every)),
+        "the proxy's verdict differs: {proxy:?} against {every:?}"
+    );
+    assert!(proxy.trace.iter().all(|line| every.trace.contains(line)), "{proxy:?} against {every:?}");
+    every
+}
+
+#[test]
+fn the_proxy_formats_no_line_for_a_rule_off_the_route_or_the_rule_that_allows() {
+    let gate = load("lmeval.yaml", LMEVAL).unwrap().gate;
+    let path = "/apis/v1/namespaces/kubeflow/runs/r-1/report";
+    let request = Request { method: "POST", path, headers: &[], body: &[] };
+    let agent = Caller::ServiceAccount(
+        ServiceAccount::parse("system:serviceaccount:kubeflow:ml-pipeline-persistenceagent").unwrap(),
+    );
+    let every = decided(&gate, &agent, &request, &RequestPath::parse(path).unwrap(), &|_| None);
+    assert_eq!(
+        every.trace,
+        [
+            (
+                "a driver updates only its own job".to_string(),
+                "the route is gRPC LMEvalJobUpdateService/UpdateStatus".to_string()
+            ),
+            ("agents report runs in their namespace".to_string(), "allows it".to_string()),
+        ]
+    );
+    let proxy = gate.decide_for_proxy(&agent, &request, &RequestPath::parse(path).unwrap(), &|_| None);
+    assert_eq!(proxy.allowed_by.as_deref(), Some("agents report runs in their namespace"));
+    assert!(proxy.trace.is_empty(), "{proxy:?}");
+
+    // Refused on the route that fits: the reason, and only its line, in both.
+    let get = Request { method: "GET", path, headers: &[], body: &[] };
+    let every = decided(&gate, &agent, &get, &RequestPath::parse(path).unwrap(), &|_| None);
+    assert_eq!(every.trace[1].1, "the route is POST only");
+    assert_eq!(every.reason(), "no rule of this gate covers this method and path");
+    let other = Caller::ServiceAccount(ServiceAccount::parse("system:serviceaccount:team-a:mallory").unwrap());
+    let proxy = gate.decide_for_proxy(&other, &request, &RequestPath::parse(path).unwrap(), &|_| None);
+    assert_eq!(
+        proxy.trace,
+        [(
+            "agents report runs in their namespace".to_string(),
+            "it does not admit service account system:serviceaccount:team-a:mallory".to_string()
+        )]
+    );
 }
 
 const UPDATE: &str = "/LMEvalJobUpdateService/UpdateStatus";
@@ -126,7 +187,8 @@ fn an_owner_kind_matches_whatever_its_case() {
     let gate = load("kind.yaml", &kind_spelled).unwrap().gate;
     let body = job_status("evaljob-sample", "team-a");
     let request = Request { method: "POST", path: UPDATE, headers: &[], body: &body };
-    let v = gate.decide(&driver("team-a", "evaljob-sample"), &request, &RequestPath::parse(UPDATE).unwrap(), &|_| None);
+    let v =
+        decided(&gate, &driver("team-a", "evaljob-sample"), &request, &RequestPath::parse(UPDATE).unwrap(), &|_| None);
     assert_eq!(v.allowed_by.as_deref(), Some("a driver updates only its own job"), "{}", v.reason());
     assert!(gate.summary()[0].contains("workloads (lmevaljob, any namespace)"), "{}", gate.summary()[0]);
 }
@@ -268,12 +330,12 @@ fn a_subject_access_review_is_asked_then_decides() {
         name: "my-graph".into(),
     };
     // Not asked yet: the verdict says what to ask.
-    let v = gate.decide(&client, &request, &checked, &|_| None);
+    let v = decided(&gate, &client, &request, &checked, &|_| None);
     assert_eq!((v.allowed_by.as_deref(), v.pending.clone()), (None, vec![review.clone()]));
     // Asked: yes allows, no refuses saying what the API server would not allow.
-    let v = gate.decide(&client, &request, &checked, &|r| Some(*r == review));
+    let v = decided(&gate, &client, &request, &checked, &|r| Some(*r == review));
     assert_eq!(v.allowed_by.as_deref(), Some("callers who may get the graph"));
-    let v = gate.decide(&client, &request, &checked, &|_| Some(false));
+    let v = decided(&gate, &client, &request, &checked, &|_| Some(false));
     assert!(v.pending.is_empty());
     assert_eq!(
         v.reason(),
@@ -410,7 +472,7 @@ fn a_review_is_filled_from_the_caller_a_header_and_the_message() {
     let headers = [("X-Resource", "lmevaljobs")];
     let body = job_status("job-1", "team-a");
     let request = Request { method: "POST", path: UPDATE, headers: &headers, body: &body };
-    let v = gate.decide(&driver("team-b", "job-1"), &request, &RequestPath::parse(UPDATE).unwrap(), &|_| None);
+    let v = decided(&gate, &driver("team-b", "job-1"), &request, &RequestPath::parse(UPDATE).unwrap(), &|_| None);
     assert_eq!(
         v.pending,
         [AccessReview {
@@ -497,7 +559,7 @@ fn an_anonymous_rule_admits_every_caller_on_its_named_methods_only() {
     assert!(gate.admits_anonymous() && gate.admits_without_certificate());
     let ask = |caller: &Caller, path: &str| {
         let request = Request { method: "POST", path, headers: &[], body: &[] };
-        gate.decide(caller, &request, &RequestPath::parse(path).unwrap(), &|_| None)
+        decided(&gate, caller, &request, &RequestPath::parse(path).unwrap(), &|_| None)
     };
     let agent = Caller::ServiceAccount(
         ServiceAccount::parse("system:serviceaccount:kubeflow:ml-pipeline-persistenceagent").unwrap(),
@@ -610,13 +672,13 @@ fn any_user_means_every_authenticated_caller_and_needs_a_review_and_tokens() {
     let alice = Caller::User(keyward_gate::identity::UserName::parse("alice").unwrap());
     let runner = Caller::ServiceAccount(ServiceAccount::parse("system:serviceaccount:team-a:runner").unwrap());
     for (caller, user) in [(&alice, "alice"), (&runner, "system:serviceaccount:team-a:runner")] {
-        let verdict = gate.decide(caller, &request, &path, &|_| None);
+        let verdict = decided(&gate, caller, &request, &path, &|_| None);
         assert_eq!(verdict.pending.len(), 1, "{caller:?}");
         assert_eq!(verdict.pending[0].user, user);
-        let allowed = gate.decide(caller, &request, &path, &|r| Some(r.user == "alice"));
+        let allowed = decided(&gate, caller, &request, &path, &|r| Some(r.user == "alice"));
         assert_eq!(allowed.allowed_by.is_some(), user == "alice");
     }
-    let verdict = gate.decide(&driver("team-a", "j"), &request, &path, &|_| Some(true));
+    let verdict = decided(&gate, &driver("team-a", "j"), &request, &path, &|_| Some(true));
     assert_eq!(verdict.reason(), "rule \"r\": it does not admit workload spiffe://cluster.local/ns/team-a/lmevaljob/j");
     assert_eq!(
         gate.summary(),

@@ -113,9 +113,9 @@ pub fn after_decision(
     if matches!(caller, Caller::Workload(_)) && !forward_authorization {
         headers.remove(http::header::AUTHORIZATION);
     }
-    let mut set = |name: &'static str, value: &str| {
+    let mut set = |name: &str, value: &str| {
         // Printable ASCII by construction (each value is checked where it is made).
-        if let Ok(value) = HeaderValue::from_str(value) {
+        if let (Some(name), Ok(value)) = (header_name(name), HeaderValue::from_str(value)) {
             headers.insert(name, value);
         }
     };
@@ -126,6 +126,25 @@ pub fn after_decision(
     }
     for (name, value) in identity_headers(caller, groups) {
         set(name, &value);
+    }
+}
+
+/// The headers the gate sets, as names made at compile time. `HeaderMap::insert` by `&str`
+/// copies a name that is not a standard header into a new allocation, on every request.
+const SET_NAMES: [HeaderName; 6] = [
+    HeaderName::from_static(keyward_gate::headers::FORWARDED_FOR),
+    HeaderName::from_static(keyward_gate::headers::FORWARDED_PROTO),
+    HeaderName::from_static(keyward_gate::headers::FORWARDED_HOST),
+    HeaderName::from_static(keyward_gate::headers::REMOTE_USER),
+    HeaderName::from_static(keyward_gate::headers::REMOTE_GROUPS),
+    HeaderName::from_static(keyward_gate::headers::KEYWARD_IDENTITY),
+];
+
+fn header_name(name: &str) -> Option<HeaderName> {
+    match SET_NAMES.iter().find(|n| n.as_str() == name) {
+        Some(known) => Some(known.clone()),
+        // A name added to keyward_gate::headers and not above: right, at an allocation's cost.
+        None => HeaderName::from_bytes(name.as_bytes()).ok(),
     }
 }
 
@@ -250,6 +269,24 @@ mod tests {
         ]);
         before_decision(&mut h, &gate()).unwrap();
         assert_eq!(names(&h), ["authorization", "x-request-id"]);
+    }
+
+    #[test]
+    fn every_header_the_gate_sets_has_its_name_made_at_compile_time() {
+        let id =
+            keyward_gate::identity::WorkloadIdentity::parse("spiffe://cluster.local/ns/team-a/lmevaljob/j").unwrap();
+        let sa = keyward_gate::identity::ServiceAccount::parse("system:serviceaccount:kubeflow:agent").unwrap();
+        let groups = ["system:serviceaccounts".to_string()];
+        let mut set: Vec<&str> =
+            forwarded_headers("10.1.2.3".parse().unwrap(), true, Some("api:8443")).iter().map(|(n, _)| *n).collect();
+        for caller in [Caller::Workload(id), Caller::ServiceAccount(sa)] {
+            set.extend(identity_headers(&caller, &groups).iter().map(|(n, _)| *n));
+        }
+        assert_eq!(set.len(), 8, "{set:?}");
+        for name in set {
+            assert!(SET_NAMES.iter().any(|known| known.as_str() == name), "{name} is not in SET_NAMES");
+            assert_eq!(header_name(name).unwrap().as_str(), name);
+        }
     }
 
     #[test]

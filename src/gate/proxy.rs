@@ -178,7 +178,7 @@ async fn decide(
     let headers: Vec<(&str, &str)> =
         parts.headers.iter().filter_map(|(n, v)| Some((n.as_str(), v.to_str().ok()?))).collect();
     let request = keyward_gate::rules::Request { method, path, headers: &headers, body: &message };
-    let mut verdict = gate.decide(&caller, &request, &checked, &|_| None);
+    let mut verdict = gate.decide_for_proxy(&caller, &request, &checked, &|_| None);
     if verdict.allowed_by.is_none() && !verdict.pending.is_empty() {
         let Some(reviews) = &state.reviews else {
             return Err(fail(Decision::Unavailable, "the gate has no API server to ask".into()));
@@ -192,8 +192,9 @@ async fn decide(
                 break;
             }
         }
-        verdict =
-            gate.decide(&caller, &request, &checked, &|r| answers.iter().find(|(a, _)| a == r).map(|(_, ok)| *ok));
+        verdict = gate.decide_for_proxy(&caller, &request, &checked, &|r| {
+            answers.iter().find(|(a, _)| a == r).map(|(_, ok)| *ok)
+        });
     }
     match verdict.allowed_by {
         Some(rule) => Ok((caller, groups, rule, body)),
