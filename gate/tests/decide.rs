@@ -111,6 +111,10 @@ fn the_proxy_formats_no_line_for_a_rule_off_the_route_or_the_rule_that_allows() 
     let every = decided(&gate, &agent, &get, &RequestPath::parse(path).unwrap(), &|_| None);
     assert_eq!(every.trace[1].1, "the route is POST only");
     assert_eq!(every.reason(), "no rule of this gate covers this method and path");
+    let elsewhere = "/apis/v1/namespaces/kubeflow/runs/r-1";
+    let post = Request { method: "POST", path: elsewhere, headers: &[], body: &[] };
+    let every = decided(&gate, &agent, &post, &RequestPath::parse(elsewhere).unwrap(), &|_| None);
+    assert_eq!(every.trace[1].1, "the route is /apis/v1/namespaces/{namespace}/runs/{run}/report");
     let other = Caller::ServiceAccount(ServiceAccount::parse("system:serviceaccount:team-a:mallory").unwrap());
     let proxy = gate.decide_for_proxy(&other, &request, &RequestPath::parse(path).unwrap(), &|_| None);
     assert_eq!(
