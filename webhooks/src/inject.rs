@@ -417,6 +417,10 @@ pub struct Injection {
     pub item: AuditItem,
     /// The objects the pod will need, and who provides them.
     pub requires: Vec<Requirement>,
+    /// How often the program that reads the injected projected token re-reads it, when the
+    /// profile says: a same-named token volume of the pod's that differs only in its lifetime
+    /// is then given the profile's (see [`crate::rotation`]).
+    pub token_reader_seconds: Option<i64>,
 }
 
 impl Injection {
@@ -429,6 +433,7 @@ impl Injection {
             api_token: ApiToken::Keep,
             item,
             requires: Vec::new(),
+            token_reader_seconds: None,
         }
     }
 }

@@ -4,7 +4,8 @@
 //! no I/O. The binary reads files and sockets; this crate only decides.
 //!
 //! Layers, each using only those above it in this list:
-//! - [`text`], [`names`]: clipping and quoting, Kubernetes' name rules, globs, name templates.
+//! - [`text`], [`names`]: clipping and quoting, Kubernetes' name rules, globs, name templates;
+//!   [`rotation`]: the kubelet's token rotation against a token's reader.
 //! - [`inject`]: the building blocks of an injection (volume, mount, env, audit entry, checks).
 //! - [`kinds`]: one module per kind of injection, and the registry that lists them.
 //! - [`profile`]: the `InjectionProfile` schema (listing the kinds), loading and validation;
@@ -36,6 +37,7 @@ mod plan;
 pub mod pod;
 pub mod profile;
 pub mod review;
+pub mod rotation;
 pub mod select;
 pub mod text;
 pub mod tree;
