@@ -204,6 +204,17 @@ impl Cli {
                 println!("{} profiles OK ({}):", profiles.len(), source.describe());
                 for p in profiles.iter() {
                     println!("  {:<24} {}  {}", p.name, p.source, p.spec.description.as_deref().unwrap_or(""));
+                    // The token-lifetime rule, with its numbers: the reader never holds an
+                    // expired token (a profile that breaks it was refused above).
+                    if let Some(token) = &p.spec.inject.service_account_token {
+                        match token.rotation() {
+                            Some(rotation) => println!("      token {:?}: {rotation}", token.volume_name),
+                            None => println!(
+                                "      token {:?}: lives {} s; its reader's re-read interval is not declared (readerRefreshSeconds), so whether it can hold an expired token is not checked",
+                                token.volume_name, token.expiration_seconds
+                            ),
+                        }
+                    }
                 }
                 Ok(ExitCode::SUCCESS)
             }

@@ -264,6 +264,35 @@ fn check_profiles_lists_the_builtins() {
     for name in ["lmeval", "kfp-persistence-agent", "kfp-scheduled-workflow"] {
         assert!(out.contains(name), "{out}");
     }
+    // The token-lifetime rule, with the numbers: the KFP agents never hold an expired token.
+    assert!(
+        out.contains("\n      token \"persistenceagent-sa-token\": lives 21600 s; the kubelet asks for the next at 17280 s (80% of its life, at most 24 h) and the file has it by 17400 s (+120 s); the reader re-reads every 3600 s, so it never holds an expired token (600 s to spare)\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("\n      token \"scheduledworkflow-sa-token\": lives 3600 s; the kubelet asks for the next at 2880 s (80% of its life, at most 24 h) and the file has it by 3000 s (+120 s); the reader re-reads every 60 s, so it never holds an expired token (540 s to spare)\n"),
+        "{out}"
+    );
+}
+
+/// kubeflow/pipelines #13290 as a profile: a 3600 s token for a reader that re-reads it every
+/// 3600 s is refused, with the arithmetic and the fix.
+#[test]
+fn check_profiles_refuses_a_token_lifetime_its_reader_outlives() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("agent.yaml");
+    let kfp = std::fs::read_to_string("webhooks/profiles/kfp.yaml").unwrap();
+    let agent = kfp.split("\n---\n").next().unwrap().replace("expirationSeconds: 21600", "expirationSeconds: 3600");
+    std::fs::write(&path, agent).unwrap();
+    let o = keyward(&["check-profiles", "--profiles", path.to_str().unwrap()], None);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert_eq!(
+        stderr(&o),
+        format!(
+            "keyward: error: {}: profile \"kfp-persistence-agent\": spec.inject.serviceAccountToken.expirationSeconds: lives 3600 s; the kubelet asks for the next at 2880 s (80% of its life, at most 24 h) and the file has it by 3000 s (+120 s); the reader re-reads every 3600 s, so it can hold an expired token for up to 3000 s of every 3600 s: use expirationSeconds: 18600 or more, or make the program re-read it at least every 600 s\n",
+            path.display()
+        )
+    );
 }
 
 #[test]

@@ -8,6 +8,9 @@ use crate::audit::TOTAL_ANNOTATION_SIZE_LIMIT;
 use crate::inject::{Source, MIN_TOKEN_EXPIRATION_SECONDS};
 use crate::names::{is_dns1123_label, relative_path_problem};
 use crate::plan::Changes;
+
+/// The apiserver refuses a projected token that lives longer than 2^32 seconds.
+const MAX_PROJECTED_TOKEN_SECONDS: i64 = 1 << 32;
 use crate::pod::Spec;
 
 /// Every rule the patched pod would break, one line each.
@@ -32,6 +35,13 @@ pub(crate) fn violations(spec: &Spec<'_>, changes: &Changes<'_>, annotation_byte
             if let Some(p) = relative_path_problem(path) {
                 out.push(format!("spec.volumes {:?}: path {p}", volume.name));
             }
+        }
+    }
+    for (volume, lifetime) in &changes.token_lifetimes {
+        if *lifetime < MIN_TOKEN_EXPIRATION_SECONDS || *lifetime > MAX_PROJECTED_TOKEN_SECONDS {
+            out.push(format!(
+                "spec.volumes {volume:?}: expirationSeconds must be between {MIN_TOKEN_EXPIRATION_SECONDS} and 2^32"
+            ));
         }
     }
     for container in &changes.containers {
@@ -174,6 +184,7 @@ mod tests {
                 mounts_removed: Vec::new(),
             }],
             service_account: Some((Some("a".into()), Some("b".into()))),
+            token_lifetimes: vec![("persistenceagent-sa-token".into(), 599), ("t".into(), (1 << 32) + 1)],
         };
         assert_eq!(
             violations(&pod(), &changes, TOTAL_ANNOTATION_SIZE_LIMIT + 1),
@@ -183,6 +194,8 @@ mod tests {
                 "spec.volumes \"keyward-token\": expirationSeconds must be at least 600",
                 "spec.volumes \"keyward-token\": path must not contain a '..' segment",
                 "spec.volumes: \"keyward-token\" would be duplicated",
+                "spec.volumes \"persistenceagent-sa-token\": expirationSeconds must be between 600 and 2^32",
+                "spec.volumes \"t\": expirationSeconds must be between 600 and 2^32",
                 "spec.containers[0].volumeMounts: \"ghost\" is not a volume of the pod",
                 "spec.containers[0].volumeMounts: \"/data\" would be mounted twice",
                 "spec.containers[0].volumeMounts[1]: \"cache\" would no longer be a volume of the pod",

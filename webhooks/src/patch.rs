@@ -34,6 +34,8 @@ pub enum Path {
     SpecField(&'static str),
     /// `/spec/volumes`, `/spec/volumes/-` or `/spec/volumes/<i>`
     Volumes(Item),
+    /// `/spec/volumes/<volume>/projected/sources/<source>/serviceAccountToken/expirationSeconds`
+    TokenLifetime { volume: usize, source: usize },
     /// `/spec/<initContainers|containers>/<index>/<volumeMounts|env>`, then `/-` or `/<i>`
     Container { list: ContainerList, index: usize, field: ContainerField, item: Item },
     /// `/metadata/annotations`, or one key under it
@@ -63,6 +65,7 @@ pub enum ContainerField {
 pub enum OpValue {
     None,
     Bool(bool),
+    Int(i64),
     /// The service account of injection `i`.
     ServiceAccount(usize),
     /// The volume of injection `i`; `array`: as a one-item list.
@@ -132,6 +135,9 @@ impl fmt::Display for Path {
                 token(f, field)
             }
             Self::Volumes(item) => write!(f, "/spec/volumes{item}"),
+            Self::TokenLifetime { volume, source } => {
+                write!(f, "/spec/volumes/{volume}/projected/sources/{source}/serviceAccountToken/expirationSeconds")
+            }
             Self::Container { list, index, field, item } => {
                 let field = match field {
                     ContainerField::VolumeMounts => "volumeMounts",
@@ -268,6 +274,7 @@ impl Serialize for ValueJson<'_> {
         match self.value {
             OpValue::None => serializer.serialize_unit(),
             OpValue::Bool(b) => serializer.serialize_bool(*b),
+            OpValue::Int(n) => serializer.serialize_i64(*n),
             OpValue::ServiceAccount(i) => {
                 serializer.serialize_str(injection(*i)?.service_account.as_deref().ok_or_else(missing)?)
             }
@@ -305,6 +312,10 @@ mod tests {
         let p = Path::Container { list: ContainerList::Init, index: 0, field: ContainerField::Env, item: Item::Whole };
         assert_eq!(p.to_string(), "/spec/initContainers/0/env");
         assert_eq!(Path::SpecField("serviceAccountName").to_string(), "/spec/serviceAccountName");
+        assert_eq!(
+            Path::TokenLifetime { volume: 2, source: 0 }.to_string(),
+            "/spec/volumes/2/projected/sources/0/serviceAccountToken/expirationSeconds"
+        );
     }
 
     #[test]
@@ -314,6 +325,7 @@ mod tests {
             PatchOp::remove(Path::Volumes(Item::At(0))),
             PatchOp::replace(Path::Annotations(Some("k")), OpValue::Str("x".into())),
             PatchOp::add(Path::Annotations(None), OpValue::Map("k", "v".into())),
+            PatchOp::replace(Path::TokenLifetime { volume: 1, source: 0 }, OpValue::Int(21600)),
         ];
         assert_eq!(
             serde_json::to_value(Patch { ops: &ops, injections: &[] }).unwrap(),
@@ -321,7 +333,8 @@ mod tests {
                 {"op": "add", "path": "/spec/automountServiceAccountToken", "value": false},
                 {"op": "remove", "path": "/spec/volumes/0"},
                 {"op": "replace", "path": "/metadata/annotations/k", "value": "x"},
-                {"op": "add", "path": "/metadata/annotations", "value": {"k": "v"}}
+                {"op": "add", "path": "/metadata/annotations", "value": {"k": "v"}},
+                {"op": "replace", "path": "/spec/volumes/1/projected/sources/0/serviceAccountToken/expirationSeconds", "value": 21600}
             ])
         );
         let dangling = [PatchOp::add(Path::Volumes(Item::End), OpValue::Volume { injection: 4, array: false })];

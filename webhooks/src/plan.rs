@@ -15,6 +15,7 @@ use crate::inject::{
 use crate::patch::{ContainerField, Item, OpValue, PatchOp, Path};
 use crate::pod::{Container, ContainerList, Presence, Spec};
 use crate::profile::{EnvConflictPolicy, Profile};
+use crate::rotation::Rotation;
 use crate::text::{clip, quoted};
 
 /// The patch for one profile, or why it cannot be made.
@@ -43,6 +44,8 @@ pub(crate) struct Changes<'p> {
     pub containers: Vec<ContainerChanges<'p>>,
     /// `serviceAccountName` and `serviceAccount` after the patch, when either is set.
     pub service_account: Option<(Option<String>, Option<String>)>,
+    /// Token volumes of the pod's whose lifetime the patch sets: name and new lifetime.
+    pub token_lifetimes: Vec<(String, i64)>,
 }
 
 #[derive(Debug)]
@@ -91,7 +94,7 @@ pub(crate) fn plan<'p>(profile: &Profile, spec: &Spec<'_>, injections: &'p [(&'s
         return plan;
     }
 
-    warn_accepted(profile, &targets, injections, &mounts, &mut plan);
+    warn_accepted(profile, spec, &targets, injections, &mounts, &mut plan);
     for name in listed {
         if !spec.all_containers().any(|c| c.name == name.as_str()) {
             plan.warnings.push(format!(
@@ -146,10 +149,23 @@ fn standing(
     let mut volume_there = vec![false; injections.len()];
     let mut mounts: Vec<Vec<MountState>> = vec![Vec::new(); injections.len()];
     let mut conflicts = Vec::new();
+    let mut lifetimes = Vec::new();
     for (n, (_, injection)) in injections.iter().enumerate() {
         let Some((volume, mount)) = &injection.volume else { continue };
-        match spec.volume_hits.iter().find(|h| h.name == volume.name && !removed(h.index)) {
-            Some(hit) if hit.raw.and_then(|raw| raw.value()).is_some_and(|v| same_volume(v, volume)) => volume_there[n] = true,
+        let hit = spec.volume_hits.iter().find(|h| h.name == volume.name && !removed(h.index));
+        let theirs = hit.and_then(|h| h.raw).and_then(|raw| raw.value());
+        let relifed = match (&theirs, injection.token_reader_seconds) {
+            (Some(theirs), Some(reader)) => other_lifetime(theirs, volume).map(|found| (found, reader)),
+            _ => None,
+        };
+        match hit {
+            Some(_) if theirs.is_some_and(|v| same_volume(v, volume)) => volume_there[n] = true,
+            Some(hit) if relifed.is_some() => {
+                if let Some((found, reader)) = relifed {
+                    lifetimes.push((hit, found, reader, volume));
+                }
+                volume_there[n] = true;
+            }
             Some(hit) => conflicts.push(format!(
                 "spec.volumes[{}] is a volume named {:?} that differs from the one profile {:?} injects; rename your volume (names starting with keyward- are reserved for keyward)",
                 hit.index, volume.name, profile.name
@@ -190,7 +206,60 @@ fn standing(
         }
     }
     plan.conflicts.extend(conflicts);
+    for (hit, found, reader, volume) in lifetimes {
+        set_lifetime(profile, hit, found, volume, reader, plan);
+    }
     (volume_there, mounts)
+}
+
+/// Gives the pod's own volume named like the injected token the profile's lifetime: it is the
+/// token keyward injects in all but that, and the profile knows how often its reader re-reads
+/// it (the operator's lifetime may be one the reader outlives, as KFP's manifests' is).
+fn set_lifetime(
+    profile: &Profile,
+    hit: &crate::pod::VolumeHit<'_>,
+    (source, theirs): (usize, Option<i64>),
+    ours: &VolumeSpec,
+    reader: i64,
+    plan: &mut Plan<'_>,
+) {
+    let Source::ServiceAccountToken { expiration_seconds, .. } = &ours.source else { return };
+    let path = Path::TokenLifetime { volume: hit.index, source };
+    let value = OpValue::Int(*expiration_seconds);
+    plan.ops.push(if theirs.is_some() { PatchOp::replace(path, value) } else { PatchOp::add(path, value) });
+    plan.changes.token_lifetimes.push((ours.name.clone(), *expiration_seconds));
+    let theirs = theirs.unwrap_or(DEFAULT_TOKEN_EXPIRATION_SECONDS);
+    let before = Rotation::new(theirs, reader);
+    let why = if before.fits() { "" } else { ", which its reader outlives" };
+    plan.warnings.push(format!(
+        "keyward: profile {:?} serviceAccountToken: the pod's volume {:?} (spec.volumes[{}]) is the token keyward injects, with a lifetime of {theirs} s{why} ({before}); keyward set its expirationSeconds to {expiration_seconds}",
+        profile.name, ours.name, hit.index
+    ));
+}
+
+/// Where `theirs` differs from the token volume `ours` only in its token's lifetime: the index
+/// of that token among its sources, and the lifetime it has (`None`: not written, which the
+/// apiserver's defaulting never leaves).
+fn other_lifetime(theirs: &Value, ours: &VolumeSpec) -> Option<(usize, Option<i64>)> {
+    let Source::ServiceAccountToken { .. } = &ours.source else { return None };
+    let ours = ours.to_json();
+    let pointer = "/projected/sources/0/serviceAccountToken/expirationSeconds";
+    let mut theirs = theirs.clone();
+    without_nulls(&mut theirs);
+    let sources = theirs.pointer("/projected/sources").and_then(Value::as_array)?;
+    if sources.len() != 1 || !sources[0].get("serviceAccountToken").is_some_and(Value::is_object) {
+        return None;
+    }
+    let lifetime = theirs.pointer(pointer).map(|v| v.as_i64());
+    let lifetime = match lifetime {
+        Some(Some(n)) => Some(n),
+        Some(None) => return None,
+        None => None,
+    };
+    if let Some(token) = theirs.pointer_mut("/projected/sources/0/serviceAccountToken").and_then(Value::as_object_mut) {
+        token.insert("expirationSeconds".into(), ours.pointer(pointer).cloned().unwrap_or(Value::Null));
+    }
+    (normalized_volume(theirs) == normalized_volume(ours)).then_some((0, lifetime))
 }
 
 /// Adds each injection's volume where it is not there and some target container will mount it.
@@ -277,6 +346,7 @@ fn add_to_containers<'p>(
 /// What is already delivered in another form, said once per injection.
 fn warn_accepted(
     profile: &Profile,
+    spec: &Spec<'_>,
     targets: &[&Container<'_>],
     injections: &[(&'static str, Injection)],
     mounts: &[Vec<MountState>],
@@ -301,6 +371,19 @@ fn warn_accepted(
                 describe_source(&volume.source),
                 mount.path
             ));
+            // The volume named like keyward's has had its lifetime set, above.
+            if let (Some(reader), Source::ServiceAccountToken { expiration_seconds, .. }, false) =
+                (injection.token_reader_seconds, &volume.source, *by == volume.name)
+            {
+                let theirs = token_lifetime(spec, by, &volume.source).unwrap_or(DEFAULT_TOKEN_EXPIRATION_SECONDS);
+                let rotation = Rotation::new(theirs, reader);
+                if !rotation.fits() {
+                    plan.warnings.push(format!(
+                        "keyward: profile {:?} {key}: the token of volume {by:?} {rotation}; set its expirationSeconds to {expiration_seconds}, or name the volume {:?} so that keyward sets it",
+                        profile.name, volume.name
+                    ));
+                }
+            }
         }
     }
 }
@@ -513,6 +596,17 @@ fn delivers(spec: &Spec<'_>, name: &str, ours: &Source, removed: &dyn Fn(usize) 
             })
         }
     }
+}
+
+/// The lifetime of the token the pod's volume `name` delivers for `ours` (its audience and path).
+fn token_lifetime(spec: &Spec<'_>, name: &str, ours: &Source) -> Option<i64> {
+    let Source::ServiceAccountToken { audience, path, .. } = ours else { return None };
+    let theirs = spec.volume_hits.iter().find(|h| h.name == name)?.raw?.value()?;
+    let sources = theirs.pointer("/projected/sources")?.as_array()?;
+    let token = sources.iter().map(|s| &s["serviceAccountToken"]).find(|t| {
+        t.get("audience").and_then(Value::as_str) == Some(audience) && t.get("path").and_then(Value::as_str) == Some(path)
+    })?;
+    token.get("expirationSeconds").and_then(Value::as_i64)
 }
 
 fn describe_source(source: &Source) -> String {

@@ -205,17 +205,73 @@ fn the_trustyai_exec_era_driver_is_never_touched() {
 
 // === Kubeflow Pipelines ===
 
+/// kubeflow/pipelines #13290: the manifest projects the agent's token for 3600 s, and the agent
+/// re-reads it every 3600 s. keyward keeps the manifest's volume and mount, and gives the
+/// token a lifetime the agent never outlives.
 #[test]
-fn the_upstream_kfp_agent_manifest_is_admitted_as_is() {
+fn the_upstream_kfp_agent_keeps_its_own_token_with_a_lifetime_it_never_outlives() {
     let before = fixture("kfp-persistenceagent-pod.json");
     let (d, after) = admit(&create("kubeflow", REPLICASET_CONTROLLER), &before, &builtin());
     assert_eq!(d.profile.as_deref(), Some("kfp-persistence-agent"));
-    assert_eq!(after["spec"], before["spec"], "the manifest's own token is the one the agent reads");
+    assert_eq!(d.reason, Reason::Injected);
+    let patch = patch_json(&d);
+    let spec_ops: Vec<&Value> =
+        patch.as_array().unwrap().iter().filter(|op| op["path"].as_str().unwrap().starts_with("/spec")).collect();
+    assert_eq!(
+        spec_ops,
+        [&json!({"op": "replace", "path": "/spec/volumes/0/projected/sources/0/serviceAccountToken/expirationSeconds", "value": 21600})]
+    );
+    // Everything else in the spec is the manifest's, mount and all.
+    let mut expected = before["spec"].clone();
+    expected["volumes"][0]["projected"]["sources"][0]["serviceAccountToken"]["expirationSeconds"] = json!(21600);
+    assert_eq!(after["spec"], expected);
+    let (volume, _) =
+        file_at(&after, "ml-pipeline-persistenceagent", "/var/run/secrets/kubeflow/tokens/persistenceagent-sa-token");
+    assert_eq!(volume["name"], "persistenceagent-sa-token");
     assert_eq!(
         d.warnings,
-        ["keyward: profile \"kfp-persistence-agent\" serviceAccountToken: container \"ml-pipeline-persistenceagent\" already gets a token for audience \"pipelines.kubeflow.org\" as \"persistenceagent-sa-token\" at \"/var/run/secrets/kubeflow/tokens\" (volume \"persistenceagent-sa-token\"); keyward counts it as injected and adds no other"]
+        [
+            "keyward: profile \"kfp-persistence-agent\" serviceAccountToken: the pod's volume \"persistenceagent-sa-token\" (spec.volumes[0]) is the token keyward injects, with a lifetime of 3600 s, which its reader outlives (lives 3600 s; the kubelet asks for the next at 2880 s (80% of its life, at most 24 h) and the file has it by 3000 s (+120 s); the reader re-reads every 3600 s, so it can hold an expired token for up to 3000 s of every 3600 s); keyward set its expirationSeconds to 21600",
+            "keyward: profile \"kfp-persistence-agent\" serviceAccountToken: container \"ml-pipeline-persistenceagent\" already gets a token for audience \"pipelines.kubeflow.org\" as \"persistenceagent-sa-token\" at \"/var/run/secrets/kubeflow/tokens\" (volume \"persistenceagent-sa-token\"); keyward counts it as injected and adds no other",
+        ]
     );
     assert_eq!(requires(&d), []);
+    assert_eq!(
+        d.audit_annotations.get("injected").map(String::as_str),
+        Some("serviceAccountToken"),
+        "the audit log says the token was keyward's doing"
+    );
+}
+
+/// A token the agent's pod declares under another name is the operator's: keyward leaves it,
+/// and says that the agent will outlive it, and what to change.
+#[test]
+fn a_kfp_agent_token_under_another_name_is_left_with_a_warning_when_its_reader_outlives_it() {
+    let mut before = fixture("kfp-persistenceagent-pod.json");
+    before["spec"]["volumes"][0]["name"] = json!("agent-token");
+    before["spec"]["containers"][0]["volumeMounts"][0]["name"] = json!("agent-token");
+    assert_eq!(before["spec"]["containers"][0]["volumeMounts"][0]["mountPath"], "/var/run/secrets/kubeflow/tokens");
+    let (d, after) = admit(&create("kubeflow", REPLICASET_CONTROLLER), &before, &builtin());
+    assert_eq!(after["spec"], before["spec"]);
+    assert_eq!(
+        d.warnings[1],
+        "keyward: profile \"kfp-persistence-agent\" serviceAccountToken: the token of volume \"agent-token\" lives 3600 s; the kubelet asks for the next at 2880 s (80% of its life, at most 24 h) and the file has it by 3000 s (+120 s); the reader re-reads every 3600 s, so it can hold an expired token for up to 3000 s of every 3600 s; set its expirationSeconds to 21600, or name the volume \"persistenceagent-sa-token\" so that keyward sets it"
+    );
+    // One that lives long enough draws no such warning.
+    before["spec"]["volumes"][0]["projected"]["sources"][0]["serviceAccountToken"]["expirationSeconds"] = json!(86400);
+    let d = decide(&create("kubeflow", REPLICASET_CONTROLLER), &before, &builtin());
+    assert_eq!(d.warnings.len(), 1, "{:?}", d.warnings);
+}
+
+/// Only the lifetime: a same-named volume that differs in anything else is still a conflict.
+#[test]
+fn a_same_named_kfp_token_for_another_audience_is_still_a_conflict() {
+    let mut before = fixture("kfp-persistenceagent-pod.json");
+    before["spec"]["volumes"][0]["projected"]["sources"][0]["serviceAccountToken"]["audience"] = json!("other");
+    let d = decide(&create("kubeflow", REPLICASET_CONTROLLER), &before, &builtin());
+    assert_eq!(d.reason, Reason::ConflictSkipped);
+    assert!(d.patch().is_empty());
+    assert!(d.warnings[0].contains("spec.volumes[0] is a volume named \"persistenceagent-sa-token\" that differs from the one profile \"kfp-persistence-agent\" injects"), "{:?}", d.warnings);
 }
 
 #[test]
@@ -228,6 +284,7 @@ fn a_kfp_agent_without_its_token_gets_it_where_the_agent_reads_it() {
         file_at(&after, "ml-pipeline-persistenceagent", "/var/run/secrets/kubeflow/tokens/persistenceagent-sa-token");
     assert_eq!(file, "persistenceagent-sa-token");
     assert_eq!(volume["projected"]["sources"][0]["serviceAccountToken"]["audience"], "pipelines.kubeflow.org");
+    assert_eq!(volume["projected"]["sources"][0]["serviceAccountToken"]["expirationSeconds"], 21600);
     // Its informers use the normal API token: kept. The init container gets nothing.
     assert!(has_api_token(&after));
     assert_eq!(after["spec"]["automountServiceAccountToken"], before["spec"]["automountServiceAccountToken"]);
