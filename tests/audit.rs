@@ -433,13 +433,18 @@ fn the_table_and_the_json_are_exactly_one_entry_per_finding_and_a_summary() {
 fn a_pod_that_already_has_what_its_profile_injects_is_no_finding() {
     let fake = healthy();
     fake.seed(opted_in("kubeflow"));
-    // The KFP persistence agent as its manifest deploys it mounts its own token where the
-    // profile would: the agent works, keyward would add only its record. Without the token, it
-    // needs keyward.
-    for (fixture_name, name) in
-        [("kfp-persistenceagent-pod.json", "agent-own"), ("kfp-persistenceagent-pod-no-token.json", "agent-none")]
-    {
-        let mut pod = fixture(fixture_name);
+    // The KFP persistence agent with its own token where the profile would put it, living long
+    // enough for the agent's hourly re-read: the agent works, keyward would add only its
+    // record. As the manifest deploys it (3600 s, kubeflow/pipelines #13290) the agent holds
+    // an expired token every hour, and without the token it does not start: both need keyward.
+    let mut long_lived = fixture("kfp-persistenceagent-pod.json");
+    long_lived["spec"]["volumes"][0]["projected"]["sources"][0]["serviceAccountToken"]["expirationSeconds"] =
+        json!(21600);
+    for (mut pod, name) in [
+        (long_lived, "agent-long"),
+        (fixture("kfp-persistenceagent-pod.json"), "agent-hourly"),
+        (fixture("kfp-persistenceagent-pod-no-token.json"), "agent-none"),
+    ] {
         pod["metadata"]["name"] = json!(name);
         pod["metadata"]["creationTimestamp"] = json!("2026-11-30T09:00:00Z");
         fake.seed(pod);
@@ -452,7 +457,7 @@ fn a_pod_that_already_has_what_its_profile_injects_is_no_finding() {
         .iter()
         .map(|f| (f["pod"].as_str().unwrap(), f["finding"].as_str().unwrap()))
         .collect();
-    assert_eq!(found, [("agent-none", "not-injected")], "{report:#}");
+    assert_eq!(found, [("agent-hourly", "not-injected"), ("agent-none", "not-injected")], "{report:#}");
 }
 
 /// `keyward audit -A` on the state of `every_finding_is_reported_with_what_to_do_and_exits_1`;

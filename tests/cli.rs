@@ -472,11 +472,17 @@ fn explain_a_deployment_explains_the_pods_its_replicaset_creates() {
     let pod = &v["pod"];
     let volume =
         pod["spec"]["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "persistenceagent-sa-token").unwrap();
+    // For 6 h: the agent re-reads it hourly (kubeflow/pipelines #13290), and says why.
     assert_eq!(
         volume["projected"]["sources"][0]["serviceAccountToken"],
-        json!({"audience": "pipelines.kubeflow.org", "expirationSeconds": 3600, "path": "persistenceagent-sa-token"})
+        json!({"audience": "pipelines.kubeflow.org", "expirationSeconds": 21600, "path": "persistenceagent-sa-token"})
     );
     assert_eq!(pod["metadata"]["labels"]["keyward.io/profile"], "kfp-persistence-agent");
+    let text = stdout(&keyward(&["explain", KFP_DEPLOYMENT], None));
+    assert!(
+        text.contains("\ninjects:\n  - service-account token: audience pipelines.kubeflow.org, expires after 21600s, at /var/run/secrets/kubeflow/tokens/persistenceagent-sa-token; lives 21600 s; the kubelet asks for the next at 17280 s (80% of its life, at most 24 h) and the file has it by 17400 s (+120 s); the reader re-reads every 3600 s, so it never holds an expired token (600 s to spare)\n"),
+        "{text}"
+    );
     // As anyone else (kubectl's --as): the profile skips the pod, with a warning.
     let o = keyward(&["explain", "--as", "alice", "-o", "json", KFP_DEPLOYMENT], None);
     let v: Value = serde_json::from_str(&stdout(&o)).unwrap();

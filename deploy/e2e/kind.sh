@@ -220,6 +220,9 @@ kfp_pod() { "${K[@]}" -n "$NS" get pod "$kfp_name" -o jsonpath="$1"; }
 expect_contains "kfp token volume" "$(kfp_pod '{.spec.volumes[*].name}')" "persistenceagent-sa-token"
 expect "kfp token audience" \
   "$(kfp_pod "$(volume_jsonpath persistenceagent-sa-token 'projected.sources[0].serviceAccountToken.audience')")" pipelines.kubeflow.org
+# The agent re-reads its token hourly: a lifetime it never outlives (webhooks/profiles/kfp.yaml).
+expect "kfp token lifetime" \
+  "$(kfp_pod "$(volume_jsonpath persistenceagent-sa-token 'projected.sources[0].serviceAccountToken.expirationSeconds')")" 21600
 expect_contains "kfp keeps the API token" "$(kfp_pod '{.spec.volumes[*].name}')" "kube-api-access-"
 expect_contains "kfp token mount" "$(kfp_pod '{.spec.containers[0].volumeMounts[*].mountPath}')" "/var/run/secrets/kubeflow/tokens"
 

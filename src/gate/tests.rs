@@ -181,7 +181,7 @@ impl FakeApi {
             let asked: Vec<String> = serde_json::from_value(body["spec"]["audiences"].clone()).unwrap_or_default();
             // The gate file's audiences: the KFP-style file's, or none (the API server's own, as
             // the inference-graph recipe asks).
-            assert!(asked == ["pipelines.kubeflow.org"] || asked.is_empty(), "{asked:?}");
+            assert!(asked == ["pipelines.kubeflow.org"] || asked == ["ray.io"] || asked.is_empty(), "{asked:?}");
             match s.tokens.get(token) {
                 // As the apiserver answers: the audiences asked for that the token is good for
                 // (none asked: the API server's, API_AUDIENCE here).
@@ -1089,6 +1089,55 @@ async fn an_upstream_that_cannot_be_reached_is_a_502_and_unavailable() {
     let grpc = f.send_at(addr, true, Some(&driver), update_status("evaljob-sample", "team-a")).await.unwrap();
     assert_eq!(grpc.grpc().0, "14");
     assert!(f.gate.shared.encode().contains("keyward_gate_upstream_errors_total 2"));
+}
+
+/// Why keyward sets no `ray.io` audience on KubeRay's token (docs/profiles.md, the Ray row).
+/// The kubelet requests a projected token for the volume's `audience`, or, with none, for the
+/// API server's own (TokenRequest's default). Ray >= 2.55 reviews the token it receives with no
+/// `spec.audiences` (ray `src/ray/rpc/authentication/k8s_util.cc` `ValidateToken`; ray#60583,
+/// which asked for `ray.io`, was reverted by ray#60590). Through keyward's own TokenReview
+/// client, against a fake API server that intersects audiences as the API server does:
+/// KubeRay's token passes Ray's review, and the same volume with `ray.io` would not.
+#[tokio::test]
+async fn a_ray_io_token_fails_the_review_ray_sends_and_kuberays_own_passes_it() {
+    let pod: Value =
+        serde_json::from_str(&std::fs::read_to_string("tests/fixtures/kuberay-worker-k8s-auth.json").unwrap()).unwrap();
+    let volume = pod["spec"]["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "ray-token").unwrap();
+    let minted_for = |volume: &Value| -> Vec<String> {
+        match volume["projected"]["sources"][0]["serviceAccountToken"]["audience"].as_str() {
+            Some(audience) if !audience.is_empty() => vec![audience.to_string()],
+            _ => vec![API_AUDIENCE.to_string()],
+        }
+    };
+    let mut with_ray_io = volume.clone();
+    with_ray_io["projected"]["sources"][0]["serviceAccountToken"]["audience"] = json!("ray.io");
+    let api = FakeApi::new();
+    let worker = "system:serviceaccount:team-a:ray-cluster-with-k8s-auth";
+    {
+        let mut state = api.state.lock().unwrap();
+        state.tokens.insert("kuberay-token".into(), (worker.into(), minted_for(volume)));
+        state.tokens.insert("ray-io-token".into(), (worker.into(), minted_for(&with_ray_io)));
+    }
+    let metrics = Arc::new(GateMetrics::new(Arc::new(crate::metrics::Metrics::default())));
+    let reviews = reviews::Reviews::new(api.client(), Duration::from_secs(30), metrics);
+    // As Ray asks: no audiences.
+    let as_ray_asks = reviews.token("kuberay-token", &[], None).await.unwrap();
+    assert_eq!(as_ray_asks.caller, Caller::ServiceAccount(ServiceAccount::parse(worker).unwrap()));
+    let refused = reviews.token("ray-io-token", &[], None).await.unwrap_err();
+    assert!(
+        matches!(&refused, reviews::TokenRefused::Rejected(e) if e.contains("invalid for the target audiences")),
+        "{refused:?}"
+    );
+    // Only a review that names `ray.io` would take the `ray.io` token, and then not KubeRay's.
+    let reviews = reviews::Reviews::new(
+        api.client(),
+        Duration::from_secs(30),
+        Arc::new(GateMetrics::new(Arc::new(crate::metrics::Metrics::default()))),
+    );
+    let ray_io = ["ray.io".to_string()];
+    assert!(reviews.token("ray-io-token", &ray_io, None).await.is_ok());
+    assert!(reviews.token("kuberay-token", &ray_io, None).await.is_err());
+    assert_eq!(api.counts(), (4, 0));
 }
 
 #[tokio::test]

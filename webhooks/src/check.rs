@@ -158,6 +158,8 @@ mod tests {
                 mounts_added: vec![&at],
                 mounts_removed: Vec::new(),
             }],
+            // A token lifetime set to the apiserver's bounds exactly.
+            token_lifetimes: vec![("shortest".into(), 600), ("longest".into(), 1 << 32)],
             ..Changes::default()
         };
         assert_eq!(violations(&pod(), &changes, TOTAL_ANNOTATION_SIZE_LIMIT), Vec::<String>::new());

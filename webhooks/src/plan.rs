@@ -604,7 +604,8 @@ fn token_lifetime(spec: &Spec<'_>, name: &str, ours: &Source) -> Option<i64> {
     let theirs = spec.volume_hits.iter().find(|h| h.name == name)?.raw?.value()?;
     let sources = theirs.pointer("/projected/sources")?.as_array()?;
     let token = sources.iter().map(|s| &s["serviceAccountToken"]).find(|t| {
-        t.get("audience").and_then(Value::as_str) == Some(audience) && t.get("path").and_then(Value::as_str) == Some(path)
+        t.get("audience").and_then(Value::as_str) == Some(audience)
+            && t.get("path").and_then(Value::as_str) == Some(path)
     })?;
     token.get("expirationSeconds").and_then(Value::as_i64)
 }

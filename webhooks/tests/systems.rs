@@ -219,7 +219,9 @@ fn the_upstream_kfp_agent_keeps_its_own_token_with_a_lifetime_it_never_outlives(
         patch.as_array().unwrap().iter().filter(|op| op["path"].as_str().unwrap().starts_with("/spec")).collect();
     assert_eq!(
         spec_ops,
-        [&json!({"op": "replace", "path": "/spec/volumes/0/projected/sources/0/serviceAccountToken/expirationSeconds", "value": 21600})]
+        [
+            &json!({"op": "replace", "path": "/spec/volumes/0/projected/sources/0/serviceAccountToken/expirationSeconds", "value": 21600})
+        ]
     );
     // Everything else in the spec is the manifest's, mount and all.
     let mut expected = before["spec"].clone();
