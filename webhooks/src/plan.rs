@@ -224,7 +224,9 @@ fn set_lifetime(
     plan: &mut Plan<'_>,
 ) {
     let Source::ServiceAccountToken { expiration_seconds, .. } = &ours.source else { return };
-    let path = Path::TokenLifetime { volume: hit.index, source };
+    // The patch removes volumes (the API token's) before this operation applies: count them.
+    let before_it = plan.changes.volumes_removed.iter().filter(|&&i| i < hit.index).count();
+    let path = Path::TokenLifetime { volume: hit.index - before_it, source };
     let value = OpValue::Int(*expiration_seconds);
     plan.ops.push(if theirs.is_some() { PatchOp::replace(path, value) } else { PatchOp::add(path, value) });
     plan.changes.token_lifetimes.push((ours.name.clone(), *expiration_seconds));

@@ -112,6 +112,39 @@ fn a_token_for_the_same_audience_and_path_already_mounted_counts_as_injected() {
     assert_eq!(d.outcome.as_ref().unwrap().requires().count(), 0);
 }
 
+/// A pod's own token volume of the profile's name that lives shorter than the profile's, when
+/// the profile also removes the API token: the lifetime is set on that volume where it sits
+/// once the API token's volume before it is gone (the patch applies strictly, in order).
+#[test]
+fn a_token_lifetime_is_set_on_the_right_volume_after_the_api_token_is_removed() {
+    let mounts = json!([{"name": "keyward-sa-token", "mountPath": "/var/run/secrets/example", "readOnly": true}]);
+    let volumes = json!([{"name": "keyward-sa-token", "projected": {"defaultMode": 420, "sources": [
+        {"serviceAccountToken": {"audience": "api.example", "expirationSeconds": 3600, "path": "t"}}]}}]);
+    let mut pod = pod(json!({}), mounts, volumes);
+    // The ServiceAccount plugin's volume first, the pod's token second.
+    pod["spec"]["volumes"].as_array_mut().unwrap().reverse();
+    let inject = "    serviceAccountToken: {audience: api.example, path: t, mountPath: /var/run/secrets/example, expirationSeconds: 21600, readerRefreshSeconds: 3600}\n    apiToken: remove\n";
+    let (d, after) = admit(&create("team-a", OPERATOR), &pod, &profiles(&profile("", inject)));
+    assert_eq!(d.reason, Reason::Injected);
+    let patch = patch_json(&d);
+    let spec_ops: Vec<&Value> =
+        patch.as_array().unwrap().iter().filter(|op| op["path"].as_str().unwrap().starts_with("/spec")).collect();
+    assert_eq!(
+        spec_ops,
+        [
+            &json!({"op": "add", "path": "/spec/automountServiceAccountToken", "value": false}),
+            &json!({"op": "remove", "path": "/spec/containers/0/volumeMounts/1"}),
+            &json!({"op": "remove", "path": "/spec/volumes/0"}),
+            &json!({"op": "replace", "path": "/spec/volumes/0/projected/sources/0/serviceAccountToken/expirationSeconds", "value": 21600}),
+        ]
+    );
+    assert_eq!(
+        after["spec"]["volumes"],
+        json!([{"name": "keyward-sa-token", "projected": {"defaultMode": 420, "sources": [
+            {"serviceAccountToken": {"audience": "api.example", "expirationSeconds": 21600, "path": "t"}}]}}])
+    );
+}
+
 #[test]
 fn a_secret_with_the_same_keys_already_mounted_counts_as_injected_and_another_does_not() {
     let inject = "    token: {secretName: api-key, key: token, mountPath: /var/run/secrets/example}\n";
