@@ -23,16 +23,16 @@ fn webhook_config() -> Value {
     config
 }
 
-/// A client certificate Secret as the controller writes it, expiring in `days`.
-fn certificate_secret(namespace: &str, name: &str, days: u64) -> Value {
-    certificate_secret_expiring(namespace, name, days).0
-}
+/// How long keyward's controller makes its client certificates valid by default
+/// (`--client-cert-validity`, src/controller.rs).
+const CONTROLLER_VALIDITY: Duration = Duration::from_secs(24 * 3600);
 
-/// The same, and when it expires (RFC 3339): minted on a whole second, as X.509 records it.
-fn certificate_secret_expiring(namespace: &str, name: &str, days: u64) -> (Value, String) {
-    let seconds = now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+/// A client certificate Secret as the controller writes it, issued `ago` and valid for
+/// `validity`; with when it is due for renewal (two thirds of its life) and when it expires
+/// (RFC 3339): minted on a whole second, as X.509 records it.
+fn certificate_issued(namespace: &str, name: &str, ago: Duration, validity: Duration) -> (Value, String, String) {
+    let seconds = now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() - ago.as_secs();
     let start = std::time::UNIX_EPOCH + Duration::from_secs(seconds);
-    let validity = Duration::from_secs(days * 86_400);
     let ca = keyward_certs::pki::Ca::mint("keyward client CA", start, validity).unwrap();
     let owner = json!({"apiVersion": OWNER_API, "kind": "LMEvalJob", "name": name.trim_end_matches("-lmeval-client"), "uid": "u", "controller": true});
     let secret = managed_secret(
@@ -41,7 +41,9 @@ fn certificate_secret_expiring(namespace: &str, name: &str, days: u64) -> (Value
         owner,
         json!({"tls.crt": b64(ca.cert_pem()), "tls.key": b64("k"), "ca.crt": b64(ca.cert_pem())}),
     );
-    (secret, keyward_certs::rfc3339(start + validity))
+    // As the controller reckons it, from the certificate (which the CA backdates).
+    let renew = keyward_controller::identity::renew_at(Some(ca.cert_pem().as_bytes())).unwrap();
+    (secret, keyward_certs::rfc3339(renew), keyward_certs::rfc3339(start + validity))
 }
 
 /// An fms driver pod keyward injected (`support::fms_pod`: the engine's own patch), created at
@@ -106,7 +108,8 @@ fn healthy() -> FakeApi {
     fake.seed(lease(3));
     fake.seed(lmevaljob("team-a", "good", "uid-good-job"));
     fake.seed(injected("good", "good", "uid-good-job"));
-    fake.seed(certificate_secret("team-a", "good-lmeval-client", 30));
+    // Just issued, as the controller issues by default: it ends within a day, and is healthy.
+    fake.seed(certificate_issued("team-a", "good-lmeval-client", Duration::ZERO, CONTROLLER_VALIDITY).0);
     fake.seed(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "keyward-lmeval-server-ca", "namespace": "team-a"}, "data": {"ca.crt": "x"}}));
     // Not keyward's concern: not counted.
     fake.seed(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "namespace": "team-a", "labels": {"app": "web"}}, "spec": {"containers": [{"name": "c", "image": "x"}]}}));
@@ -197,6 +200,42 @@ fn a_healthy_cluster_has_no_findings_and_exits_0() {
     assert!(fake.attempted_writes().is_empty(), "{:#?}", fake.attempted_writes());
 }
 
+/// Issue 57: the shipped daily CronJob, with its own arguments, exits 0 on a healthy cluster
+/// whose certificates the controller issued with its default validity (24 hours, which always
+/// ends within the old 7-day warning), and 1 once a renewal is overdue.
+#[test]
+fn the_shipped_cronjob_is_green_on_a_healthy_cluster_and_red_on_an_overdue_renewal() {
+    let cronjob: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string("deploy/audit/cronjob.yaml").unwrap()).unwrap();
+    let container = &cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0];
+    let args: Vec<&str> = container["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+    assert_eq!(args[0], "audit");
+    let mut with_kubeconfig = args.clone();
+    with_kubeconfig.extend(["--kubeconfig", "{kubeconfig}"]);
+    let fake = healthy();
+    // Twelve hours into its life: well before the renewal at sixteen.
+    fake.seed(
+        certificate_issued("team-a", "good-lmeval-client", Duration::from_secs(12 * 3600), CONTROLLER_VALIDITY).0,
+    );
+    let out = against(&fake, &with_kubeconfig);
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["findings"], json!([]), "{report:#}");
+    // Seventeen hours in, the controller is an hour late: a finding, and exit 1.
+    fake.seed(
+        certificate_issued("team-a", "good-lmeval-client", Duration::from_secs(17 * 3600), CONTROLLER_VALIDITY).0,
+    );
+    let out = against(&fake, &with_kubeconfig);
+    assert_eq!(out.status.code(), Some(1), "{}{}", text(&out.stdout), text(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["findings"][0]["finding"], "expiring", "{report:#}");
+    // --expiry-warning, asked for, reports a healthy certificate that ends within it.
+    fake.seed(certificate_issued("team-a", "good-lmeval-client", Duration::ZERO, CONTROLLER_VALIDITY).0);
+    let out = audit(&fake, &["-A", "--expiry-warning", "2d"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    assert!(text(&out.stdout).contains("within --expiry-warning"), "{}", text(&out.stdout));
+}
+
 #[test]
 fn every_finding_is_reported_with_what_to_do_and_exits_1() {
     let fake = healthy();
@@ -218,10 +257,12 @@ fn every_finding_is_reported_with_what_to_do_and_exits_1() {
     let mut stale = injected("relabelled", "good", "uid-good-job");
     stale["metadata"]["labels"]["app.kubernetes.io/name"] = json!("something-else");
     fake.seed(stale);
-    // expiring in 2 days; and an orphan whose Secret is gone too.
+    // expiring: issued 20 hours ago for 24, so due for renewal 4 hours ago; and an orphan
+    // whose Secret is gone too.
     fake.seed(lmevaljob("team-a", "soon", "uid-soon-job"));
     fake.seed(injected("soon", "soon", "uid-soon-job"));
-    let (secret, expiry) = certificate_secret_expiring("team-a", "soon-lmeval-client", 2);
+    let (secret, renew, expiry) =
+        certificate_issued("team-a", "soon-lmeval-client", Duration::from_secs(20 * 3600), CONTROLLER_VALIDITY);
     fake.seed(secret);
     fake.seed(injected("orphan", "gone", "uid-gone-job"));
     // The configuration's matchConditions drifted.
@@ -235,7 +276,10 @@ fn every_finding_is_reported_with_what_to_do_and_exits_1() {
     assert_eq!(out.status.code(), Some(1));
     let table = text(&out.stdout);
     let generated = serde_json::to_string(&webhook_config()["webhooks"][0]["matchConditions"]).unwrap();
-    let expected = TABLE_OF_EVERY_FINDING.replace("{expiry}", &expiry).replace("{generated}", &generated);
+    let expected = TABLE_OF_EVERY_FINDING
+        .replace("{renew}", &renew)
+        .replace("{expiry}", &expiry)
+        .replace("{generated}", &generated);
     assert_eq!(table, expected, "got:\n{table}");
 
     // The JSON says the same, finding for finding.
@@ -461,7 +505,7 @@ fn a_pod_that_already_has_what_its_profile_injects_is_no_finding() {
 }
 
 /// `keyward audit -A` on the state of `every_finding_is_reported_with_what_to_do_and_exits_1`;
-/// `{expiry}` is when the expiring certificate expires, `{generated}` the matchConditions
+/// `{renew}` and `{expiry}` are when the expiring certificate was due for renewal and expires, `{generated}` the matchConditions
 /// `keyward manifests webhook` renders.
 const TABLE_OF_EVERY_FINDING: &str = "\
 NAMESPACE  POD         PROFILE  FINDING             DETAIL\n\
@@ -473,7 +517,7 @@ team-a     opted-out   lmeval   not-injected        profile \"lmeval\" selects i
 team-a     orphan      lmeval   missing-dependency  Secret gone-lmeval-client does not exist: the pod cannot start (or restart) without it; if keyward provides it, see the controller's logs; otherwise create it\n\
 team-a     orphan      lmeval   owner-gone          its owner LMEvalJob gone does not exist: the pod is orphaned and its per-owner credentials are no longer renewed; delete the pod\n\
 team-a     relabelled  lmeval   stale               injected by profile \"lmeval\", which no longer selects it (removed, or its selector changed); recreate the pod, or it keeps its old credentials\n\
-team-a     soon        lmeval   expiring            the client certificate in Secret soon-lmeval-client expires at {expiry}: keyward's controller renews at two thirds of its life, so it is not renewing (check its logs and keyward_controller_objects_total{result=\"error\"})\n\
+team-a     soon        lmeval   expiring            the client certificate in Secret soon-lmeval-client was due for renewal at {renew} (two thirds of its life) and expires at {expiry}: keyward's controller has not renewed it (check its logs and keyward_controller_objects_total{result=\"error\"})\n\
 team-b     elsewhere   lmeval   not-injected        profile \"lmeval\" selects it, but it has no keyward injection: its namespace is not labelled keyward.io/inject=enabled; label it, then recreate the pod\n\
 10 findings (1 claim-mismatch, 1 expiring, 1 missing-dependency, 4 not-injected, 1 owner-gone, 1 stale, 1 webhook-config); 9 of 10 pods concern keyward, in 2 namespaces (1 page read)\n\
 ";

@@ -19,7 +19,9 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 use serde_json::Value;
 
-use super::findings::{self, Dependency, Examined, Finding, Kind, Lookups, NamespaceFacts, OwnerRef, RequestState};
+use super::findings::{
+    self, CertificateTimes, Dependency, Examined, Finding, Kind, Lookups, NamespaceFacts, OwnerRef, RequestState,
+};
 
 /// Pods per LIST page (the apiserver's default chunk size for kubectl).
 pub const PAGE: u32 = 500;
@@ -74,7 +76,7 @@ pub async fn gather(
     scope: &Scope,
     profiles: &ProfileSet,
     now: SystemTime,
-    warning: std::time::Duration,
+    warning: Option<std::time::Duration>,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Gathered, AuditError> {
     let mut out = Gathered::default();
@@ -165,9 +167,9 @@ pub async fn gather(
             .await;
         for (c, read) in read {
             // Read once: it also says whether the Secret exists.
-            let (exists, not_after) = read?;
+            let (exists, times) = read?;
             lookups.exists.insert(c.clone(), exists);
-            lookups.not_after.insert(c, not_after);
+            lookups.certificates.insert(c, times);
         }
     }
     let dependencies: BTreeSet<Dependency> = examined
@@ -366,20 +368,21 @@ async fn exists(client: &Client, d: &Dependency) -> Result<bool, AuditError> {
     .map_err(api_error(what))
 }
 
-/// Whether the client certificate Secret `c` exists, and when its `tls.crt` expires (`None`:
-/// unreadable).
-async fn certificate(client: &Client, c: &Dependency) -> Result<(bool, Option<SystemTime>), AuditError> {
+/// Whether the client certificate Secret `c` exists, and when its `tls.crt` is due for renewal
+/// by the controller's rule and when it expires (`None`: unreadable).
+async fn certificate(client: &Client, c: &Dependency) -> Result<(bool, Option<CertificateTimes>), AuditError> {
     let secret = Api::<Secret>::namespaced(client.clone(), &c.namespace)
         .get_opt(&c.name)
         .await
         .map_err(api_error(format!("get secrets/{} in namespace {}", c.name, c.namespace)))?;
     let exists = secret.is_some();
-    let not_after = secret
-        .and_then(|s| s.data)
-        .and_then(|d| d.get("tls.crt").map(|b| b.0.clone()))
-        .and_then(|pem| keyward_certs::pem::cert_info(&pem, "tls.crt".as_ref()).ok())
-        .map(|info| info.not_after);
-    Ok((exists, not_after))
+    let pem = secret.and_then(|s| s.data).and_then(|d| d.get("tls.crt").map(|b| b.0.clone()));
+    let times = pem.and_then(|pem| {
+        let not_after = keyward_certs::pem::cert_info(&pem, "tls.crt".as_ref()).ok()?.not_after;
+        let renew_at = keyward_controller::identity::renew_at(Some(&pem))?;
+        Some(CertificateTimes { renew_at, not_after })
+    });
+    Ok((exists, times))
 }
 
 fn facts_of(n: &Namespace) -> NamespaceFacts {

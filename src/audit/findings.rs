@@ -307,7 +307,7 @@ impl Examined {
 
     /// The findings, with what the cluster said about the dependencies, the certificate and the
     /// owner.
-    pub fn conclude(mut self, lookups: &Lookups, now: SystemTime, warning: Duration) -> Vec<Finding> {
+    pub fn conclude(mut self, lookups: &Lookups, now: SystemTime, warning: Option<Duration>) -> Vec<Finding> {
         let profile = self.profile.clone();
         for d in std::mem::take(&mut self.dependencies) {
             if lookups.exists.get(&d) == Some(&false) {
@@ -324,10 +324,13 @@ impl Examined {
             }
         }
         if let Some(cert) = self.certificate.take() {
-            if let Some(Some(not_after)) = lookups.not_after.get(&cert) {
-                if *not_after < now + warning {
-                    let when = keyward_certs::rfc3339(*not_after);
-                    self.push(Kind::Expiring, profile.clone(), format!("the client certificate in Secret {} expires at {when}: keyward's controller renews at two thirds of its life, so it is not renewing (check its logs and keyward_controller_objects_total{{result=\"error\"}})", cert.name));
+            if let Some(Some(times)) = lookups.certificates.get(&cert) {
+                if let Some(detail) = times.finding(now, warning) {
+                    self.push(
+                        Kind::Expiring,
+                        profile.clone(),
+                        format!("the client certificate in Secret {} {detail}", cert.name),
+                    );
                 }
             }
         }
@@ -366,8 +369,43 @@ pub struct Lookups {
     /// Whether PodCertificateRequests were read (the cluster serves them).
     pub requests_read: bool,
     pub exists: BTreeMap<Dependency, bool>,
-    pub not_after: BTreeMap<Dependency, Option<SystemTime>>,
+    pub certificates: BTreeMap<Dependency, Option<CertificateTimes>>,
     pub owners: BTreeMap<OwnerRef, Option<String>>,
+}
+
+/// How late keyward's controller may be to renew a client certificate before the audit says
+/// so: it renews within seconds of the time while it leads; a failover or a few failed tries
+/// fit well inside this.
+pub const RENEWAL_GRACE: Duration = Duration::from_secs(10 * 60);
+
+/// A client certificate's times: when keyward's controller renews it (two thirds of its life,
+/// `keyward_controller::identity::renew_at`) and when it expires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CertificateTimes {
+    pub renew_at: SystemTime,
+    pub not_after: SystemTime,
+}
+
+impl CertificateTimes {
+    /// What is wrong with the certificate at `now`, if anything: its renewal is overdue (by the
+    /// controller's own rule, whatever validity it issues with), or, when the caller asked with
+    /// `--expiry-warning`, it ends within that.
+    pub fn finding(&self, now: SystemTime, warning: Option<Duration>) -> Option<String> {
+        let (renew, end) = (keyward_certs::rfc3339(self.renew_at), keyward_certs::rfc3339(self.not_after));
+        let check = "check its logs and keyward_controller_objects_total{result=\"error\"}";
+        if self.not_after <= now {
+            return Some(format!("expired at {end} and was due for renewal at {renew}: keyward's controller did not renew it ({check}); the pod cannot connect until it does"));
+        }
+        if now > self.renew_at + RENEWAL_GRACE {
+            return Some(format!("was due for renewal at {renew} (two thirds of its life) and expires at {end}: keyward's controller has not renewed it ({check})"));
+        }
+        match warning {
+            Some(within) if self.not_after < now + within => Some(format!(
+                "expires at {end}, within --expiry-warning; keyward's controller renews it at {renew} (two thirds of its life)"
+            )),
+            _ => None,
+        }
+    }
 }
 
 fn quoted(profile: &Option<String>) -> String {
@@ -517,12 +555,54 @@ mod tests {
             "spec": {"containers": [{"name": "c", "image": "x"}]}})
     }
 
+    /// A certificate as keyward's controller issues it by default (24 hours), renewed at 16 h.
+    fn issued_at(start: SystemTime, life: Duration) -> CertificateTimes {
+        CertificateTimes { renew_at: start + life * 2 / 3, not_after: start + life }
+    }
+
+    /// Issue 57: the controller's 24-hour certificates always end within the old 7-day window,
+    /// so a healthy cluster's audit failed. Only a renewal overdue by the controller's own rule
+    /// is a finding.
+    #[test]
+    fn a_certificate_is_expiring_only_when_its_renewal_is_overdue() {
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_764_000_000);
+        let day = Duration::from_secs(86_400);
+        let cert = issued_at(start, day);
+        // Fresh, and up to its renewal time and the grace after it: nothing.
+        for at in [start, start + day / 2, cert.renew_at, cert.renew_at + RENEWAL_GRACE] {
+            assert_eq!(cert.finding(at, None), None);
+        }
+        // Past the grace: the controller is late.
+        let late = cert.renew_at + RENEWAL_GRACE + Duration::from_secs(1);
+        assert_eq!(
+            cert.finding(late, None).unwrap(),
+            format!(
+                "was due for renewal at {} (two thirds of its life) and expires at {}: keyward's controller has not renewed it (check its logs and keyward_controller_objects_total{{result=\"error\"}})",
+                keyward_certs::rfc3339(cert.renew_at),
+                keyward_certs::rfc3339(cert.not_after)
+            )
+        );
+        // Past its end: it says so.
+        assert!(cert.finding(cert.not_after, None).unwrap().starts_with("expired at "));
+        // Whatever the validity: a year's certificate is not late at eight months, a ten
+        // minutes' one is at eight.
+        let year = issued_at(start, day * 365);
+        assert_eq!(year.finding(start + day * 240, None), None);
+        assert!(year.finding(start + day * 244 + RENEWAL_GRACE, None).is_some());
+        let short = issued_at(start, Duration::from_secs(600));
+        assert_eq!(short.finding(start + Duration::from_secs(400), None), None);
+        // --expiry-warning, when asked for, reports what ends within it, renewal due or not.
+        let asked = cert.finding(start + Duration::from_secs(3600), Some(day * 7)).unwrap();
+        assert!(asked.contains("within --expiry-warning"), "{asked}");
+        assert_eq!(cert.finding(start, Some(Duration::from_secs(3600))), None);
+    }
+
     #[test]
     fn a_forged_record_cannot_forge_the_output() {
         let profiles = ProfileSet::builtin().unwrap_or_default();
         let forged = r#"{"profile":"x\u001b[2J\nteam-a  evil  ok","injected":[{"kind":"clientCertificate","volume":"v\nNAMESPACE","mountPath":"/p\r"}]}"#;
         let e = examine(&pod(forged), "team-a", None, &profiles, None);
-        let findings = e.conclude(&Lookups::default(), SystemTime::UNIX_EPOCH, Duration::ZERO);
+        let findings = e.conclude(&Lookups::default(), SystemTime::UNIX_EPOCH, None);
         assert_eq!(findings.len(), 1, "{findings:?}");
         let f = &findings[0];
         assert_eq!(f.finding, Kind::ClaimMismatch);
@@ -539,6 +619,6 @@ mod tests {
         let plain = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "labels": {"app": "web"}}, "spec": {"containers": [{"name": "c", "image": "x"}]}});
         let e = examine(&plain, "team-a", None, &profiles, None);
         assert!(!e.relevant);
-        assert!(e.conclude(&Lookups::default(), SystemTime::UNIX_EPOCH, Duration::ZERO).is_empty());
+        assert!(e.conclude(&Lookups::default(), SystemTime::UNIX_EPOCH, None).is_empty());
     }
 }

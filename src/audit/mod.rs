@@ -35,9 +35,11 @@ pub struct AuditArgs {
     /// How to print the report.
     #[arg(long, short = 'o', value_enum, default_value_t = AuditFormat::Table)]
     output: AuditFormat,
-    /// Report client certificates that expire within this long.
-    #[arg(long, default_value = "7d", value_parser = parse_days)]
-    expiry_warning: Duration,
+    /// Also report client certificates that expire within this long, renewal due or not (off
+    /// by default: a certificate is reported when keyward's controller is late to renew it, at
+    /// two thirds of its life, and a 24-hour certificate always ends within a day).
+    #[arg(long, value_parser = parse_days)]
+    expiry_warning: Option<Duration>,
     /// Read no Secrets (for users without that right): missing Secrets and expiring
     /// certificates are then not reported, and the report says so.
     #[arg(long)]
