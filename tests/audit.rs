@@ -504,6 +504,31 @@ fn a_pod_that_already_has_what_its_profile_injects_is_no_finding() {
     assert_eq!(found, [("agent-hourly", "not-injected"), ("agent-none", "not-injected")], "{report:#}");
 }
 
+/// Issue 57: the fms driver as its operator still creates it (its own gRPC TLS env and mounts,
+/// `patch4GrpcTLS`) is admitted unchanged under `onConflict: skip`; the audit says so, with the
+/// conflict and the fix, where it was silent.
+#[test]
+fn a_selected_pod_keyward_skipped_on_a_conflict_is_not_injected_with_the_conflict() {
+    let fake = healthy();
+    let mut pod = fixture("lmeval-fms-driver-pod-grpc-tls.json");
+    pod["metadata"]["name"] = json!("patched");
+    pod["metadata"]["uid"] = json!("uid-patched");
+    pod["metadata"]["creationTimestamp"] = json!("2026-11-30T09:00:00Z");
+    fake.seed(pod);
+    let out = audit(&fake, &["-n", "team-a", "-o", "json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let findings = report["findings"].as_array().unwrap();
+    assert_eq!(findings.len(), 1, "{report:#}");
+    assert_eq!((findings[0]["pod"].as_str(), findings[0]["finding"].as_str()), (Some("patched"), Some("not-injected")));
+    let detail = findings[0]["detail"].as_str().unwrap();
+    assert!(
+        detail.starts_with("profile \"lmeval\" selects it, but keyward admitted it without its injection (onConflict: skip) because container \"main\" already sets GRPC_CLIENT_CERT (spec.containers[0].env[2])"),
+        "{detail}"
+    );
+    assert!(detail.ends_with("; it works only with credentials of its own: remove what conflicts and recreate it, or narrow the profile if the pod is not its to serve"), "{detail}");
+}
+
 /// `keyward audit -A` on the state of `every_finding_is_reported_with_what_to_do_and_exits_1`;
 /// `{renew}` and `{expiry}` are when the expiring certificate was due for renewal and expires, `{generated}` the matchConditions
 /// `keyward manifests webhook` renders.

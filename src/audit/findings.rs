@@ -204,7 +204,20 @@ pub fn examine(
                 ),
             );
         }
-        (None, _) => {
+        (None, reason) => {
+            // Selected, and admitted unchanged because it collides with the injection: it runs
+            // without what the profile gives, unless it wires its own.
+            if reason == Reason::ConflictSkipped {
+                let conflicts = conflicts_of(&decision).unwrap_or_else(|| "a conflict".into());
+                e.push(
+                    Kind::NotInjected,
+                    selected.clone(),
+                    format!(
+                        "profile {} selects it, but keyward admitted it without its injection (onConflict: skip) because {conflicts}; it works only with credentials of its own: remove what conflicts and recreate it, or narrow the profile if the pod is not its to serve",
+                        quoted(&selected)
+                    ),
+                );
+            }
             // Labelled as injected, or carrying keyward's volumes, with no record of it.
             let volumes = keyward_volumes(pod);
             if labelled || !volumes.is_empty() {
