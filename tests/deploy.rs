@@ -1022,3 +1022,43 @@ fn the_release_pins_its_actions_and_ships_an_sbom_of_the_crates() {
     let visibility = workflow.find("The image can be pulled without credentials").unwrap();
     assert!(visibility < workflow.find("gh release create").unwrap());
 }
+
+/// issue 58: the inference-graph gate file told people to give `--upstream-ca
+/// /etc/keyward-gate/...`, where its Deployment mounts nothing. Every path under `/etc/keyward`
+/// that a gate install names (in its arguments or in the words beside them) is under a
+/// directory one of its files mounts.
+#[test]
+fn every_path_a_gate_install_names_is_mounted_there() {
+    let mut checked = 0;
+    for dir in std::fs::read_dir(format!("{}/deploy/gate", root())).unwrap() {
+        let dir = dir.unwrap().path();
+        let texts: Vec<(String, String)> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|f| f.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+            .map(|p| (p.display().to_string(), std::fs::read_to_string(&p).unwrap()))
+            .collect();
+        let mounts: Vec<&str> = texts
+            .iter()
+            .flat_map(|(_, t)| t.lines())
+            .filter_map(|l| l.trim().strip_prefix("mountPath:").map(str::trim))
+            .collect();
+        for (file, text) in &texts {
+            for line in text.lines().filter(|l| !l.trim().starts_with("mountPath:")) {
+                for (at, _) in line.match_indices("/etc/keyward") {
+                    let path: String = line[at..]
+                        .chars()
+                        .take_while(|c| !c.is_whitespace() && !matches!(c, '"' | '\'' | ',' | ')'))
+                        .collect();
+                    checked += 1;
+                    assert!(
+                        mounts.iter().any(|m| path == *m || path.starts_with(&format!("{m}/"))),
+                        "{file}: {path} is not under any mountPath of {} ({mounts:?})",
+                        dir.display()
+                    );
+                }
+            }
+        }
+    }
+    assert!(checked >= 4, "only {checked} paths found");
+}

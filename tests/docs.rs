@@ -311,3 +311,96 @@ fn links_to_the_readmes_old_sections_still_land() {
         assert!(anchors.contains(anchor), "README.md lost #{anchor}, which links from before issue 28 point to");
     }
 }
+
+// === commands ===
+
+/// The code in a page: every line of its fenced blocks and every inline code span.
+fn code(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.starts_with("```") {
+            fenced = !fenced;
+        } else if fenced {
+            out.push(line.to_string());
+        } else {
+            out.extend(line.split('`').skip(1).step_by(2).map(str::to_string));
+        }
+    }
+    out
+}
+
+/// `keyward SUBCOMMAND [...] --flag` in code: the subcommand's words and the flags given it,
+/// up to what ends the command (a pipe, `;`, `&&`, a comment).
+fn commands(code: &str, subcommands: &[String]) -> Vec<(Vec<String>, Vec<String>)> {
+    let mut found = Vec::new();
+    let mut rest = code;
+    while let Some(at) = rest.find("keyward ") {
+        let before = rest[..at].chars().last();
+        let after = &rest[at + "keyward ".len()..];
+        rest = after;
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '-' || c == '/' || c == '.') {
+            continue;
+        }
+        let words: Vec<&str> = after
+            .split_whitespace()
+            .take_while(|w| !matches!(*w, "|" | "&&" | ";" | "#" | "\\") && !w.starts_with('#'))
+            .collect();
+        let Some(first) = words.first().filter(|w| subcommands.iter().any(|s| s == *w)) else { continue };
+        let mut command = vec![first.to_string()];
+        // `manifests webhook`, `certs mint`: a second word that is not a flag or a file.
+        if matches!(*first, "manifests" | "certs") {
+            if let Some(second) = words.get(1).filter(|w| w.chars().all(|c| c.is_ascii_lowercase() || c == '-')) {
+                command.push(second.to_string());
+            }
+        }
+        let flags = words
+            .iter()
+            .filter(|w| w.starts_with("--") && w.len() > 2)
+            .map(|w| w.split('=').next().unwrap_or(w).trim_end_matches([',', ')', '`', ']']).to_string())
+            .collect();
+        found.push((command, flags));
+    }
+    found
+}
+
+/// issue 58: the operations runbook sent people to `check-gate --path`, a flag that does not
+/// exist. Every flag the docs give a keyward command is one its `--help` lists.
+#[test]
+fn every_flag_the_docs_give_a_command_is_one_it_takes() {
+    let help = |args: &[&str]| -> String {
+        let out = std::process::Command::new(keyward_bin()).args(args).arg("--help").output().unwrap();
+        assert!(out.status.success(), "keyward {args:?} --help: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let top = help(&[]);
+    let subcommands: Vec<String> = between(&top, "Commands:\n", "\n\n")
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect();
+    assert!(subcommands.contains(&"check-gate".to_string()), "{subcommands:?}");
+    let mut helps: std::collections::BTreeMap<Vec<String>, String> = Default::default();
+    let mut wrong = Vec::new();
+    let mut checked = 0;
+    // The changelog and the benchmarks' history speak of flags as they were.
+    for page_path in pages().into_iter().filter(|p| p != "CHANGELOG.md" && p != "BENCHMARKS.md") {
+        let text = page(&page_path);
+        for code in code(&text) {
+            for (command, flags) in commands(&code, &subcommands) {
+                let text = helps
+                    .entry(command.clone())
+                    .or_insert_with(|| help(&command.iter().map(String::as_str).collect::<Vec<_>>()));
+                checked += 1;
+                for flag in flags {
+                    let listed = [" ", "\n", ",", "=", "["].iter().any(|end| text.contains(&format!("{flag}{end}")));
+                    if !listed {
+                        wrong.push(format!("{page_path}: keyward {} {flag}", command.join(" ")));
+                    }
+                }
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "flags the docs give that the command does not take:\n{}", wrong.join("\n"));
+    // The docs show 95 commands (2026-12-07): a parser that finds few checks nothing.
+    assert!(checked > 80, "only {checked} keyward commands found in the docs");
+}
