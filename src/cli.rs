@@ -147,7 +147,7 @@ impl Cli {
             }
             Command::Explain(args) => {
                 let mut profiles = args.profiles.source().load()?;
-                let mut note = None;
+                let (mut note, mut pinned) = (None, Vec::new());
                 if args.profiles.operator_namespaces.is_empty() && !args.no_install_pins {
                     // Only the pins of profiles in the set (--no-default-profiles may drop one).
                     let mut shown = Vec::new();
@@ -157,6 +157,7 @@ impl Cli {
                                 .pin_operator_namespace(profile, namespace)
                                 .map_err(|e| anyhow::anyhow!("--operator-namespace {profile}={namespace}: {e}"))?;
                             shown.push(format!("{profile}={namespace}"));
+                            pinned.push(*profile);
                         }
                     }
                     note = (!shown.is_empty()).then(|| format!(
@@ -170,12 +171,14 @@ impl Cli {
                     output: args.output,
                     cluster: args.cluster.then_some(args.access),
                 };
-                let code = explain::run(&args.file, &profiles, &options)?;
-                // After the answer, in text only: JSON readers get the answer alone.
-                if let Some(note) = note.filter(|_| matches!(options.output, OutputFormat::Text)) {
+                let explained = explain::run(&args.file, &profiles, &options)?;
+                // After the answer, in text only (JSON readers get the answer alone), and only
+                // when a pinned profile selected something: the pin changed nothing otherwise.
+                let pin_applied = pinned.iter().any(|p| explained.selected_by.contains(*p));
+                if let Some(note) = note.filter(|_| pin_applied && matches!(options.output, OutputFormat::Text)) {
                     eprintln!("{note}");
                 }
-                Ok(code)
+                Ok(explained.code)
             }
             Command::Manifests(ManifestsCommand::Webhook { profiles, namespace, service }) => {
                 let set = profiles.source().load()?;

@@ -169,6 +169,13 @@ fn a_pinned_operator_namespace_refuses_a_tenants_account_of_the_same_name() {
         stderr(&o),
         "keyward: note: requesters pinned as the shipped Deployments pin them: --operator-namespace=lmeval=lm-eval (give --operator-namespace to pin otherwise, --no-install-pins for none)\n"
     );
+    // issue 58: for a pod no pinned profile selects, the pin changed nothing, and no note says
+    // it did.
+    for pod in ["tests/fixtures/kfp-persistenceagent-pod.json", "tests/fixtures/kuberay-worker-k8s-auth.json"] {
+        let o = keyward(&["explain", pod], None);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        assert_eq!(stderr(&o), "", "{pod}");
+    }
     let pin = ["--operator-namespace", "lmeval=lm-eval"];
     let o = keyward(&[&["explain", "--user", tenant, "-o", "json"][..], &pin, &[FMS_POD]].concat(), None);
     assert_eq!(o.status.code(), Some(3), "{}", stdout(&o));

@@ -43,7 +43,14 @@ pub struct ExplainOptions {
     pub cluster: Option<KubeconfigArgs>,
 }
 
-pub fn run(file: &Path, profiles: &ProfileSet, options: &ExplainOptions) -> anyhow::Result<ExitCode> {
+/// What `explain` answered: its exit code, and the profiles that selected a subject.
+#[derive(Debug)]
+pub struct Explained {
+    pub code: ExitCode,
+    pub selected_by: std::collections::BTreeSet<String>,
+}
+
+pub fn run(file: &Path, profiles: &ProfileSet, options: &ExplainOptions) -> anyhow::Result<Explained> {
     let (label, text) = read_input(file)?;
     let subjects = subjects::parse(&label, &text, options.namespace.as_deref())?;
     let cluster = match &options.cluster {
@@ -62,6 +69,7 @@ pub fn run(file: &Path, profiles: &ProfileSet, options: &ExplainOptions) -> anyh
     let profiles = resolved.as_ref().unwrap_or(profiles);
     let several = subjects.len() > 1;
     let (mut out, mut reports, mut all_allowed) = (String::new(), Vec::new(), true);
+    let mut selected_by = std::collections::BTreeSet::new();
     for subject in &subjects {
         let request = match &subject.input {
             Input::Review(bytes, label) => {
@@ -74,6 +82,7 @@ pub fn run(file: &Path, profiles: &ProfileSet, options: &ExplainOptions) -> anyh
         let explanation = explain(&facts, &pod.raw, profiles);
         let after = pod_after(&explanation, &pod.value)?;
         all_allowed &= explanation.decision.allowed();
+        selected_by.extend(explanation.decision.profile.clone());
         let seen = match &cluster {
             Some((runtime, seen_in)) => {
                 Some(runtime.block_on(cluster::look(seen_in, facts.namespace, &explanation))?)
@@ -117,7 +126,8 @@ pub fn run(file: &Path, profiles: &ProfileSet, options: &ExplainOptions) -> anyh
         OutputFormat::Diff | OutputFormat::Text => {}
     }
     print!("{out}");
-    Ok(if all_allowed { ExitCode::SUCCESS } else { ExitCode::from(EXIT_DENIED) })
+    let code = if all_allowed { ExitCode::SUCCESS } else { ExitCode::from(EXIT_DENIED) };
+    Ok(Explained { code, selected_by })
 }
 
 fn read_input(file: &Path) -> anyhow::Result<(String, String)> {
