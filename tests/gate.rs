@@ -159,10 +159,18 @@ async fn the_gate_serves_a_dev_certificate_allows_by_its_file_and_reloads_it() {
     for line in [
         "keyward_gate_requests_total{rule=\"a job reads its own namespace's runs\",decision=\"allowed\"} 2",
         "keyward_gate_requests_total{rule=\"\",decision=\"unauthenticated\"} 1",
-        "keyward_gate_reloads_total{file=\"gate\",result=\"failed\"} 1",
     ] {
         assert!(metrics.contains(line), "{line} in\n{metrics}");
     }
+    // The bad file, refused at least once: every look at it while it stays (its change, and
+    // each poll that comes before the good file is back) counts again, which is what keeps
+    // KeywardGateReloadFailing firing while a bad file stays; how many polls fell in between
+    // depends on the machine.
+    let failed = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("keyward_gate_reloads_total{file=\"gate\",result=\"failed\"} "))
+        .and_then(|n| n.parse::<u64>().ok());
+    assert!(failed.is_some_and(|n| n >= 1), "failed reloads: {failed:?} in\n{metrics}");
     assert!(gate.terminate().success());
 }
 
