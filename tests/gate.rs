@@ -137,7 +137,7 @@ async fn the_gate_serves_a_dev_certificate_allows_by_its_file_and_reloads_it() {
     let (status, body) = get(&gate, Some(&team_a), "/namespaces/team-b/runs").await;
     assert_eq!(status, 403, "{body}");
     let (status, body) = get(&gate, None, "/namespaces/team-a/runs").await;
-    assert_eq!((status, body.as_str()), (401, "keyward gate: no client certificate and no bearer token: present the keyward client certificate of your workload, or a service account token\n"));
+    assert_eq!((status, body.as_str()), (401, "keyward gate: no client certificate: present the keyward client certificate of your workload (this gate takes no bearer tokens)\n"));
     let refused = gate.wait_log(|v| v["message"] == "gate refused a request" && v["decision"] == "unauthenticated");
     assert_eq!(refused["path"], "\"/namespaces/team-a/runs\"", "request values are quoted in the log");
 
@@ -271,7 +271,8 @@ async fn the_gate_docs_try_it_runs_as_written() {
         [
             (200, "upstream saw GET /jobs/team-a/evaljob-sample/status as spiffe://cluster.local/ns/team-a/lmevaljob/evaljob-sample".to_string()),
             (403, "keyward gate: rule \"a job reads only its own status\": the caller's name is \"evaljob-sample\", and path segment {name} is \"other-job\"\n".to_string()),
-            (401, "keyward gate: no client certificate and no bearer token: present the keyward client certificate of your workload, or a service account token\n".to_string()),
+            // issue 58: the try-it gate takes no tokens, and its refusal offers none.
+            (401, "keyward gate: no client certificate: present the keyward client certificate of your workload (this gate takes no bearer tokens)\n".to_string()),
         ]
     );
     assert!(gate.terminate().success());

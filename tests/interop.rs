@@ -445,7 +445,7 @@ async fn the_fms_driver_updates_its_own_job_through_the_gate_as_upstream_dials_i
     assert_eq!(
         answer,
         json!({"ok": false, "code": "Unauthenticated", "alpn": "h2",
-            "message": "keyward gate: no client certificate and no bearer token: present the keyward client certificate of your workload, or a service account token"})
+            "message": "keyward gate: no client certificate: present the keyward client certificate of your workload (this gate takes no bearer tokens)"})
     );
     assert_eq!(upstream.seen().len(), 1, "refused calls never reach the upstream");
 }

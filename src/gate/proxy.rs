@@ -36,8 +36,15 @@ use super::store::GateStore;
 use super::upstream::{HeldMessage, Outgoing, SendError, Upstream};
 use crate::serve::connections::{Client, Guarded, PeerCertificate, RequestProgress};
 
-/// Why a caller with no credential is refused where no rule is open to anonymous callers.
-const NO_CREDENTIAL: &str = "no client certificate and no bearer token: present the keyward client certificate of your workload, or a service account token";
+/// Why a caller with no credential is refused where no rule is open to anonymous callers: the
+/// credentials this gate takes, and no other (a gate without `tokenReview` takes no token).
+fn no_credential(gate: &keyward_gate::rules::Gate) -> &'static str {
+    if gate.token_audiences().is_some() {
+        "no client certificate and no bearer token: present the keyward client certificate of your workload, or a service account token"
+    } else {
+        "no client certificate: present the keyward client certificate of your workload (this gate takes no bearer tokens)"
+    }
+}
 
 /// The most of a request path written into a log line.
 const LOG_PATH_MAX: usize = 256;
@@ -199,7 +206,7 @@ async fn decide(
     match verdict.allowed_by {
         Some(rule) => Ok((caller, groups, rule, body)),
         // No rule is open to a caller without a credential here: asking for one is the answer.
-        None if caller == Caller::Anonymous => Err(fail(Decision::Unauthenticated, NO_CREDENTIAL.into())),
+        None if caller == Caller::Anonymous => Err(fail(Decision::Unauthenticated, no_credential(gate).into())),
         None => Err(fail(Decision::Refused, verdict.reason())),
     }
 }
