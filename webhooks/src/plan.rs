@@ -152,25 +152,30 @@ fn standing(
     let mut lifetimes = Vec::new();
     for (n, (_, injection)) in injections.iter().enumerate() {
         let Some((volume, mount)) = &injection.volume else { continue };
-        let hit = spec.volume_hits.iter().find(|h| h.name == volume.name && !removed(h.index));
-        let theirs = hit.and_then(|h| h.raw).and_then(|raw| raw.value());
-        let relifed = match (&theirs, injection.token_reader_seconds) {
-            (Some(theirs), Some(reader)) => other_lifetime(theirs, volume).map(|found| (found, reader)),
-            _ => None,
-        };
-        match hit {
-            Some(_) if theirs.is_some_and(|v| same_volume(v, volume)) => volume_there[n] = true,
-            Some(hit) if relifed.is_some() => {
-                if let Some((found, reader)) = relifed {
-                    lifetimes.push((hit, found, reader, volume));
-                }
-                volume_there[n] = true;
+        if let Some(hit) = spec.volume_hits.iter().find(|h| h.name == volume.name && !removed(h.index)) {
+            // Decoded and normalized once: for the comparison and, where the profile knows how
+            // often the token's reader re-reads it, for the token's lifetime.
+            let theirs = hit.raw.and_then(|raw| raw.value());
+            let written = theirs.as_ref().and_then(|v| v.pointer(TOKEN_LIFETIME)).is_some_and(|l| !l.is_null());
+            let theirs = theirs.map(normalized_volume);
+            let ours = normalized_volume(volume.to_json());
+            let relifed = |theirs: Option<Value>| {
+                let (theirs, reader) = theirs.zip(injection.token_reader_seconds)?;
+                Some((other_lifetime(theirs, &ours)?, reader))
+            };
+            match theirs {
+                Some(theirs) if theirs == ours => volume_there[n] = true,
+                theirs => match relifed(theirs) {
+                    Some((lifetime, reader)) => {
+                        lifetimes.push((hit, (written, lifetime), reader, volume));
+                        volume_there[n] = true;
+                    }
+                    None => conflicts.push(format!(
+                        "spec.volumes[{}] is a volume named {:?} that differs from the one profile {:?} injects; rename your volume (names starting with keyward- are reserved for keyward)",
+                        hit.index, volume.name, profile.name
+                    )),
+                },
             }
-            Some(hit) => conflicts.push(format!(
-                "spec.volumes[{}] is a volume named {:?} that differs from the one profile {:?} injects; rename your volume (names starting with keyward- are reserved for keyward)",
-                hit.index, volume.name, profile.name
-            )),
-            None => {}
         }
         // Many containers may mount the same other volume at the path: judge it once.
         let mut judged: Vec<(String, bool)> = Vec::new();
@@ -212,13 +217,17 @@ fn standing(
     (volume_there, mounts)
 }
 
+/// Where a token volume's lifetime is, with the one projection keyward's token volumes have.
+const TOKEN_LIFETIME: &str = "/projected/sources/0/serviceAccountToken/expirationSeconds";
+
 /// Gives the pod's own volume named like the injected token the profile's lifetime: it is the
 /// token keyward injects in all but that, and the profile knows how often its reader re-reads
 /// it (the operator's lifetime may be one the reader outlives, as KFP's manifests' is).
+/// `written`: whether the pod has the field (the apiserver's defaulting always writes it).
 fn set_lifetime(
     profile: &Profile,
     hit: &crate::pod::VolumeHit<'_>,
-    (source, theirs): (usize, Option<i64>),
+    (written, theirs): (bool, i64),
     ours: &VolumeSpec,
     reader: i64,
     plan: &mut Plan<'_>,
@@ -226,11 +235,10 @@ fn set_lifetime(
     let Source::ServiceAccountToken { expiration_seconds, .. } = &ours.source else { return };
     // The patch removes volumes (the API token's) before this operation applies: count them.
     let before_it = plan.changes.volumes_removed.iter().filter(|&&i| i < hit.index).count();
-    let path = Path::TokenLifetime { volume: hit.index - before_it, source };
+    let path = Path::TokenLifetime { volume: hit.index - before_it, source: 0 };
     let value = OpValue::Int(*expiration_seconds);
-    plan.ops.push(if theirs.is_some() { PatchOp::replace(path, value) } else { PatchOp::add(path, value) });
+    plan.ops.push(if written { PatchOp::replace(path, value) } else { PatchOp::add(path, value) });
     plan.changes.token_lifetimes.push((ours.name.clone(), *expiration_seconds));
-    let theirs = theirs.unwrap_or(DEFAULT_TOKEN_EXPIRATION_SECONDS);
     let before = Rotation::new(theirs, reader);
     let why = if before.fits() { "" } else { ", which its reader outlives" };
     plan.warnings.push(format!(
@@ -239,29 +247,13 @@ fn set_lifetime(
     ));
 }
 
-/// Where `theirs` differs from the token volume `ours` only in its token's lifetime: the index
-/// of that token among its sources, and the lifetime it has (`None`: not written, which the
-/// apiserver's defaulting never leaves).
-fn other_lifetime(theirs: &Value, ours: &VolumeSpec) -> Option<(usize, Option<i64>)> {
-    let Source::ServiceAccountToken { .. } = &ours.source else { return None };
-    let ours = ours.to_json();
-    let pointer = "/projected/sources/0/serviceAccountToken/expirationSeconds";
-    let mut theirs = theirs.clone();
-    without_nulls(&mut theirs);
-    let sources = theirs.pointer("/projected/sources").and_then(Value::as_array)?;
-    if sources.len() != 1 || !sources[0].get("serviceAccountToken").is_some_and(Value::is_object) {
-        return None;
-    }
-    let lifetime = theirs.pointer(pointer).map(|v| v.as_i64());
-    let lifetime = match lifetime {
-        Some(Some(n)) => Some(n),
-        Some(None) => return None,
-        None => None,
-    };
-    if let Some(token) = theirs.pointer_mut("/projected/sources/0/serviceAccountToken").and_then(Value::as_object_mut) {
-        token.insert("expirationSeconds".into(), ours.pointer(pointer).cloned().unwrap_or(Value::Null));
-    }
-    (normalized_volume(theirs) == normalized_volume(ours)).then_some((0, lifetime))
+/// Where the pod's volume `theirs` is the token volume `ours` in all but the token's lifetime
+/// (both normalized, so `theirs` has one): that lifetime.
+fn other_lifetime(mut theirs: Value, ours: &Value) -> Option<i64> {
+    let wanted = ours.pointer(TOKEN_LIFETIME)?.clone();
+    let lifetime = theirs.pointer(TOKEN_LIFETIME)?.as_i64()?;
+    *theirs.pointer_mut(TOKEN_LIFETIME)? = wanted;
+    (theirs == *ours).then_some(lifetime)
 }
 
 /// Adds each injection's volume where it is not there and some target container will mount it.
@@ -670,6 +662,7 @@ fn normalized_volume(mut v: Value) -> Value {
     v
 }
 
+#[cfg(test)]
 fn same_volume(theirs: Value, ours: &VolumeSpec) -> bool {
     normalized_volume(theirs) == normalized_volume(ours.to_json())
 }
