@@ -547,15 +547,7 @@ fn delivers(spec: &Spec<'_>, name: &str, ours: &Source, removed: &dyn Fn(usize) 
         Source::ConfigMap { name, keys } => theirs
             .get("configMap")
             .is_some_and(|c| c.get("name").and_then(Value::as_str) == Some(name) && files(c, keys)),
-        Source::ServiceAccountToken { audience, path, .. } => {
-            theirs.pointer("/projected/sources").and_then(Value::as_array).is_some_and(|sources| {
-                sources.iter().any(|s| {
-                    let token = &s["serviceAccountToken"];
-                    token.get("audience").and_then(Value::as_str) == Some(audience)
-                        && token.get("path").and_then(Value::as_str) == Some(path)
-                })
-            })
-        }
+        Source::ServiceAccountToken { audience, path, .. } => token_source(&theirs, audience, path).is_some(),
         // The same signer, with the files at the same names (key type and lifetime aside).
         Source::PodCertificate(ours) => {
             theirs.pointer("/projected/sources").and_then(Value::as_array).is_some_and(|sources| {
@@ -592,16 +584,19 @@ fn delivers(spec: &Spec<'_>, name: &str, ours: &Source, removed: &dyn Fn(usize) 
     }
 }
 
+/// The `serviceAccountToken` projection of a volume for `audience` at `path`.
+fn token_source<'v>(volume: &'v Value, audience: &str, path: &str) -> Option<&'v Value> {
+    volume.pointer("/projected/sources")?.as_array()?.iter().map(|s| &s["serviceAccountToken"]).find(|token| {
+        token.get("audience").and_then(Value::as_str) == Some(audience)
+            && token.get("path").and_then(Value::as_str) == Some(path)
+    })
+}
+
 /// The lifetime of the token the pod's volume `name` delivers for `ours` (its audience and path).
 fn token_lifetime(spec: &Spec<'_>, name: &str, ours: &Source) -> Option<i64> {
     let Source::ServiceAccountToken { audience, path, .. } = ours else { return None };
     let theirs = spec.volume_hits.iter().find(|h| h.name == name)?.raw?.value()?;
-    let sources = theirs.pointer("/projected/sources")?.as_array()?;
-    let token = sources.iter().map(|s| &s["serviceAccountToken"]).find(|t| {
-        t.get("audience").and_then(Value::as_str) == Some(audience)
-            && t.get("path").and_then(Value::as_str) == Some(path)
-    })?;
-    token.get("expirationSeconds").and_then(Value::as_i64)
+    token_source(&theirs, audience, path)?.get("expirationSeconds").and_then(Value::as_i64)
 }
 
 fn describe_source(source: &Source) -> String {
