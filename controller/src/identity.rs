@@ -108,9 +108,7 @@ pub fn renewal(
         return Renewal::Due(format!("it does not name {identity}"));
     }
     let info = &pair.info;
-    let life = info.not_after.duration_since(info.not_before).unwrap_or_default();
-    let renew_at = info.not_before + life * 2 / 3;
-    if now >= renew_at {
+    if now >= renewal_time(info) {
         return Renewal::Due("two thirds of its life have passed".into());
     }
     Renewal::Fresh { not_after: info.not_after }
@@ -132,8 +130,13 @@ pub fn issued_by(cert_pem: &[u8], ca: &Ca) -> bool {
 /// When a certificate is due for renewal: two thirds into its life.
 pub fn renew_at(cert_pem: Option<&[u8]>) -> Option<SystemTime> {
     let info = keyward_certs::pem::cert_info(cert_pem?, TLS_CRT.as_ref()).ok()?;
+    Some(renewal_time(&info))
+}
+
+/// The renewal rule, on a certificate already read (`keyward audit` reports one past it).
+pub fn renewal_time(info: &keyward_certs::pem::CertInfo) -> SystemTime {
     let life = info.not_after.duration_since(info.not_before).unwrap_or_default();
-    Some(info.not_before + life * 2 / 3)
+    info.not_before + life * 2 / 3
 }
 
 /// 32 random bytes, base64url without padding (43 characters).

@@ -377,10 +377,8 @@ async fn certificate(client: &Client, c: &Dependency) -> Result<(bool, Option<Ce
         .map_err(api_error(format!("get secrets/{} in namespace {}", c.name, c.namespace)))?;
     let exists = secret.is_some();
     let pem = secret.and_then(|s| s.data).and_then(|d| d.get("tls.crt").map(|b| b.0.clone()));
-    let times = pem.and_then(|pem| {
-        let not_after = keyward_certs::pem::cert_info(&pem, "tls.crt".as_ref()).ok()?.not_after;
-        let renew_at = keyward_controller::identity::renew_at(Some(&pem))?;
-        Some(CertificateTimes { renew_at, not_after })
+    let times = pem.and_then(|pem| keyward_certs::pem::cert_info(&pem, "tls.crt".as_ref()).ok()).map(|info| {
+        CertificateTimes { renew_at: keyward_controller::identity::renewal_time(&info), not_after: info.not_after }
     });
     Ok((exists, times))
 }
