@@ -392,7 +392,7 @@ pub struct Lookups {
 pub const RENEWAL_GRACE: Duration = Duration::from_secs(10 * 60);
 
 /// A client certificate's times: when keyward's controller renews it (two thirds of its life,
-/// `keyward_controller::identity::renew_at`) and when it expires.
+/// `keyward_controller::identity::renewal_time`) and when it expires.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CertificateTimes {
     pub renew_at: SystemTime,
@@ -404,17 +404,20 @@ impl CertificateTimes {
     /// controller's own rule, whatever validity it issues with), or, when the caller asked with
     /// `--expiry-warning`, it ends within that.
     pub fn finding(&self, now: SystemTime, warning: Option<Duration>) -> Option<String> {
-        let (renew, end) = (keyward_certs::rfc3339(self.renew_at), keyward_certs::rfc3339(self.not_after));
+        // Written only for a finding; a time past what SystemTime holds is never reached.
+        let (renew, end) = (|| keyward_certs::rfc3339(self.renew_at), || keyward_certs::rfc3339(self.not_after));
         let check = "check its logs and keyward_controller_objects_total{result=\"error\"}";
         if self.not_after <= now {
-            return Some(format!("expired at {end} and was due for renewal at {renew}: keyward's controller did not renew it ({check}); the pod cannot connect until it does"));
+            return Some(format!("expired at {} and was due for renewal at {}: keyward's controller did not renew it ({check}); the pod cannot connect until it does", end(), renew()));
         }
-        if now > self.renew_at + RENEWAL_GRACE {
-            return Some(format!("was due for renewal at {renew} (two thirds of its life) and expires at {end}: keyward's controller has not renewed it ({check})"));
+        if self.renew_at.checked_add(RENEWAL_GRACE).is_some_and(|late| now > late) {
+            return Some(format!("was due for renewal at {} (two thirds of its life) and expires at {}: keyward's controller has not renewed it ({check})", renew(), end()));
         }
         match warning {
-            Some(within) if self.not_after < now + within => Some(format!(
-                "expires at {end}, within --expiry-warning; keyward's controller renews it at {renew} (two thirds of its life)"
+            Some(within) if now.checked_add(within).is_none_or(|horizon| self.not_after < horizon) => Some(format!(
+                "expires at {}, within --expiry-warning; keyward's controller renews it at {} (two thirds of its life)",
+                end(),
+                renew()
             )),
             _ => None,
         }
@@ -608,6 +611,8 @@ mod tests {
         let asked = cert.finding(start + Duration::from_secs(3600), Some(day * 7)).unwrap();
         assert!(asked.contains("within --expiry-warning"), "{asked}");
         assert_eq!(cert.finding(start, Some(Duration::from_secs(3600))), None);
+        // A warning longer than time itself reports, and does not panic.
+        assert!(cert.finding(start, Some(Duration::MAX)).is_some());
     }
 
     #[test]

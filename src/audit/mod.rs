@@ -76,7 +76,10 @@ pub enum AuditFormat {
 /// `7d` as well as Go's durations.
 fn parse_days(s: &str) -> Result<Duration, String> {
     match s.strip_suffix('d').and_then(|d| d.parse::<u64>().ok()) {
-        Some(days) => Ok(Duration::from_secs(days * 86_400)),
+        Some(days) => days
+            .checked_mul(86_400)
+            .map(Duration::from_secs)
+            .ok_or_else(|| format!("{s:?}: more days than a duration holds; give a number of days such as 7d")),
         None => parse_duration(s),
     }
 }
@@ -249,6 +252,16 @@ pub fn json_report(g: &Gathered) -> serde_json::Value {
 mod tests {
     use super::*;
     use findings::{Finding, Kind};
+
+    /// A number of days past what a duration holds is refused, not a panic.
+    #[test]
+    fn days_are_read_and_too_many_refused() {
+        assert_eq!(parse_days("7d"), Ok(Duration::from_secs(7 * 86_400)));
+        assert_eq!(
+            parse_days("1000000000000000d"),
+            Err("\"1000000000000000d\": more days than a duration holds; give a number of days such as 7d".into())
+        );
+    }
 
     /// Guards the table's own escape (mutation: `terminal_safe` returning its input): whatever a
     /// finding's detail, profile or a note holds, the table holds no control or format
