@@ -245,6 +245,30 @@ fn the_upstream_kfp_agent_keeps_its_own_token_with_a_lifetime_it_never_outlives(
     );
 }
 
+/// The attacker's copy: everything a namespace user can read of the agent's pod (labels,
+/// owner reference, the token volume) on a pod of their own. Created by the user, it gets
+/// nothing; created through a Deployment of their own (so by the ReplicaSet controller), the
+/// lifetime is raised on a token of the user's own account, for the audience the copy already
+/// names, which the user could have asked the kubelet for directly: nothing is granted that
+/// the pod spec could not request.
+#[test]
+fn a_tenants_copy_of_the_kfp_agent_gains_nothing() {
+    let mut copy = fixture("kfp-persistenceagent-pod.json");
+    copy["metadata"]["namespace"] = json!("team-a");
+    copy["spec"]["serviceAccountName"] = json!("default");
+    copy["spec"]["serviceAccount"] = json!("default");
+    let d = decide(&create("team-a", "system:serviceaccount:team-a:default"), &copy, &builtin());
+    assert_eq!(d.reason, Reason::RequesterSkipped);
+    assert!(d.patch().is_empty());
+    let (d, after) = admit(&create("team-a", REPLICASET_CONTROLLER), &copy, &builtin());
+    assert_eq!(d.reason, Reason::Injected);
+    let mut asked_itself = copy["spec"].clone();
+    asked_itself["volumes"][0]["projected"]["sources"][0]["serviceAccountToken"]["expirationSeconds"] = json!(21600);
+    assert_eq!(after["spec"], asked_itself, "the same spec the user could have written");
+    assert_eq!(after["spec"]["serviceAccountName"], "default", "the token is still the user's own account's");
+    assert!(d.outcome.as_ref().unwrap().attestation.is_none(), "and no attestation to reuse");
+}
+
 /// A token the agent's pod declares under another name is the operator's: keyward leaves it,
 /// and says that the agent will outlive it, and what to change.
 #[test]
