@@ -632,6 +632,53 @@ fn the_kfp_and_inference_graph_recipes_decide_their_systems_requests() {
     );
 }
 
+/// The evalhub-status recipe's header says how to try it: an evaluation pod's own job awaits
+/// the review kube-rbac-proxy also asks, another job's is refused naming the pod's fact.
+#[test]
+fn the_evalhub_recipe_decides_an_evaluation_pods_events() {
+    let recipe = "gate/recipes/evalhub-status.yaml";
+    let o = keyward(&["check-gate", recipe], None);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).contains("  pods: a token bound to a pod labelled app=evalhub,component=evaluation-job names that pod (the gate watches them: list and watch pods); rules read its labels [benchmark_index] and annotations [eval-hub.github.io/job_id, eval-hub.github.io/provider_id, eval-hub.github.io/benchmark_id]\n"), "{}", stdout(&o));
+    assert!(
+        stdout(&o).ends_with("  userHeaders: X-User set to the verified user, the client's removed\n"),
+        "{}",
+        stdout(&o)
+    );
+    let event = r#"{"benchmark_status_event": {"id": "arc_easy", "provider_id": "lm_evaluation_harness", "benchmark_index": 0, "status": "running"}}"#;
+    let decide = |job: &str, pod: bool| {
+        let path = format!("POST /api/v1/evaluations/jobs/{job}/events");
+        let mut args = vec!["check-gate", recipe, "--caller", "system:serviceaccount:tenant-a:evalhub-evalhub-job"];
+        if pod {
+            args.extend(["--pod", "job-a-7f3c-x2x9q", "--pod-annotation", "eval-hub.github.io/job_id=job-a"]);
+            args.extend(["--pod-annotation", "eval-hub.github.io/provider_id=lm_evaluation_harness"]);
+            args.extend([
+                "--pod-annotation",
+                "eval-hub.github.io/benchmark_id=arc_easy",
+                "--pod-label",
+                "benchmark_index=0",
+            ]);
+        }
+        args.extend(["--request", &path, "--header", "X-Tenant: tenant-a", "--json-body", event]);
+        keyward(&args, None)
+    };
+    let own = decide("job-a", true);
+    assert_eq!(own.status.code(), Some(4), "{}{}", stdout(&own), stderr(&own));
+    assert!(stdout(&own).contains("would ask the API server: may system:serviceaccount:tenant-a:evalhub-evalhub-job create status-events (group \"trustyai.opendatahub.io\", namespace \"tenant-a\", name \"\")"), "{}", stdout(&own));
+    assert!(stdout(&own).contains("  the caller's pod tenant-a/job-a-7f3c-x2x9q: as given; the gate admits a pod-bound token only while its pod exists with the token's UID"), "{}", stdout(&own));
+    let other = decide("job-b", true);
+    assert_eq!(other.status.code(), Some(3));
+    assert!(stdout(&other).contains("refused: rule \"an evaluation pod posts its own job's events\": the caller's pod's annotation eval-hub.github.io/job_id is \"job-a\", and path segment {id} is \"job-b\""), "{}", stdout(&other));
+    let no_pod = decide("job-a", false);
+    assert_eq!(no_pod.status.code(), Some(3));
+    assert!(stdout(&no_pod).contains("the caller has no pod (service account system:serviceaccount:tenant-a:evalhub-evalhub-job: its token is bound to no pod"), "{}", stdout(&no_pod));
+    let o = keyward(&["check-gate", recipe, "--caller", "alice", "--pod", "p", "--request", "POST /x"], None);
+    assert_one_line_error(
+        &o,
+        "--pod: only a service account's token is bound to a pod; give --caller system:serviceaccount:NAMESPACE:NAME",
+    );
+}
+
 #[test]
 fn check_gate_reports_every_problem_of_a_bad_file() {
     let dir = tempfile::tempdir().unwrap();

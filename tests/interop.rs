@@ -218,18 +218,37 @@ impl Upstream {
 
 /// The API server the gate asks: TokenReviews (`tokens`: token → username, for
 /// `pipelines.kubeflow.org`) and SubjectAccessReviews (`allowed`: users who may), answered here;
-/// lists and watches (LMEvalJobs) by the controller tests' fake. Writes a kubeconfig to `dir`.
+/// lists and watches (LMEvalJobs, pods) by the controller tests' fake. Writes a kubeconfig to
+/// `dir`.
 async fn api_server(dir: &Path, kube: kube_fake::FakeApi, tokens: &[(&str, &str)], allowed: &[&str]) -> PathBuf {
+    api_server_bound(dir, kube, tokens, &[], allowed).await
+}
+
+/// [`api_server`], with tokens bound to pods (`bound`: token → namespace, pod name and the UID
+/// it had when the kubelet asked for the token). Their review answers as the API server's
+/// (`pkg/serviceaccount/claims.go`, 1.30+): the pod must still exist with that UID, and the
+/// answer names it in `user.extra`, beside the node and the credential id.
+async fn api_server_bound(
+    dir: &Path,
+    kube: kube_fake::FakeApi,
+    tokens: &[(&str, &str)],
+    bound: &[(&str, &str, &str, &str)],
+    allowed: &[&str],
+) -> PathBuf {
     let tokens: BTreeMap<String, String> = tokens.iter().map(|(t, u)| (t.to_string(), u.to_string())).collect();
+    let bound: BTreeMap<String, (String, String, String)> = bound
+        .iter()
+        .map(|(t, ns, pod, uid)| (t.to_string(), (ns.to_string(), pod.to_string(), uid.to_string())))
+        .collect();
     let allowed: Vec<String> = allowed.iter().map(|u| u.to_string()).collect();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         while let Ok((tcp, _)) = listener.accept().await {
-            let (kube, tokens, allowed) = (kube.clone(), tokens.clone(), allowed.clone());
+            let (kube, tokens, bound, allowed) = (kube.clone(), tokens.clone(), bound.clone(), allowed.clone());
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                    let (kube, tokens, allowed) = (kube.clone(), tokens.clone(), allowed.clone());
+                    let (kube, tokens, bound, allowed) = (kube.clone(), tokens.clone(), bound.clone(), allowed.clone());
                     async move {
                         let (parts, body) = req.into_parts();
                         let bytes = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
@@ -244,10 +263,34 @@ async fn api_server(dir: &Path, kube: kube_fake::FakeApi, tokens: &[(&str, &str)
                                 let mut asked: Value = serde_json::from_slice(&bytes).unwrap();
                                 let token = asked["spec"]["token"].as_str().unwrap_or_default();
                                 let audiences = asked["spec"]["audiences"].clone();
-                                asked["status"] = match tokens.get(token) {
-                                    Some(user) => json!({"authenticated": true, "audiences": audiences,
+                                let pod = bound.get(token).map(|(ns, name, uid)| {
+                                    let now = kube.get("v1", "Pod", ns, name);
+                                    (
+                                        name.clone(),
+                                        uid.clone(),
+                                        now.map(|p| p["metadata"]["uid"].as_str().unwrap_or_default().to_string()),
+                                    )
+                                });
+                                asked["status"] = match (tokens.get(token), pod) {
+                                    (Some(_), Some((_, _, None))) => json!({"authenticated": false,
+                                        "error": "[invalid bearer token, service account token has been invalidated]"}),
+                                    (Some(_), Some((_, uid, Some(now)))) if now != uid => {
+                                        json!({"authenticated": false,
+                                        "error": format!("[invalid bearer token, pod UID ({now}) does not match service account pod ref claim ({uid})]")})
+                                    }
+                                    (Some(user), Some((name, uid, _))) => {
+                                        json!({"authenticated": true, "audiences": audiences,
+                                        "user": {"username": user, "uid": "sa-uid-1",
+                                            "groups": ["system:serviceaccounts", "system:authenticated"],
+                                            "extra": {"authentication.kubernetes.io/pod-name": [name],
+                                                      "authentication.kubernetes.io/pod-uid": [uid],
+                                                      "authentication.kubernetes.io/node-name": ["worker-1"],
+                                                      "authentication.kubernetes.io/node-uid": ["node-uid-1"],
+                                                      "authentication.kubernetes.io/credential-id": [format!("JTI={token}-jti")]}}})
+                                    }
+                                    (Some(user), None) => json!({"authenticated": true, "audiences": audiences,
                                         "user": {"username": user, "groups": ["system:serviceaccounts", "system:authenticated"]}}),
-                                    None => json!({"authenticated": false, "error": "invalid bearer token"}),
+                                    (None, _) => json!({"authenticated": false, "error": "invalid bearer token"}),
                                 };
                                 review(asked)
                             }
@@ -871,4 +914,196 @@ async fn kind_sh_s_gate_check_passes_through_the_gate_and_its_stand_in() {
         .unwrap();
     assert_eq!(verdict.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&verdict.stderr).contains("FAIL: the gate refuses another job's update"));
+}
+
+// === EvalHub: an evaluation pod posts its own job's events (gate/recipes/evalhub-status.yaml) ===
+
+const EVALHUB_URL: &str = "https://evalhub.evalhub.svc.cluster.local:8443";
+const JOB_ACCOUNT: &str = "system:serviceaccount:tenant-a:evalhub-evalhub-job";
+
+/// An evaluation pod as the API server stores it: eval-hub/eval-hub ba127125,
+/// internal/eval_hub/runtimes/k8s (job_builders.go: the labels, sanitized, and the raw values in
+/// annotations; job_config.go: account `<instance>-<instance namespace>-job`; job_volumes.go:
+/// the sidecar's projected token, no audience, 3600 s, and the service CA), created by the Job
+/// controller (`generateName: <job>-`, its controller reference) and defaulted.
+fn evaluation_pod(namespace: &str, job_id: &str, benchmark: &str, index: u32) -> Value {
+    let job = format!("{job_id}-5f0c2a7e-3b1d-4c8e-9a6f-0d2e4b6c8a1f");
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "namespace": namespace,
+            "name": format!("{job}-x2x9q"),
+            "generateName": format!("{job}-"),
+            "labels": {
+                "app": "evalhub", "component": "evaluation-job", "job_id": job_id,
+                "provider_id": "lm_evaluation_harness", "benchmark_id": benchmark,
+                "benchmark_index": index.to_string(), "trustyai.opendatahub.io/evaluation-phase": "Pending",
+                "batch.kubernetes.io/job-name": job, "job-name": job,
+                "batch.kubernetes.io/controller-uid": "c0ffee00-0000-4000-8000-000000000001",
+            },
+            "annotations": {
+                "eval-hub.github.io/job_id": job_id,
+                "eval-hub.github.io/provider_id": "lm_evaluation_harness",
+                "eval-hub.github.io/benchmark_id": benchmark,
+            },
+            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": job,
+                "uid": "c0ffee00-0000-4000-8000-000000000001", "controller": true, "blockOwnerDeletion": true}],
+            "finalizers": ["batch.kubernetes.io/job-tracking"],
+        },
+        "spec": {
+            "serviceAccountName": "evalhub-evalhub-job",
+            "serviceAccount": "evalhub-evalhub-job",
+            "automountServiceAccountToken": false,
+            "restartPolicy": "Never",
+            "initContainers": [{
+                "name": "sidecar", "image": "quay.io/eval-hub/eval-hub:latest", "restartPolicy": "Always",
+                "command": ["/app/eval-runtime-sidecar"], "imagePullPolicy": "IfNotPresent",
+                "volumeMounts": [
+                    {"name": "evalhub-token", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": true},
+                    {"name": "evalhub-service-ca", "mountPath": "/etc/pki/ca-trust/source/anchors", "readOnly": true},
+                ],
+                "terminationMessagePath": "/data/termination-log", "terminationMessagePolicy": "File",
+            }],
+            "containers": [{
+                "name": "adapter", "image": "quay.io/eval-hub/lm-eval-adapter:latest", "imagePullPolicy": "IfNotPresent",
+                "env": [{"name": "EVALHUB_MODE", "value": "k8s"}],
+                "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File",
+            }],
+            "volumes": [
+                {"name": "evalhub-token", "projected": {"defaultMode": 420, "sources": [
+                    {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}}]}},
+                {"name": "evalhub-service-ca", "configMap": {"name": "evalhub-service-ca", "defaultMode": 420}},
+            ],
+            "dnsPolicy": "ClusterFirst", "schedulerName": "default-scheduler", "securityContext": {},
+            "terminationGracePeriodSeconds": 30, "enableServiceLinks": true, "preemptionPolicy": "PreemptLowerPriority",
+            "priority": 0, "tolerations": [
+                {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
+                {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
+            ],
+        },
+    })
+}
+
+/// A `StatusEvent` as EvalHub's SDK posts it (pkg/api/evaluations.go, ba127125).
+fn status_event(benchmark: &str, index: u32, status: &str) -> String {
+    json!({"benchmark_status_event": {"provider_id": "lm_evaluation_harness", "id": benchmark,
+        "benchmark_index": index, "status": status, "phase": "running",
+        "metrics": {"acc": 0.41}, "started_at": "2026-12-07T10:00:00Z"}})
+    .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evaluation_pod_posts_its_own_jobs_events_through_the_gate_and_nothing_else() {
+    let kube = kube_fake::FakeApi::default();
+    let pod_a = kube.seed(evaluation_pod("tenant-a", "job-a", "arc_easy", 0));
+    let pod_b = kube.seed(evaluation_pod("tenant-a", "job-b", "hellaswag", 1));
+    let name = |pod: &Value| pod["metadata"]["name"].as_str().unwrap().to_string();
+    let uid = |pod: &Value| pod["metadata"]["uid"].as_str().unwrap().to_string();
+    let (a, b) = (name(&pod_a), name(&pod_b));
+    let (uid_a, uid_b) = (uid(&pod_a), uid(&pod_b));
+    let upstream = Upstream::default();
+    let upstream_addr = upstream.spawn(true).await;
+    let api_dir = tempfile::tempdir().unwrap();
+    let kubeconfig = api_server_bound(
+        api_dir.path(),
+        kube.clone(),
+        &[("token-a", JOB_ACCOUNT), ("token-b", JOB_ACCOUNT)],
+        &[("token-a", "tenant-a", &a, &uid_a), ("token-b", "tenant-a", &b, &uid_b)],
+        &[JOB_ACCOUNT],
+    )
+    .await;
+    let mut gate = Gate::start(
+        "evalhub-status.yaml",
+        upstream_addr,
+        Serving::Dev(&["evalhub.evalhub.svc.cluster.local"]),
+        &kubeconfig,
+        &[],
+    );
+    gate.server.wait_log(|v| v["message"] == "callers' pods listed");
+    let token_a = gate.token_file("token-a", "token-a");
+    let post = |job: &str, tenant: &str, event: &str, x_user: &str| {
+        let body = gate.dir.path().join("event.json");
+        std::fs::write(&body, event).unwrap();
+        let path = format!("/api/v1/evaluations/jobs/{job}/events");
+        let mut args = vec!["-mode", "evalhub-sidecar", "-url", EVALHUB_URL, "-token-file", &token_a, "-path", &path];
+        let (connect, ca, body) = (gate.addr(), gate.server_ca(), body.to_str().unwrap().to_string());
+        args.extend(["-connect", &connect, "-ca", &ca, "-tenant", tenant, "-body", &body]);
+        if !x_user.is_empty() {
+            args.extend(["-x-user", x_user]);
+        }
+        go(&args)
+    };
+
+    // Job A's pod posts A's events; the upstream sees the verified user, and the token for
+    // kube-rbac-proxy behind the gate to review again.
+    let own = post("job-a", "tenant-a", &status_event("arc_easy", 0, "running"), "");
+    assert_eq!((own["status"].as_u64(), own["body"].as_str()), (Some(200), Some("upstream says hello\n")), "{own}");
+    let seen = upstream.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!((seen[0].method.as_str(), seen[0].path.as_str()), ("POST", "/api/v1/evaluations/jobs/job-a/events"));
+    assert_eq!(seen[0].header("x-user").as_deref(), Some(JOB_ACCOUNT));
+    assert_eq!(seen[0].header("x-keyward-pod"), Some(format!("tenant-a/{a}")));
+    assert_eq!(seen[0].header("authorization").as_deref(), Some("Bearer token-a"));
+    assert_eq!(seen[0].header("x-tenant").as_deref(), Some("tenant-a"));
+    // A forged X-User is replaced by the verified one.
+    let forged = post("job-a", "tenant-a", &status_event("arc_easy", 0, "completed"), "admin");
+    assert_eq!(forged["status"].as_u64(), Some(200), "{forged}");
+    assert_eq!(upstream.seen()[1].header("x-user").as_deref(), Some(JOB_ACCOUNT));
+
+    let refused = |outcome: Value, words: &str| {
+        assert_eq!(outcome["status"].as_u64(), Some(403), "{outcome}");
+        let body = outcome["body"].as_str().unwrap();
+        assert!(body.contains(words), "{body}\nwanted: {words}");
+    };
+    // A's pod posting B's events, with B's event as B would send it.
+    refused(
+        post("job-b", "tenant-a", &status_event("hellaswag", 1, "completed"), ""),
+        "rule \"an evaluation pod posts its own job's events\": the caller's pod's annotation eval-hub.github.io/job_id is \"job-a\", and path segment {id} is \"job-b\"",
+    );
+    // Another tenant's job store.
+    refused(
+        post("job-a", "tenant-b", &status_event("arc_easy", 0, "running"), ""),
+        "the caller's namespace is \"tenant-a\", and header X-Tenant is \"tenant-b\"",
+    );
+    // Its own job, another benchmark's event.
+    refused(
+        post("job-a", "tenant-a", &status_event("hellaswag", 0, "completed"), ""),
+        "the caller's pod's annotation eval-hub.github.io/benchmark_id is \"arc_easy\", and JSON field benchmark_status_event.id is \"hellaswag\"",
+    );
+    refused(
+        post("job-a", "tenant-a", &status_event("arc_easy", 1, "completed"), ""),
+        "the caller's pod's label benchmark_index is \"0\", and JSON field benchmark_status_event.benchmark_index is \"1\"",
+    );
+    // A body its server would read another way.
+    let twice = r#"{"benchmark_status_event": {"provider_id": "lm_evaluation_harness", "id": "arc_easy", "benchmark_index": 0, "status": "running", "ID": "hellaswag"}}"#;
+    refused(post("job-a", "tenant-a", twice, ""), "names field \"benchmark_status_event.ID\" twice");
+
+    // A's pod is replaced by one of the same name: the old token is not the new pod's (401).
+    kube.remove("v1", "Pod", "tenant-a", &a);
+    let mut replacement = evaluation_pod("tenant-a", "job-a", "arc_easy", 0);
+    replacement["metadata"]["uid"] = json!("uid-replacement");
+    kube.seed(replacement);
+    // Until the gate's watch has seen it, the old pod's token is still the old pod's.
+    let mut allowed = 2;
+    let outcome = loop {
+        let outcome = post("job-a", "tenant-a", &status_event("arc_easy", 0, "running"), "");
+        if outcome["status"].as_u64() != Some(200) {
+            break outcome;
+        }
+        allowed += 1;
+    };
+    assert_eq!(outcome["status"].as_u64(), Some(401), "{outcome}");
+    assert!(outcome["body"].as_str().unwrap().contains(&format!("the token is bound to pod tenant-a/{a} with UID {uid_a}, and the pod of that name now has UID uid-replacement")), "{outcome}");
+    // Deleted: its token (still accepted from the gate's cache) buys nothing a pod's facts would.
+    kube.remove("v1", "Pod", "tenant-a", &a);
+    let outcome = loop {
+        let outcome = post("job-a", "tenant-a", &status_event("arc_easy", 0, "running"), "");
+        if outcome["status"].as_u64() != Some(401) {
+            break outcome;
+        }
+    };
+    refused(outcome, &format!("the gate knows nothing of the caller's pod, so no pod's annotation eval-hub.github.io/job_id: the token is bound to pod tenant-a/{a}, which does not exist"));
+
+    assert_eq!(upstream.seen().len(), allowed, "nothing refused reached the upstream");
 }

@@ -14,6 +14,8 @@ use crate::identity::Caller;
 pub const REMOTE_USER: &str = "x-remote-user";
 pub const REMOTE_GROUPS: &str = "x-remote-groups";
 pub const KEYWARD_IDENTITY: &str = "x-keyward-identity";
+/// `NAMESPACE/NAME` of the pod a caller's token is bound to, once the gate has checked it.
+pub const KEYWARD_POD: &str = "x-keyward-pod";
 
 /// Whether a client-sent header claims an identity, and so must not reach the upstream: the
 /// headers the gate sets, their variants (`X-Remote-Group`, `X-Remote-Extra-*`), anything
@@ -101,6 +103,7 @@ pub fn identity_headers(caller: &Caller, groups: &[String]) -> Vec<(&'static str
             ],
         ),
         Caller::ServiceAccount(sa) => (sa.to_string(), groups.to_vec()),
+        Caller::Pod(p) => (p.account.to_string(), groups.to_vec()),
         Caller::User(user) => (user.to_string(), groups.to_vec()),
         // An upstream that reads these learns of no one: none are sent.
         Caller::Anonymous => return Vec::new(),
@@ -112,8 +115,11 @@ pub fn identity_headers(caller: &Caller, groups: &[String]) -> Vec<(&'static str
         // One header, '|'-joined, as kube-rbac-proxy sends it.
         out.push((REMOTE_GROUPS, groups.join("|")));
     }
-    if let Caller::Workload(_) = caller {
-        out.push((KEYWARD_IDENTITY, user));
+    match caller {
+        Caller::Workload(_) => out.push((KEYWARD_IDENTITY, user)),
+        // The pod the gate verified the token is bound to: built of checked names.
+        Caller::Pod(p) if p.facts().is_some() => out.push((KEYWARD_POD, p.pod_ref())),
+        _ => {}
     }
     // The user is an identity built of checked Kubernetes names: printable by construction.
     out

@@ -7,7 +7,9 @@
 //! decoding or normalising, and anything that would (`%2e`, `..`, `//`, a trailing `/`, a query)
 //! is refused rather than read as someone else.
 
+use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 use keyward_engine::names::{is_dns1123_label, is_dns1123_subdomain, trust_domain_problem};
 use keyward_engine::text::quoted;
@@ -19,6 +21,9 @@ use crate::Error;
 pub enum Caller {
     Workload(WorkloadIdentity),
     ServiceAccount(ServiceAccount),
+    /// A service account whose token is bound to a pod the gate watches, and is that pod's
+    /// (`spec.tokenReview.pods`): admitted wherever its account is, and rules can read its pod.
+    Pod(PodCaller),
     /// Any other user a token names (a person, a node): admitted only by `anyUser`.
     User(UserName),
     /// No client certificate and no bearer token.
@@ -40,6 +45,49 @@ pub struct WorkloadIdentity {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ServiceAccount {
     pub namespace: String,
+    pub name: String,
+}
+
+/// The pod a token is bound to, as the API server's TokenReview names it in `status.user.extra`
+/// (`authentication.kubernetes.io/pod-name` and `pod-uid`, one value each; every Kubernetes
+/// version keyward supports returns both for a pod-bound token, and neither for a token that
+/// `kubectl create token` or a Secret holds).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct BoundPod {
+    pub name: String,
+    pub uid: String,
+}
+
+/// The extra keys of a TokenReview's user that name the pod a token is bound to.
+pub const POD_NAME_EXTRA: &str = "authentication.kubernetes.io/pod-name";
+pub const POD_UID_EXTRA: &str = "authentication.kubernetes.io/pod-uid";
+
+/// A pod-bound token's caller: its account, the pod its token names, and what the gate's watch
+/// of the pods says of that pod (checked to be that pod: same name, same UID), or why it knows
+/// nothing of it (no such pod among those it watches). Without the facts the caller is its
+/// account alone: no rule that reads a pod admits it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodCaller {
+    pub account: ServiceAccount,
+    pub pod_name: String,
+    pub pod: Result<Arc<PodFacts>, String>,
+}
+
+/// What the gate keeps of a watched pod: the facts rules compare, and only the labels and
+/// annotations some rule reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodFacts {
+    pub name: String,
+    pub uid: String,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    /// The controller among its owners (a Job, for a Job's pod).
+    pub owner: Option<PodOwner>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodOwner {
+    pub kind: String,
     pub name: String,
 }
 
@@ -131,6 +179,56 @@ impl ServiceAccount {
             return Err(refuse("the account's name is not a DNS-1123 subdomain"));
         }
         Ok(Self { namespace: namespace.to_string(), name: name.to_string() })
+    }
+}
+
+// === impl BoundPod ===
+
+impl BoundPod {
+    /// Reads the pod claims of a TokenReview's `status.user.extra`: `None` when it names no pod.
+    /// Claims that are not one Kubernetes name and one UID are refused, never half read.
+    pub fn from_extra(extra: &BTreeMap<String, Vec<String>>) -> Result<Option<Self>, Error> {
+        let refuse = |why: String| Error::Identity(format!("the token's pod claims: {why}"));
+        let one = |key: &str| -> Result<Option<&str>, Error> {
+            match extra.get(key).map(Vec::as_slice) {
+                None | Some([]) => Ok(None),
+                Some([value]) => Ok(Some(value.as_str())),
+                Some(more) => Err(refuse(format!("{key} has {} values; a token is bound to one pod", more.len()))),
+            }
+        };
+        match (one(POD_NAME_EXTRA)?, one(POD_UID_EXTRA)?) {
+            (None, None) => Ok(None),
+            (Some(name), Some(uid)) => {
+                if !is_dns1123_subdomain(name) {
+                    return Err(refuse(format!("{POD_NAME_EXTRA} {} is not a pod name", quoted(name, 64))));
+                }
+                let uid_ok =
+                    !uid.is_empty() && uid.len() <= 64 && uid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+                if !uid_ok {
+                    return Err(refuse(format!("{POD_UID_EXTRA} {} is not a UID", quoted(uid, 64))));
+                }
+                Ok(Some(Self { name: name.to_string(), uid: uid.to_string() }))
+            }
+            _ => Err(refuse(format!("one of {POD_NAME_EXTRA} and {POD_UID_EXTRA} without the other"))),
+        }
+    }
+}
+
+impl PodCaller {
+    /// `NAMESPACE/NAME` of the pod.
+    pub fn pod_ref(&self) -> String {
+        format!("{}/{}", self.account.namespace, self.pod_name)
+    }
+
+    /// The pod's facts, when the gate knows the pod.
+    pub fn facts(&self) -> Option<&PodFacts> {
+        self.pod.as_deref().ok()
+    }
+}
+
+impl fmt::Display for PodCaller {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (pod {}/{})", self.account, self.account.namespace, self.pod_name)
     }
 }
 
@@ -271,6 +369,39 @@ mod tests {
         ] {
             let e = ServiceAccount::parse(username).unwrap_err().to_string();
             assert!(e.contains(why), "{username}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_tokens_pod_is_one_name_and_one_uid_or_none() {
+        let extra = |pairs: &[(&str, &[&str])]| -> BTreeMap<String, Vec<String>> {
+            pairs.iter().map(|(k, v)| (k.to_string(), v.iter().map(|s| s.to_string()).collect())).collect()
+        };
+        // As the API server returns a pod-bound token's user (1.30+: node and credential too).
+        let bound = extra(&[
+            (POD_NAME_EXTRA, &["job-a-x7k2p"]),
+            (POD_UID_EXTRA, &["8c0b3a4e-6f1d-4a55-9d1e-2f7f8c1b9a10"]),
+            ("authentication.kubernetes.io/node-name", &["worker-1"]),
+            ("authentication.kubernetes.io/credential-id", &["JTI=1f2e"]),
+        ]);
+        assert_eq!(
+            BoundPod::from_extra(&bound).unwrap(),
+            Some(BoundPod { name: "job-a-x7k2p".into(), uid: "8c0b3a4e-6f1d-4a55-9d1e-2f7f8c1b9a10".into() })
+        );
+        // `kubectl create token`: only a credential id.
+        assert_eq!(
+            BoundPod::from_extra(&extra(&[("authentication.kubernetes.io/credential-id", &["JTI=1"])])).unwrap(),
+            None
+        );
+        assert_eq!(BoundPod::from_extra(&BTreeMap::new()).unwrap(), None);
+        for (claims, says) in [
+            (extra(&[(POD_NAME_EXTRA, &["a"])]), "one of authentication.kubernetes.io/pod-name and authentication.kubernetes.io/pod-uid without the other"),
+            (extra(&[(POD_NAME_EXTRA, &["a", "b"]), (POD_UID_EXTRA, &["u"])]), "pod-name has 2 values"),
+            (extra(&[(POD_NAME_EXTRA, &["A_b"]), (POD_UID_EXTRA, &["u"])]), "\"A_b\" is not a pod name"),
+            (extra(&[(POD_NAME_EXTRA, &["a"]), (POD_UID_EXTRA, &["u\nforged"])]), "is not a UID"),
+        ] {
+            let e = BoundPod::from_extra(&claims).unwrap_err().to_string();
+            assert!(e.starts_with("the token's pod claims: ") && e.contains(says) && !e.contains('\n'), "{e}");
         }
     }
 

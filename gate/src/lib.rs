@@ -7,6 +7,7 @@ pub mod config;
 pub mod grpc;
 pub mod headers;
 pub mod identity;
+pub mod json;
 pub mod owners;
 pub mod refusal;
 pub mod route;
@@ -23,6 +24,9 @@ pub enum Error {
     /// A gRPC request the gate cannot read as the rule needs.
     #[error("gRPC request: {0}")]
     Grpc(String),
+    /// A JSON request body the gate cannot read as the rule needs.
+    #[error("JSON request: {0}")]
+    Json(String),
     /// A request path the gate will not judge: one the upstream could read another way.
     #[error("{0}")]
     Path(String),

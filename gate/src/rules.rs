@@ -5,13 +5,15 @@
 //! hold. [`Gate::decide`] says which rule allowed it, or why each rule did not, as
 //! `keyward explain` does for profiles.
 
+use std::cell::OnceCell;
 use std::collections::BTreeMap;
 
-use keyward_engine::names::trust_domain_problem;
+use keyward_engine::names::{is_label_value, is_qualified_name, trust_domain_problem};
 use keyward_engine::text::quoted;
 use serde::Deserialize;
 
 use crate::grpc;
+use crate::json::{FieldPath, Value as JsonValue};
 use crate::owners::{LiveOwner, LiveOwnerSpec};
 use crate::route::{PathPattern, RequestPath};
 
@@ -30,6 +32,11 @@ pub struct GateSpec {
     /// any token, so a gate in front of it strips that (its name is the server's setting).
     #[serde(default)]
     pub strip_headers: Vec<String>,
+    /// Headers the upstream reads as its caller's user name (EvalHub's `X-User`): every copy the
+    /// client sent is removed, and the gate sets each to the verified user, as it sets
+    /// `X-Remote-User`.
+    #[serde(default)]
+    pub user_headers: Vec<String>,
     /// Bearer tokens: accepted only when this is given, each checked with a TokenReview for
     /// these audiences (none: the API server's own, as the ODH router asks).
     #[serde(default)]
@@ -46,6 +53,20 @@ pub struct GateSpec {
 pub struct TokenReviewSpec {
     #[serde(default)]
     pub audiences: Vec<String>,
+    /// The pods the gate watches: a token bound to one of them names its pod, whose facts rules
+    /// compare (`podLabel`, `podAnnotation`, `podOwner`, `podName`).
+    #[serde(default)]
+    pub pods: Option<PodsSpec>,
+}
+
+/// `spec.tokenReview.pods`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PodsSpec {
+    /// Which pods, cluster-wide: `KEY=VALUE`, `KEY!=VALUE`, `KEY` or `!KEY`, comma-separated,
+    /// as `kubectl get pods -l` takes them. Required: the gate keeps what it watches in memory,
+    /// so it watches the callers' pods, not every pod.
+    pub label_selector: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -161,15 +182,21 @@ pub struct AccountRef {
     pub name: String,
 }
 
-/// `caller`'s field equals `equals`.
+/// `caller`'s field, or the `request`'s value, equals `equals`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Condition {
-    pub caller: CallerField,
+    /// The caller's field to compare; or, instead,
+    #[serde(default)]
+    pub caller: Option<CallerField>,
+    /// a value of the request (a path segment, a header, a gRPC or JSON field), compared with a
+    /// fixed `equals: {value: …}` (the operator may post only `failed` events).
+    #[serde(default)]
+    pub request: Option<Operand>,
     pub equals: Operand,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum CallerField {
     Namespace,
@@ -177,6 +204,29 @@ pub enum CallerField {
     Name,
     /// The owner's kind, lower case (workloads only).
     Kind,
+    /// The name of the pod a caller's token is bound to (`spec.tokenReview.pods`): set at
+    /// creation, never changed.
+    PodName,
+    /// The name of that pod's controller (its Job, for a Job's pod).
+    PodOwner,
+    /// A label of that pod, by key.
+    PodLabel(String),
+    /// An annotation of that pod, by key.
+    PodAnnotation(String),
+}
+
+impl Condition {
+    /// The request values the condition reads.
+    fn operands(&self) -> impl Iterator<Item = &Operand> {
+        std::iter::once(&self.equals).chain(&self.request)
+    }
+}
+
+impl CallerField {
+    /// Whether the field is read from the caller's pod (the gate's watch of pods).
+    pub fn of_pod(&self) -> bool {
+        matches!(self, Self::PodName | Self::PodOwner | Self::PodLabel(_) | Self::PodAnnotation(_))
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -188,6 +238,9 @@ pub enum Operand {
     Header(String),
     /// A top-level string field of the gRPC request's first message, by number.
     GrpcField(u32),
+    /// A string or whole-number field of a JSON request body, by a dotted path of keys
+    /// (`status.benchmark_index`); see [`crate::json`].
+    JsonField(String),
     /// A fixed value.
     Value(String),
 }
@@ -200,16 +253,20 @@ pub struct Gate {
     trust_domain: Option<String>,
     /// Compared ignoring case.
     strip_headers: Vec<String>,
+    user_headers: Vec<String>,
     token_review: Option<TokenReviewSpec>,
     live_owners: Vec<LiveOwner>,
     rules: Vec<Rule>,
+    /// Every JSON field a rule reads: a body is read once for all of them.
+    json_fields: Vec<FieldPath>,
 }
 
 #[derive(Debug, Clone)]
 struct Rule {
     name: String,
-    /// A condition or the review reads a gRPC field (known at load, asked on every request).
-    reads_message: bool,
+    /// A condition or the review reads a gRPC or JSON field (known at load, asked on every
+    /// request).
+    reads_body: bool,
     route: Route,
     callers: Callers,
     when: Vec<Condition>,
@@ -244,12 +301,18 @@ impl Gate {
             }
         }
         let tokens = spec.token_review.is_some();
+        let pods = spec.token_review.as_ref().and_then(|t| t.pods.as_ref());
+        if let Some(pods) = pods {
+            if let Err(e) = selector_problem(&pods.label_selector) {
+                problems.push(format!("spec.tokenReview.pods.labelSelector: {e}"));
+            }
+        }
         let live_owners = crate::owners::check_all(spec.live_owners, &mut problems);
         if !live_owners.is_empty() && spec.trust_domain.is_none() {
             problems
                 .push("spec.liveOwners watches the owners of workload identities, which need spec.trustDomain".into());
         }
-        for h in &spec.strip_headers {
+        for h in spec.strip_headers.iter().chain(&spec.user_headers) {
             if h.is_empty() || !h.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
                 problems.push(format!("spec.stripHeaders: {h:?} is not a header name"));
             }
@@ -337,30 +400,42 @@ impl Gate {
             }
             for (j, c) in r.when.iter().enumerate() {
                 let at = format!("{at}.when[{j}]");
-                match (&c.equals, &route) {
-                    (Operand::PathSegment(name), Some(Route::Http { path, .. }))
-                        if !path.captures().any(|n| n == name) =>
-                    {
-                        problems.push(format!("{at}: path {:?} has no {{{name}}} to compare with", path.as_str()));
-                    }
-                    (Operand::PathSegment(_), Some(Route::Http { .. })) => {}
-                    (Operand::PathSegment(_), _) => {
-                        problems.push(format!("{at}: pathSegment needs an http route with a path pattern"))
-                    }
-                    (Operand::GrpcField(n), Some(Route::Http { .. })) => {
-                        problems.push(format!("{at}: grpcField {n} needs a grpc route"))
-                    }
-                    (Operand::GrpcField(n), _) if *n == 0 || *n > MAX_FIELD_NUMBER => problems
-                        .push(format!("{at}: grpcField {n} is not a protobuf field number (1 to {MAX_FIELD_NUMBER})")),
-                    (Operand::Header(h), _)
-                        if h.is_empty() || !h.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') =>
-                    {
-                        problems.push(format!("{at}: header {h:?} is not a header name"))
-                    }
-                    _ => {}
+                match (&c.caller, &c.request, &c.equals) {
+                    (Some(_), None, _) | (None, Some(_), Operand::Value(_)) => {}
+                    (None, Some(_), _) => problems.push(format!(
+                        "{at}: a request condition compares the request's value with a fixed one: equals {{value: …}}"
+                    )),
+                    _ => problems.push(format!("{at}: give exactly one of caller and request")),
                 }
-                if c.caller == CallerField::Kind && !workloads {
+                for o in c.operands() {
+                    if let Some(problem) = operand_problem(o, route.as_ref()) {
+                        problems.push(format!("{at}: {problem}"));
+                    }
+                }
+                let Some(field) = &c.caller else { continue };
+                if *field == CallerField::Kind && !workloads {
                     problems.push(format!("{at}: caller kind is a workload's; this rule admits only service accounts"));
+                }
+                if field.of_pod() {
+                    if pods.is_none() {
+                        problems.push(format!(
+                            "{at}: caller {} reads the caller's pod, which needs spec.tokenReview.pods (the pods the gate watches, by label selector)",
+                            field_name(field)
+                        ));
+                    }
+                    if !by_token {
+                        problems.push(format!(
+                            "{at}: caller {} is a pod's, known from a token bound to it; this rule admits no token callers",
+                            field_name(field)
+                        ));
+                    }
+                    if let CallerField::PodLabel(key) | CallerField::PodAnnotation(key) = field {
+                        if !is_qualified_name(key) {
+                            problems.push(format!(
+                                "{at}: {key:?} is not a label or annotation key (as app.kubernetes.io/name)"
+                            ));
+                        }
+                    }
                 }
             }
             if let Some(review) = &r.subject_access_review {
@@ -389,14 +464,14 @@ impl Gate {
                     w.kinds.iter_mut().for_each(|k| k.make_ascii_lowercase());
                 }
                 let mut when = r.when;
-                for c in when.iter_mut().filter(|c| c.caller == CallerField::Kind) {
+                for c in when.iter_mut().filter(|c| c.caller == Some(CallerField::Kind)) {
                     if let Operand::Value(v) = &mut c.equals {
                         v.make_ascii_lowercase();
                     }
                 }
                 rules.push(Rule {
                     name: r.name,
-                    reads_message: reads_message(&when, r.subject_access_review.as_ref()),
+                    reads_body: reads_body(&when, r.subject_access_review.as_ref()),
                     route,
                     callers,
                     when,
@@ -405,10 +480,13 @@ impl Gate {
                 });
             }
         }
+        let json_fields = json_fields(&rules);
         if problems.is_empty() {
             Ok(Self {
+                json_fields,
                 trust_domain: spec.trust_domain,
                 strip_headers: spec.strip_headers,
+                user_headers: spec.user_headers,
                 token_review: spec.token_review,
                 live_owners,
                 rules,
@@ -417,6 +495,53 @@ impl Gate {
             Err(problems)
         }
     }
+}
+
+/// Why an operand cannot be read on `route`.
+fn operand_problem(o: &Operand, route: Option<&Route>) -> Option<String> {
+    match (o, route) {
+        (Operand::PathSegment(name), Some(Route::Http { path, .. })) if !path.captures().any(|n| n == name) => {
+            Some(format!("path {:?} has no {{{name}}} to compare with", path.as_str()))
+        }
+        (Operand::PathSegment(_), Some(Route::Http { .. })) => None,
+        (Operand::PathSegment(_), _) => Some("pathSegment needs an http route with a path pattern".into()),
+        (Operand::GrpcField(n), Some(Route::Http { .. })) => Some(format!("grpcField {n} needs a grpc route")),
+        (Operand::GrpcField(n), _) if *n == 0 || *n > MAX_FIELD_NUMBER => {
+            Some(format!("grpcField {n} is not a protobuf field number (1 to {MAX_FIELD_NUMBER})"))
+        }
+        (Operand::JsonField(f), Some(Route::Grpc { .. })) => {
+            Some(format!("jsonField {f:?} needs an http route (a JSON body)"))
+        }
+        (Operand::JsonField(f), _) => FieldPath::parse(f).err(),
+        (Operand::Header(h), _) if h.is_empty() || !h.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') => {
+            Some(format!("header {h:?} is not a header name"))
+        }
+        _ => None,
+    }
+}
+
+/// Why a label selector is not one the gate takes: equality terms only (`KEY=VALUE`,
+/// `KEY==VALUE`, `KEY!=VALUE`, `KEY`, `!KEY`), each key and value by Kubernetes' rules.
+fn selector_problem(selector: &str) -> Result<(), String> {
+    if selector.trim().is_empty() {
+        return Err(
+            "is empty: name the callers' pods (as app=evalhub,component=evaluation-job), not every pod of the cluster"
+                .into(),
+        );
+    }
+    for term in selector.split(',').map(str::trim) {
+        let (key, value) =
+            match term.split_once("!=").or_else(|| term.split_once("==")).or_else(|| term.split_once('=')) {
+                Some((k, v)) => (k.trim(), Some(v.trim())),
+                None => (term.strip_prefix('!').unwrap_or(term).trim(), None),
+            };
+        if !is_qualified_name(key) || !value.is_none_or(is_label_value) {
+            return Err(format!(
+                "{term:?} is not KEY=VALUE, KEY!=VALUE, KEY or !KEY with a label key and value (set-based terms, `in` and `notin`, are not taken)"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// What makes an `anonymous` rule wrong: a route that is not named, or anything that reads an
@@ -462,6 +587,7 @@ fn anonymous_problems(
 // === deciding ===
 
 pub use crate::identity::Caller;
+use crate::identity::PodCaller;
 
 /// A request, as far as the rules read it.
 #[derive(Debug, Clone, Copy)]
@@ -549,6 +675,24 @@ impl Gate {
             .collect()
     }
 
+    /// The pods the gate watches for the callers of pod-bound tokens (`spec.tokenReview.pods`).
+    pub fn pods(&self) -> Option<&PodsSpec> {
+        self.token_review.as_ref().and_then(|t| t.pods.as_ref())
+    }
+
+    /// The pod labels and annotations rules read: all the gate keeps of a watched pod's.
+    pub fn pod_keys(&self) -> (Vec<String>, Vec<String>) {
+        let (mut labels, mut annotations) = (Vec::new(), Vec::new());
+        for c in self.rules.iter().flat_map(|r| &r.when) {
+            match &c.caller {
+                Some(CallerField::PodLabel(k)) if !labels.contains(k) => labels.push(k.clone()),
+                Some(CallerField::PodAnnotation(k)) if !annotations.contains(k) => annotations.push(k.clone()),
+                _ => {}
+            }
+        }
+        (labels, annotations)
+    }
+
     /// The owner kinds whose identities are admitted only while their owner exists.
     pub fn live_owners(&self) -> &[LiveOwner] {
         &self.live_owners
@@ -563,15 +707,16 @@ impl Gate {
     /// message (a `grpcField` condition or `{grpc.N}` reference): only then does the transport
     /// hold the body back to read it. A caller no such rule admits is decided without it (the
     /// rules that read it refuse that caller first), so it never holds the gate's memory.
-    pub fn reads_message(&self, caller: &Caller, method: &str, path: &RequestPath<'_>) -> bool {
-        self.rules.iter().any(|rule| rule.reads_message && rule.admits(caller) && rule.route.fits(method, path).is_ok())
+    pub fn reads_body(&self, caller: &Caller, method: &str, path: &RequestPath<'_>) -> bool {
+        self.rules.iter().any(|rule| rule.reads_body && rule.admits(caller) && rule.route.fits(method, path).is_ok())
     }
 
     /// Whether a client-sent header must not reach the upstream: one that claims an identity
     /// ([`crate::headers::claims_identity`]) or one this gate's file lists, compared as the
     /// upstream reads names ([`crate::headers::same_name`]).
     pub fn strips(&self, name: &str) -> bool {
-        crate::headers::claims_identity(name) || self.strip_headers.iter().any(|h| crate::headers::same_name(h, name))
+        crate::headers::claims_identity(name)
+            || self.strip_headers.iter().chain(&self.user_headers).any(|h| crate::headers::same_name(h, name))
     }
 
     /// Whether a rule decides on header `name` (a `header` condition or `{header.…}`
@@ -579,13 +724,18 @@ impl Gate {
     pub fn reads_header(&self, name: &str) -> bool {
         let reads = |o: &Operand| matches!(o, Operand::Header(h) if crate::headers::same_name(h, name));
         self.rules.iter().any(|rule| {
-            rule.when.iter().any(|c| reads(&c.equals))
+            rule.when.iter().any(|c| c.operands().any(reads))
                 || rule.review.as_ref().is_some_and(|r| {
                     [&r.verb, &r.group, &r.resource, &r.subresource, &r.namespace, &r.name]
                         .into_iter()
                         .any(|t| matches!(Reference::parse(t), Ok(Reference::Operand(o)) if reads(&o)))
                 })
         })
+    }
+
+    /// The headers the gate sets to the verified user (`spec.userHeaders`).
+    pub fn user_headers(&self) -> &[String] {
+        &self.user_headers
     }
 
     /// Whether the rule named `rule` passes a certificate caller's `Authorization` header on.
@@ -638,8 +788,9 @@ impl Gate {
             }
         }
         let mut pending = Vec::new();
+        let json = JsonBody { fields: &self.json_fields, read: OnceCell::new() };
         for rule in &self.rules {
-            match rule.check(caller, request, path, reviews) {
+            match rule.check(caller, request, path, reviews, &json) {
                 Ok(()) => {
                     if every {
                         trace.push((rule.name.clone(), "allows it".into()));
@@ -744,31 +895,36 @@ impl Rule {
         request: &Request<'_>,
         path: &RequestPath<'_>,
         reviews: &dyn Fn(&AccessReview) -> Option<bool>,
+        json: &JsonBody<'_>,
     ) -> Result<(), Failed> {
         let captures = self.route.fits(request.method, path)?;
         if !self.admits(caller) {
             return Err(format!("it does not admit {}", describe(caller)).into());
         }
         for c in &self.when {
-            let have = field_of(caller, c.caller)
-                .ok_or_else(|| format!("the caller has no {} ({})", field_name(c.caller), describe(caller)))?;
-            let want = operand(&c.equals, request, &captures)?;
-            if want.as_deref() != Some(have) {
-                return Err(format!(
-                    "the caller's {} is {have:?}, and {} is {}",
-                    field_name(c.caller),
-                    operand_name(&c.equals),
-                    want.map_or("absent".into(), |w| quoted(&w, 64))
-                )
-                .into());
+            let want = operand(&c.equals, request, &captures, json)?;
+            let (have, what) = match (&c.caller, &c.request) {
+                (Some(field), _) => {
+                    let have = field_of(caller, field).ok_or_else(|| missing(caller, field))?;
+                    (Some(have.to_string()), format!("the caller's {}", field_name(field)))
+                }
+                (None, Some(o)) => (operand(o, request, &captures, json)?, operand_name(o)),
+                // Refused at load.
+                (None, None) => return Err("a condition compares nothing".to_string().into()),
+            };
+            if want.is_none() || want != have {
+                let show = |v: &Option<String>| v.as_ref().map_or("absent".into(), |v| quoted(v, 64));
+                return Err(
+                    format!("{what} is {}, and {} is {}", show(&have), operand_name(&c.equals), show(&want)).into()
+                );
             }
         }
         let Some(spec) = &self.review else { return Ok(()) };
         let value = |template: &str| -> Result<String, String> {
             match Reference::parse(template)? {
                 Reference::Literal(s) => Ok(s.to_string()),
-                Reference::Caller(field) => Ok(field_of(caller, field).unwrap_or_default().to_string()),
-                Reference::Operand(o) => operand(&o, request, &captures)?
+                Reference::Caller(field) => Ok(field_of(caller, &field).unwrap_or_default().to_string()),
+                Reference::Operand(o) => operand(&o, request, &captures, json)?
                     .ok_or_else(|| format!("{} is absent, and the SubjectAccessReview needs it", operand_name(&o))),
             }
         };
@@ -776,6 +932,7 @@ impl Rule {
             user: match caller {
                 Caller::Workload(id) => id.to_string(),
                 Caller::ServiceAccount(sa) => sa.to_string(),
+                Caller::Pod(p) => p.account.to_string(),
                 Caller::User(user) => user.to_string(),
                 // Never reached: an anonymous rule has no review, and no other admits one.
                 Caller::Anonymous => "system:anonymous".into(),
@@ -817,7 +974,7 @@ impl Rule {
                 (w.kinds.is_empty() || w.kinds.contains(&id.kind))
                     && (w.namespaces.is_empty() || w.namespaces.contains(&id.namespace))
             }),
-            Caller::ServiceAccount(sa) => {
+            Caller::ServiceAccount(sa) | Caller::Pod(PodCaller { account: sa, .. }) => {
                 self.callers.any_service_account
                     || self.callers.any_user
                     || self.callers.service_accounts.iter().any(|a| a.namespace == sa.namespace && a.name == sa.name)
@@ -852,17 +1009,107 @@ impl Callers {
     }
 }
 
-/// Whether a rule's conditions or review read a gRPC field of the request.
-fn reads_message(when: &[Condition], review: Option<&ReviewSpec>) -> bool {
-    let grpc = |template: &str| matches!(Reference::parse(template), Ok(Reference::Operand(Operand::GrpcField(_))));
-    when.iter().any(|c| matches!(c.equals, Operand::GrpcField(_)))
-        || review.is_some_and(|r| {
-            [&r.verb, &r.group, &r.resource, &r.subresource, &r.namespace, &r.name].into_iter().any(|t| grpc(t))
+/// Whether an operand reads the request's body.
+fn in_body(o: &Operand) -> bool {
+    matches!(o, Operand::GrpcField(_) | Operand::JsonField(_))
+}
+
+/// The operands a rule's review reads.
+fn review_operands(review: Option<&ReviewSpec>) -> impl Iterator<Item = Operand> + '_ {
+    review.into_iter().flat_map(|r| {
+        [&r.verb, &r.group, &r.resource, &r.subresource, &r.namespace, &r.name].into_iter().filter_map(|t| {
+            match Reference::parse(t) {
+                Ok(Reference::Operand(o)) => Some(o),
+                _ => None,
+            }
         })
+    })
+}
+
+/// Whether a rule's conditions or review read a gRPC or JSON field of the request.
+fn reads_body(when: &[Condition], review: Option<&ReviewSpec>) -> bool {
+    when.iter().any(|c| c.operands().any(in_body)) || review_operands(review).any(|o| in_body(&o))
+}
+
+/// Every JSON field the rules read, each once.
+fn json_fields(rules: &[Rule]) -> Vec<FieldPath> {
+    let mut fields: Vec<FieldPath> = Vec::new();
+    for rule in rules {
+        let operands =
+            rule.when.iter().flat_map(|c| c.operands().cloned()).chain(review_operands(rule.review.as_ref()));
+        for o in operands {
+            if let Operand::JsonField(f) = o {
+                if let Ok(path) = FieldPath::parse(&f) {
+                    if !fields.contains(&path) {
+                        fields.push(path);
+                    }
+                }
+            }
+        }
+    }
+    fields
+}
+
+/// A request's JSON body, read at most once per decision and only if a rule on its route reads
+/// it.
+struct JsonBody<'g> {
+    fields: &'g [FieldPath],
+    read: OnceCell<Result<crate::json::Fields, String>>,
+}
+
+impl JsonBody<'_> {
+    fn field(&self, request: &Request<'_>, path: &str) -> Result<Option<String>, String> {
+        let fields = self.read.get_or_init(|| {
+            json_content(request.headers)?;
+            crate::json::read(request.body, self.fields).map_err(|e| e.to_string())
+        });
+        let fields = fields.as_ref().map_err(Clone::clone)?;
+        let path = FieldPath::parse(path)?;
+        match fields.get(&path) {
+            None => Ok(None),
+            Some(JsonValue::Scalar(v)) => Ok(Some(v.clone())),
+            Some(JsonValue::Other(kind)) => {
+                Err(format!("JSON field {path} is {kind}; a rule compares strings and whole numbers"))
+            }
+        }
+    }
+}
+
+/// Whether the request says its body is JSON, uncompressed: a rule reads a JSON field only of a
+/// body the upstream will read as JSON too.
+fn json_content(headers: &[(&str, &str)]) -> Result<(), String> {
+    let one = |name: &str| -> Result<Option<&str>, String> {
+        let mut values = headers.iter().filter(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| *v);
+        match (values.next(), values.next()) {
+            (Some(_), Some(_)) => Err(format!("header {name} is sent more than once")),
+            (value, _) => Ok(value),
+        }
+    };
+    if let Some(encoding) = one("content-encoding")?.filter(|e| !e.trim().eq_ignore_ascii_case("identity")) {
+        return Err(format!(
+            "the request body is encoded ({}); the gate reads JSON fields only of an uncompressed body (send no Content-Encoding)",
+            quoted(encoding, 32)
+        ));
+    }
+    let content_type = one("content-type")?.unwrap_or_default();
+    let media = content_type.split(';').next().unwrap_or_default().trim().to_ascii_lowercase();
+    let json = media == "application/json" || (media.starts_with("application/") && media.ends_with("+json"));
+    if !json {
+        return Err(format!(
+            "a rule reads a JSON field of this request, and its Content-Type is {}: send application/json",
+            if content_type.is_empty() { "absent".into() } else { quoted(content_type, 64) }
+        ));
+    }
+    Ok(())
 }
 
 /// The value an operand names in this request (`None`: absent).
-fn operand(o: &Operand, request: &Request<'_>, captures: &BTreeMap<&str, &str>) -> Result<Option<String>, String> {
+fn operand(
+    o: &Operand,
+    request: &Request<'_>,
+    captures: &BTreeMap<&str, &str>,
+    json: &JsonBody<'_>,
+) -> Result<Option<String>, String> {
     Ok(match o {
         Operand::PathSegment(name) => captures.get(name.as_str()).map(|s| s.to_string()),
         Operand::Header(name) => {
@@ -876,6 +1123,7 @@ fn operand(o: &Operand, request: &Request<'_>, captures: &BTreeMap<&str, &str>) 
             let message = grpc::first_message(request.body).map_err(|e| e.to_string())?;
             grpc::string_field(message, *n).map_err(|e| e.to_string())?.map(str::to_string)
         }
+        Operand::JsonField(path) => json.field(request, path)?,
         Operand::Value(v) => Some(v.clone()),
     })
 }
@@ -908,9 +1156,13 @@ impl<'t> Reference<'t> {
                 Ok(n) if n > 0 && n <= MAX_FIELD_NUMBER => Self::Operand(Operand::GrpcField(n)),
                 _ => return Err(format!("{template:?}: {{grpc.N}} takes a protobuf field number")),
             },
+            ("json", k) => match FieldPath::parse(k) {
+                Ok(_) => Self::Operand(Operand::JsonField(k.to_string())),
+                Err(e) => return Err(format!("{template:?}: {e}")),
+            },
             _ => {
                 return Err(format!(
-                    "{template:?} is not a reference; use {{caller.namespace}}, {{caller.name}}, {{path.NAME}}, {{header.NAME}} or {{grpc.N}}"
+                    "{template:?} is not a reference; use {{caller.namespace}}, {{caller.name}}, {{path.NAME}}, {{header.NAME}}, {{grpc.N}} or {{json.FIELD}}"
                 ))
             }
         })
@@ -930,6 +1182,9 @@ impl<'t> Reference<'t> {
             (Self::Operand(Operand::GrpcField(_)), Some(Route::Http { .. })) => {
                 Err("{grpc.…} needs a grpc route".into())
             }
+            (Self::Operand(Operand::JsonField(_)), Some(Route::Grpc { .. })) => {
+                Err("{json.…} needs an http route (a JSON body)".into())
+            }
             _ => Ok(()),
         }
     }
@@ -948,25 +1203,56 @@ fn describe_review(r: &AccessReview) -> String {
     format!("{resource}{name}{namespace}")
 }
 
-fn field_of(caller: &Caller, field: CallerField) -> Option<&str> {
+fn field_of<'c>(caller: &'c Caller, field: &CallerField) -> Option<&'c str> {
     match (caller, field) {
+        (Caller::Pod(p), CallerField::Namespace) => Some(&p.account.namespace),
+        (Caller::Pod(p), CallerField::Name) => Some(&p.account.name),
+        (Caller::Pod(p), CallerField::PodName) => p.facts().map(|f| f.name.as_str()),
+        (Caller::Pod(p), CallerField::PodOwner) => p.facts()?.owner.as_ref().map(|o| o.name.as_str()),
+        (Caller::Pod(p), CallerField::PodLabel(key)) => p.facts()?.labels.get(key).map(String::as_str),
+        (Caller::Pod(p), CallerField::PodAnnotation(key)) => p.facts()?.annotations.get(key).map(String::as_str),
+        (Caller::Pod(_), CallerField::Kind) => None,
+        (
+            _,
+            CallerField::PodName | CallerField::PodOwner | CallerField::PodLabel(_) | CallerField::PodAnnotation(_),
+        ) => None,
         (Caller::Workload(id), CallerField::Namespace) => Some(&id.namespace),
         (Caller::Workload(id), CallerField::Name) => Some(&id.name),
         (Caller::Workload(id), CallerField::Kind) => Some(&id.kind),
         (Caller::ServiceAccount(sa), CallerField::Namespace) => Some(&sa.namespace),
         (Caller::ServiceAccount(sa), CallerField::Name) => Some(&sa.name),
-        (Caller::ServiceAccount(_), CallerField::Kind) => None,
+        (Caller::ServiceAccount(_), _) => None,
         (Caller::User(user), CallerField::Name) => Some(user.as_str()),
         (Caller::User(_), _) => None,
         (Caller::Anonymous, _) => None,
     }
 }
 
-fn field_name(field: CallerField) -> &'static str {
+fn field_name(field: &CallerField) -> String {
     match field {
-        CallerField::Namespace => "namespace",
-        CallerField::Name => "name",
-        CallerField::Kind => "kind",
+        CallerField::Namespace => "namespace".into(),
+        CallerField::Name => "name".into(),
+        CallerField::Kind => "kind".into(),
+        CallerField::PodName => "pod's name".into(),
+        CallerField::PodOwner => "pod's controller".into(),
+        CallerField::PodLabel(key) => format!("pod's label {key}"),
+        CallerField::PodAnnotation(key) => format!("pod's annotation {key}"),
+    }
+}
+
+/// Why `caller` has no `field`: for a pod's field, whether the caller has a pod at all.
+fn missing(caller: &Caller, field: &CallerField) -> String {
+    match caller {
+        Caller::ServiceAccount(sa) if field.of_pod() => format!(
+            "the caller has no pod (service account {sa}: its token is bound to no pod, as a token from `kubectl create token` or a Secret is not), so no {}",
+            field_name(field)
+        ),
+        Caller::Pod(PodCaller { pod: Err(why), .. }) if field.of_pod() => {
+            format!("the gate knows nothing of the caller's pod, so no {}: {why}", field_name(field))
+        }
+        Caller::Pod(p) => format!("the caller's pod {} has no {}", p.pod_ref(), field_name(field).trim_start_matches("pod's ")),
+        other if field.of_pod() => format!("{} has no pod, so no {}", describe(other), field_name(field)),
+        other => format!("the caller has no {} ({})", field_name(field), describe(other)),
     }
 }
 
@@ -975,6 +1261,7 @@ fn operand_name(operand: &Operand) -> String {
         Operand::PathSegment(name) => format!("path segment {{{name}}}"),
         Operand::Header(name) => format!("header {name}"),
         Operand::GrpcField(n) => format!("gRPC field {n}"),
+        Operand::JsonField(path) => format!("JSON field {path}"),
         Operand::Value(_) => "the rule's value".into(),
     }
 }
@@ -983,6 +1270,7 @@ fn describe(caller: &Caller) -> String {
     match caller {
         Caller::Workload(id) => format!("workload {id}"),
         Caller::ServiceAccount(sa) => format!("service account {sa}"),
+        Caller::Pod(p) => format!("service account {p}"),
         Caller::User(user) => format!("user {user}"),
         Caller::Anonymous => "an anonymous caller (no client certificate, no bearer token)".into(),
     }

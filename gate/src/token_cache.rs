@@ -17,6 +17,8 @@ pub enum Review {
     Authenticated {
         username: String,
         groups: Vec<String>,
+        /// The pod the token is bound to, if the API server names one.
+        pod: Option<crate::identity::BoundPod>,
     },
     /// Why not, as the API server or the gate put it (never the token).
     Rejected(String),
@@ -273,7 +275,7 @@ mod tests {
     }
 
     fn ok() -> Review {
-        Review::Authenticated { username: "system:serviceaccount:kubeflow:runner".into(), groups: vec![] }
+        Review::Authenticated { username: "system:serviceaccount:kubeflow:runner".into(), groups: vec![], pod: None }
     }
 
     #[test]

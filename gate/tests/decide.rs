@@ -356,7 +356,7 @@ fn a_review_is_written_of_whole_references_only() {
     assert_eq!(
         load("bad.yaml", &bad).unwrap_err(),
         [
-            "bad.yaml: spec.rules[0] (\"callers who may get the graph\").subjectAccessReview.verb: \"{nope}\" is not a reference; use {caller.namespace}, {caller.name}, {path.NAME}, {header.NAME} or {grpc.N}",
+            "bad.yaml: spec.rules[0] (\"callers who may get the graph\").subjectAccessReview.verb: \"{nope}\" is not a reference; use {caller.namespace}, {caller.name}, {path.NAME}, {header.NAME}, {grpc.N} or {json.FIELD}",
             "bad.yaml: spec.rules[0] (\"callers who may get the graph\").subjectAccessReview.namespace: \"ns-{caller.namespace}\" mixes text with a reference; a value is a literal or one whole {reference}",
             "bad.yaml: spec.rules[0] (\"callers who may get the graph\").subjectAccessReview.name: path \"/graphs/{graph}/**\" has no {grpah}",
         ]
@@ -430,7 +430,7 @@ fn live_owners_are_found_by_the_kind_an_identity_names_and_need_the_api_server()
 fn the_body_is_held_back_only_for_a_route_whose_rule_reads_a_grpc_field() {
     let gate = load("lmeval.yaml", LMEVAL).unwrap().gate;
     let job = driver("team-a", "evaljob-sample");
-    let reads = |method: &str, path: &str| gate.reads_message(&job, method, &RequestPath::parse(path).unwrap());
+    let reads = |method: &str, path: &str| gate.reads_body(&job, method, &RequestPath::parse(path).unwrap());
     assert!(reads("POST", "/LMEvalJobUpdateService/UpdateStatus"));
     // A caller no rule that reads the message admits is decided without it: it never holds the
     // gate's memory with a message that cannot be allowed.
@@ -438,15 +438,15 @@ fn the_body_is_held_back_only_for_a_route_whose_rule_reads_a_grpc_field() {
     let agent = Caller::ServiceAccount(
         ServiceAccount::parse("system:serviceaccount:kubeflow:ml-pipeline-persistenceagent").unwrap(),
     );
-    assert!(!gate.reads_message(&agent, "POST", &update));
-    assert!(!gate.reads_message(&Caller::Anonymous, "POST", &update));
+    assert!(!gate.reads_body(&agent, "POST", &update));
+    assert!(!gate.reads_body(&Caller::Anonymous, "POST", &update));
     assert!(!reads("GET", "/LMEvalJobUpdateService/UpdateStatus"), "gRPC is POST");
     assert!(!reads("POST", "/LMEvalJobUpdateService/Other"));
     assert!(!reads("POST", "/apis/v1/namespaces/team-a/runs/r1/report"), "an HTTP rule without a field");
     let by_review = ROUTER.replace("\"{path.graph}\"", "\"{header.x-graph}\"");
     let gate = load("router.yaml", &by_review).unwrap().gate;
     let user = Caller::ServiceAccount(ServiceAccount::parse("system:serviceaccount:team-a:client").unwrap());
-    assert!(!gate.reads_message(&user, "POST", &RequestPath::parse("/graphs/g/x").unwrap()));
+    assert!(!gate.reads_body(&user, "POST", &RequestPath::parse("/graphs/g/x").unwrap()));
 }
 
 /// A workload's review, filled from every kind of reference: the caller's fields, a header and
@@ -491,7 +491,7 @@ fn a_review_is_filled_from_the_caller_a_header_and_the_message() {
     );
     assert!(gate.asks_api_server(), "a rule's review asks the API server, with no tokenReview");
     let caller = driver("team-a", "job-1");
-    assert!(gate.reads_message(&caller, "POST", &RequestPath::parse(UPDATE).unwrap()), "{{grpc.2}} reads the message");
+    assert!(gate.reads_body(&caller, "POST", &RequestPath::parse(UPDATE).unwrap()), "{{grpc.2}} reads the message");
 }
 
 #[test]
@@ -508,7 +508,7 @@ fn a_reference_names_a_source_the_route_has_and_a_field_number_protobuf_allows()
     for bad in ["{path.}", "{header.}", "{caller.uid}"] {
         assert_eq!(
             problem(bad),
-            Some(format!("{prefix}\"{bad}\" is not a reference; use {{caller.namespace}}, {{caller.name}}, {{path.NAME}}, {{header.NAME}} or {{grpc.N}}")),
+            Some(format!("{prefix}\"{bad}\" is not a reference; use {{caller.namespace}}, {{caller.name}}, {{path.NAME}}, {{header.NAME}}, {{grpc.N}} or {{json.FIELD}}")),
             "{bad}"
         );
     }
@@ -712,4 +712,218 @@ fn the_headers_a_rule_reads_and_the_callers_whose_token_passes_are_known() {
     assert!(gate.forwards_authorization("a driver updates only its own job"));
     assert!(!gate.forwards_authorization("agents report runs in their namespace"));
     assert!(!gate.forwards_authorization("no such rule"));
+}
+
+// === EvalHub's status events: a pod-bound token's pod, a JSON body, a request condition ===
+
+fn evalhub() -> Gate {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/recipes/evalhub-status.yaml")).unwrap();
+    load("evalhub-status.yaml", &text).unwrap().gate
+}
+
+/// The evaluation pod of `job` as the gate's watch keeps it (eval-hub ba127125 job_builders.go).
+fn evaluation_pod(namespace: &str, job: &str, benchmark: &str, index: &str) -> Caller {
+    use keyward_gate::identity::{PodCaller, PodFacts};
+    let pod = PodFacts {
+        name: format!("{job}-5f0c-x2x9q"),
+        uid: "u-1".into(),
+        labels: [("benchmark_index".to_string(), index.to_string())].into(),
+        annotations: [
+            ("eval-hub.github.io/job_id".to_string(), job.to_string()),
+            ("eval-hub.github.io/provider_id".to_string(), "lm_evaluation_harness".to_string()),
+            ("eval-hub.github.io/benchmark_id".to_string(), benchmark.to_string()),
+        ]
+        .into(),
+        owner: None,
+    };
+    let account = ServiceAccount::parse(&format!("system:serviceaccount:{namespace}:evalhub-evalhub-job")).unwrap();
+    Caller::Pod(PodCaller { account, pod_name: pod.name.clone(), pod: Ok(std::sync::Arc::new(pod)) })
+}
+
+fn post_event(gate: &Gate, caller: &Caller, job: &str, headers: &[(&str, &str)], body: &str) -> Verdict {
+    let path = format!("/api/v1/evaluations/jobs/{job}/events");
+    let request = Request { method: "POST", path: &path, headers, body: body.as_bytes() };
+    // The API server allows every job account to create status-events in its own namespace.
+    gate.decide(caller, &request, &RequestPath::parse(&path).unwrap(), &|r| Some(r.resource == "status-events"))
+}
+
+const JSON_TENANT_A: &[(&str, &str)] = &[("Content-Type", "application/json"), ("X-Tenant", "tenant-a")];
+
+fn event(benchmark: &str, index: &str, status: &str) -> String {
+    format!(
+        r#"{{"benchmark_status_event": {{"provider_id": "lm_evaluation_harness", "id": "{benchmark}", "benchmark_index": {index}, "status": "{status}"}}}}"#
+    )
+}
+
+#[test]
+fn an_evaluation_pod_posts_events_of_its_own_job_and_benchmark_only() {
+    let gate = evalhub();
+    let pod = evaluation_pod("tenant-a", "job-a", "arc_easy", "0");
+    let own = post_event(&gate, &pod, "job-a", JSON_TENANT_A, &event("arc_easy", "0", "running"));
+    assert_eq!(own.allowed_by.as_deref(), Some("an evaluation pod posts its own job's events"), "{own:?}");
+    let refused = |v: Verdict, why: &str| {
+        assert_eq!(v.allowed_by, None);
+        let reason = v.reason();
+        assert!(
+            reason.starts_with(&format!("rule \"an evaluation pod posts its own job's events\": {why}")),
+            "{reason}"
+        );
+    };
+    refused(
+        post_event(&gate, &pod, "job-b", JSON_TENANT_A, &event("arc_easy", "0", "running")),
+        "the caller's pod's annotation eval-hub.github.io/job_id is \"job-a\", and path segment {id} is \"job-b\"",
+    );
+    refused(
+        post_event(
+            &gate,
+            &pod,
+            "job-a",
+            &[("Content-Type", "application/json"), ("X-Tenant", "tenant-b")],
+            &event("arc_easy", "0", "running"),
+        ),
+        "the caller's namespace is \"tenant-a\", and header X-Tenant is \"tenant-b\"",
+    );
+    refused(
+        post_event(&gate, &pod, "job-a", &[("Content-Type", "application/json")], &event("arc_easy", "0", "running")),
+        "the caller's namespace is \"tenant-a\", and header X-Tenant is absent",
+    );
+    refused(
+        post_event(&gate, &pod, "job-a", JSON_TENANT_A, &event("hellaswag", "0", "running")),
+        "the caller's pod's annotation eval-hub.github.io/benchmark_id is \"arc_easy\", and JSON field benchmark_status_event.id is \"hellaswag\"",
+    );
+    refused(
+        post_event(&gate, &pod, "job-a", JSON_TENANT_A, &event("arc_easy", "0.0", "running")),
+        "JSON field benchmark_status_event.benchmark_index is a number with a fraction or an exponent; a rule compares strings and whole numbers",
+    );
+    refused(
+        post_event(
+            &gate,
+            &pod,
+            "job-a",
+            &[("Content-Type", "text/plain"), ("X-Tenant", "tenant-a")],
+            &event("arc_easy", "0", "running"),
+        ),
+        "a rule reads a JSON field of this request, and its Content-Type is \"text/plain\": send application/json",
+    );
+    refused(
+        post_event(
+            &gate,
+            &pod,
+            "job-a",
+            &[("Content-Type", "application/json"), ("Content-Encoding", "gzip"), ("X-Tenant", "tenant-a")],
+            &event("arc_easy", "0", "running"),
+        ),
+        "the request body is encoded (\"gzip\")",
+    );
+    // Another tenant's pod, with all of its own facts right, still posts only in its namespace.
+    let other = evaluation_pod("tenant-b", "job-a", "arc_easy", "0");
+    refused(
+        post_event(&gate, &other, "job-a", JSON_TENANT_A, &event("arc_easy", "0", "running")),
+        "the caller's namespace is \"tenant-b\", and header X-Tenant is \"tenant-a\"",
+    );
+}
+
+#[test]
+fn a_token_without_a_pod_has_no_pod_facts_and_the_refusal_says_so() {
+    let gate = evalhub();
+    let account =
+        Caller::ServiceAccount(ServiceAccount::parse("system:serviceaccount:tenant-a:evalhub-evalhub-job").unwrap());
+    let v = post_event(&gate, &account, "job-a", JSON_TENANT_A, &event("arc_easy", "0", "running"));
+    assert_eq!(v.allowed_by, None);
+    assert!(v.reason().contains("the caller has no pod (service account system:serviceaccount:tenant-a:evalhub-evalhub-job: its token is bound to no pod, as a token from `kubectl create token` or a Secret is not), so no pod's annotation eval-hub.github.io/job_id"), "{}", v.reason());
+    // A pod-bound token whose pod the gate does not know (deleted): the watch's reason.
+    let unknown = Caller::Pod(keyward_gate::identity::PodCaller {
+        account: ServiceAccount::parse("system:serviceaccount:tenant-a:evalhub-evalhub-job").unwrap(),
+        pod_name: "gone".into(),
+        pod: Err("the token is bound to pod tenant-a/gone, which does not exist".into()),
+    });
+    let v = post_event(&gate, &unknown, "job-a", JSON_TENANT_A, &event("arc_easy", "0", "running"));
+    assert!(v.reason().contains("the gate knows nothing of the caller's pod, so no pod's annotation eval-hub.github.io/job_id: the token is bound to pod tenant-a/gone, which does not exist"), "{}", v.reason());
+}
+
+#[test]
+fn the_operator_posts_failed_events_only() {
+    let gate = evalhub();
+    let operator = Caller::ServiceAccount(
+        ServiceAccount::parse("system:serviceaccount:opendatahub:trustyai-service-operator-controller-manager")
+            .unwrap(),
+    );
+    // evaluation_job_failure_reconciler.go: status failed, benchmark_index omitted when 0.
+    let failed = r#"{"benchmark_status_event":{"provider_id":"lm_evaluation_harness","id":"arc_easy","status":"failed","error_message":{"message":"OOMKilled","message_code":"RUNTIME_FAILURE"}}}"#;
+    let v = post_event(&gate, &operator, "job-a", JSON_TENANT_A, failed);
+    assert_eq!(v.allowed_by.as_deref(), Some("the operator reports a job's failure"), "{v:?}");
+    let v = post_event(&gate, &operator, "job-a", JSON_TENANT_A, &event("arc_easy", "0", "completed"));
+    assert_eq!(v.allowed_by, None);
+    assert!(v.reason().contains("rule \"the operator reports a job's failure\": JSON field benchmark_status_event.status is \"completed\", and the rule's value is \"failed\""), "{}", v.reason());
+    // An evaluation pod is not the operator, whatever it posts.
+    let pod = evaluation_pod("tenant-a", "job-a", "arc_easy", "0");
+    let v = post_event(&gate, &pod, "job-b", JSON_TENANT_A, failed);
+    assert_eq!(v.allowed_by, None);
+}
+
+#[test]
+fn pod_facts_json_fields_and_request_conditions_are_checked_at_load() {
+    let file =
+        |spec: &str| format!("apiVersion: keyward.io/v1alpha1\nkind: Gate\nmetadata: {{name: g}}\nspec:\n{spec}");
+    let problems = |spec: &str| load("g.yaml", &file(spec)).err().unwrap_or_default();
+    let rule = |token_review: &str, when: &str| {
+        format!("  {token_review}\n  rules:\n    - name: r\n      http: {{methods: [POST], path: \"/jobs/{{id}}\"}}\n      callers: {{serviceAccounts: [{{namespace: a, name: b}}]}}\n      when:\n{when}")
+    };
+    assert_eq!(
+        problems(&rule("tokenReview: {}", "        - {caller: {podLabel: job_id}, equals: {pathSegment: id}}\n")),
+        ["g.yaml: spec.rules[0] (\"r\").when[0]: caller pod's label job_id reads the caller's pod, which needs spec.tokenReview.pods (the pods the gate watches, by label selector)"]
+    );
+    let pods = "tokenReview: {pods: {labelSelector: app=evalhub}}";
+    assert_eq!(
+        problems(&rule(pods, "        - {caller: {podLabel: job_id}, equals: {pathSegment: id}}\n")),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        problems(&rule(pods, "        - {caller: {podAnnotation: \"bad key!\"}, equals: {pathSegment: id}}\n")),
+        ["g.yaml: spec.rules[0] (\"r\").when[0]: \"bad key!\" is not a label or annotation key (as app.kubernetes.io/name)"]
+    );
+    for (selector, fine) in [
+        ("app=evalhub,component=evaluation-job", true),
+        ("!gone,x!=y,z==w", true),
+        ("", false),
+        ("app in (a,b)", false),
+        ("a=b=c", false),
+    ] {
+        let spec = rule(
+            &format!("tokenReview: {{pods: {{labelSelector: \"{selector}\"}}}}"),
+            "        - {caller: namespace, equals: {value: a}}\n",
+        );
+        assert_eq!(problems(&spec).is_empty(), fine, "{selector:?}: {:?}", problems(&spec));
+    }
+    assert_eq!(
+        problems(&rule("tokenReview: {}", "        - {request: {jsonField: a.b}, equals: {pathSegment: id}}\n        - {caller: name, request: {header: X}, equals: {value: v}}\n        - {equals: {value: v}}\n        - {request: {jsonField: a..b}, equals: {value: v}}\n")),
+        [
+            "g.yaml: spec.rules[0] (\"r\").when[0]: a request condition compares the request's value with a fixed one: equals {value: …}",
+            "g.yaml: spec.rules[0] (\"r\").when[1]: give exactly one of caller and request",
+            "g.yaml: spec.rules[0] (\"r\").when[2]: give exactly one of caller and request",
+            "g.yaml: spec.rules[0] (\"r\").when[3]: JSON field \"a..b\" is not a dotted path of object keys (as status.benchmark_index)",
+        ]
+    );
+    let grpc = "  tokenReview: {}\n  rules:\n    - name: r\n      grpc: {service: S, methods: [M]}\n      callers: {serviceAccounts: [{namespace: a, name: b}]}\n      when:\n        - {caller: name, equals: {jsonField: a}}\n";
+    assert_eq!(
+        problems(grpc),
+        ["g.yaml: spec.rules[0] (\"r\").when[0]: jsonField \"a\" needs an http route (a JSON body)"]
+    );
+}
+
+#[test]
+fn the_body_is_held_for_a_json_field_and_the_user_header_is_stripped_and_named() {
+    let gate = evalhub();
+    let pod = evaluation_pod("tenant-a", "job-a", "arc_easy", "0");
+    assert!(gate.reads_body(&pod, "POST", &RequestPath::parse("/api/v1/evaluations/jobs/job-a/events").unwrap()));
+    assert!(!gate.reads_body(&pod, "GET", &RequestPath::parse("/api/v1/evaluations/jobs/job-a/events").unwrap()));
+    assert!(gate.strips("X-User") && gate.strips("x_user"), "a client's X-User never reaches EvalHub");
+    assert_eq!(gate.user_headers(), ["X-User"]);
+    assert_eq!(gate.pods().map(|p| p.label_selector.as_str()), Some("app=evalhub,component=evaluation-job"));
+    let (labels, annotations) = gate.pod_keys();
+    assert_eq!(labels, ["benchmark_index"]);
+    assert_eq!(
+        annotations,
+        ["eval-hub.github.io/job_id", "eval-hub.github.io/provider_id", "eval-hub.github.io/benchmark_id"]
+    );
 }

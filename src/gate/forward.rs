@@ -108,6 +108,7 @@ pub fn after_decision(
     caller: &Caller,
     groups: &[String],
     forward_authorization: bool,
+    user_headers: &[String],
     arrival: Arrival<'_>,
 ) {
     if matches!(caller, Caller::Workload(_)) && !forward_authorization {
@@ -124,20 +125,30 @@ pub fn after_decision(
             set(name, &value);
         }
     }
-    for (name, value) in identity_headers(caller, groups) {
-        set(name, &value);
+    let identity = identity_headers(caller, groups);
+    for (name, value) in &identity {
+        set(name, value);
+    }
+    // The upstream's own user headers say the same (the client's copies went before the decision).
+    if let Some((_, user)) = identity.iter().find(|(name, _)| *name == keyward_gate::headers::REMOTE_USER) {
+        for name in user_headers {
+            if let (Ok(name), Ok(value)) = (HeaderName::try_from(name.as_str()), HeaderValue::from_str(user)) {
+                headers.insert(name, value);
+            }
+        }
     }
 }
 
 /// The headers the gate sets, as names made at compile time. `HeaderMap::insert` by `&str`
 /// copies a name that is not a standard header into a new allocation, on every request.
-const SET_NAMES: [HeaderName; 6] = [
+const SET_NAMES: [HeaderName; 7] = [
     HeaderName::from_static(keyward_gate::headers::FORWARDED_FOR),
     HeaderName::from_static(keyward_gate::headers::FORWARDED_PROTO),
     HeaderName::from_static(keyward_gate::headers::FORWARDED_HOST),
     HeaderName::from_static(keyward_gate::headers::REMOTE_USER),
     HeaderName::from_static(keyward_gate::headers::REMOTE_GROUPS),
     HeaderName::from_static(keyward_gate::headers::KEYWARD_IDENTITY),
+    HeaderName::from_static(keyward_gate::headers::KEYWARD_POD),
 ];
 
 fn header_name(name: &str) -> Option<HeaderName> {
@@ -295,7 +306,7 @@ mod tests {
             keyward_gate::identity::WorkloadIdentity::parse("spiffe://cluster.local/ns/team-a/lmevaljob/j").unwrap();
         let arrival = Arrival { peer: Some("10.1.2.3".parse().unwrap()), tls: true, host: Some("api:8443") };
         let mut h = headers(&[("authorization", "Bearer someone-elses")]);
-        after_decision(&mut h, &Caller::Workload(id.clone()), &[], false, arrival);
+        after_decision(&mut h, &Caller::Workload(id.clone()), &[], false, &[], arrival);
         assert!(h.get("authorization").is_none());
         assert_eq!(h.get("x-remote-user").unwrap(), "spiffe://cluster.local/ns/team-a/lmevaljob/j");
         let get = |n: &str| h.get(n).unwrap().to_str().unwrap();
@@ -304,11 +315,11 @@ mod tests {
             ("10.1.2.3", "https", "api:8443")
         );
         let mut h = headers(&[("authorization", "Bearer mine")]);
-        after_decision(&mut h, &Caller::Workload(id), &[], true, arrival);
+        after_decision(&mut h, &Caller::Workload(id), &[], true, &[], arrival);
         assert_eq!(h.get("authorization").unwrap(), "Bearer mine");
         let sa = keyward_gate::identity::ServiceAccount::parse("system:serviceaccount:kubeflow:agent").unwrap();
         let mut h = headers(&[("authorization", "Bearer mine")]);
-        after_decision(&mut h, &Caller::ServiceAccount(sa), &[], false, arrival);
+        after_decision(&mut h, &Caller::ServiceAccount(sa), &[], false, &[], arrival);
         assert_eq!(
             h.get("authorization").unwrap(),
             "Bearer mine",

@@ -18,6 +18,7 @@ mod h1_pool;
 mod held_h2;
 mod metrics;
 mod owners;
+mod pods;
 mod proxy;
 mod reviews;
 mod share;
@@ -113,6 +114,14 @@ impl Gate {
             }
             _ => None,
         };
+        let pods = match (&client, loaded.gate.pods()) {
+            (Some(client), Some(spec)) => {
+                let pods = Arc::new(pods::Pods::new(&spec.label_selector, loaded.gate.pod_keys()));
+                pods.watch(client, &metrics, &mut owner_watches);
+                Some(pods)
+            }
+            _ => None,
+        };
         let reviews = client.map(|c| Arc::new(reviews::Reviews::new(c, config.review_timeout, metrics.clone())));
         let client_ca = match &config.client_ca {
             Some(file) => {
@@ -154,6 +163,7 @@ impl Gate {
             gate: store,
             reviews,
             owners,
+            pods,
             upstream: Arc::new(upstream),
             client_ca: client_ca.clone(),
             metrics,
@@ -194,6 +204,7 @@ impl Gate {
             metrics: self.shared.clone(),
             draining,
             owners: self.state.owners.clone(),
+            pods: self.state.pods.clone(),
             gate: self.state.gate.clone(),
             client_ca: self.client_ca.clone(),
         }
@@ -278,6 +289,7 @@ struct Health {
     metrics: Arc<Metrics>,
     draining: Arc<AtomicBool>,
     owners: Option<Arc<LiveOwners>>,
+    pods: Option<Arc<pods::Pods>>,
     gate: Arc<GateStore>,
     client_ca: Option<Arc<ClientCa>>,
 }
@@ -319,6 +331,13 @@ async fn ready(State(h): State<Health>) -> Response {
             unlisted.join(", ")
         );
         return (StatusCode::SERVICE_UNAVAILABLE, reason).into_response();
+    }
+    if h.pods.as_ref().is_some_and(|p| p.unlisted()) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: the gate has not yet listed the callers' pods (spec.tokenReview.pods) from the API server\n",
+        )
+            .into_response();
     }
     if let Some(ca) = h.client_ca.as_ref().filter(|ca| !ca.is_loaded()) {
         if h.gate.current().gate.admits_workloads() {

@@ -30,6 +30,7 @@ use super::client_ca::ClientCa;
 use super::forward;
 use super::metrics::{Decision, GateMetrics};
 use super::owners::{LiveOwners, OwnerRefusal};
+use super::pods::{PodRefusal, Pods};
 use super::reviews::{Reviews, TokenRefused};
 use super::share::Shares;
 use super::store::GateStore;
@@ -56,6 +57,8 @@ pub struct GateState {
     pub reviews: Option<Arc<Reviews>>,
     /// The owner kinds watched (`spec.liveOwners`); `None`: none.
     pub owners: Option<Arc<LiveOwners>>,
+    /// The callers' pods watched (`spec.tokenReview.pods`); `None`: none.
+    pub pods: Option<Arc<Pods>>,
     pub upstream: Arc<Upstream>,
     /// The client CAs, checked again on each request of a connection (`None`: no certificates).
     pub client_ca: Option<Arc<ClientCa>>,
@@ -128,7 +131,14 @@ pub async fn handle(State(state): State<GateState>, request: Request) -> Respons
         tls: client.is_some_and(|c| c.tls),
         host: host.as_deref(),
     };
-    forward::after_decision(&mut parts.headers, &caller, &groups, gate.forwards_authorization(&rule), arrival);
+    forward::after_decision(
+        &mut parts.headers,
+        &caller,
+        &groups,
+        gate.forwards_authorization(&rule),
+        gate.user_headers(),
+        arrival,
+    );
     let body = match body {
         Outgoing::Streamed(body) => Outgoing::Streamed(forward::strip_trailers(body, loaded.clone())),
         held => held,
@@ -173,11 +183,13 @@ async fn decide(
     let path = parts.uri.path();
     let checked = RequestPath::parse(path).map_err(|e| fail(Decision::Refused, e.to_string()))?;
     let method = parts.method.as_str();
-    let (message, body) = if gate.reads_message(&caller, method, &checked) {
+    let (message, body) = if gate.reads_body(&caller, method, &checked) {
         let held =
-            hold_message(state, body, &describe(&caller)).await.map_err(|(decision, why)| fail(decision, why))?;
+            hold_message(state, body, &describe(&caller), grpc).await.map_err(|(decision, why)| fail(decision, why))?;
         let bytes = held.bytes.clone();
-        grpc::only_message(&bytes).map_err(|e| fail(Decision::Refused, e.to_string()))?;
+        if grpc {
+            grpc::only_message(&bytes).map_err(|e| fail(Decision::Refused, e.to_string()))?;
+        }
         (bytes, Outgoing::Held(held))
     } else {
         (Bytes::new(), Outgoing::Streamed(body))
@@ -256,17 +268,25 @@ async fn authenticate(
     };
     let source = parts.extensions.get::<Client>().map(|c| c.addr.ip());
     match reviews.token(token, audiences, source).await {
-        Ok(account) => Ok((account.caller, account.groups)),
+        Ok(account) => match (account.caller, &account.pod, &state.pods) {
+            // A pod-bound token of a gate that watches pods: the caller is that pod, or no one.
+            (Caller::ServiceAccount(sa), Some(bound), Some(pods)) => match pods.caller(sa, bound) {
+                Ok(pod) => Ok((Caller::Pod(pod), account.groups)),
+                Err(PodRefusal::Gone(why)) => Err(unauthenticated(why)),
+                Err(PodRefusal::NotListed(why)) => Err(Stop::new(Decision::Unavailable, grpc, why)),
+            },
+            (caller, _, _) => Ok((caller, account.groups)),
+        },
         Err(TokenRefused::Rejected(why)) => Err(unauthenticated(why)),
         Err(TokenRefused::Unavailable(why)) => Err(Stop::new(Decision::Unavailable, grpc, why)),
     }
 }
 
-/// Reads the whole request body (a call whose one message a rule reads), within the read
-/// timeout, the budget of all callers and this caller's share of it: at most a message's 5-byte
-/// prefix and `MAX_MESSAGE_BYTES`.
-async fn hold_message(state: &GateState, mut body: Body, caller: &str) -> Result<HeldMessage, Stop0> {
-    const LIMIT: usize = grpc::MAX_MESSAGE_BYTES + 5;
+/// Reads the whole request body (a call whose one message a rule reads, or a JSON body), within
+/// the read timeout, the budget of all callers and this caller's share of it: at most a gRPC
+/// message's 5-byte prefix and `MAX_MESSAGE_BYTES`, or a JSON body of `json::MAX_BODY_BYTES`.
+async fn hold_message(state: &GateState, mut body: Body, caller: &str, grpc: bool) -> Result<HeldMessage, Stop0> {
+    let limit = if grpc { grpc::MAX_MESSAGE_BYTES + 5 } else { keyward_gate::json::MAX_BODY_BYTES };
     let share = state.shares.begin(caller).map_err(|why| (Decision::Unavailable, why))?;
     let read = async {
         let mut held = BytesMut::new();
@@ -275,11 +295,16 @@ async fn hold_message(state: &GateState, mut body: Body, caller: &str) -> Result
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|e| (Decision::Refused, format!("the request body could not be read: {e}")))?;
             let Ok(data) = frame.into_data() else { continue };
-            if held.len() + data.len() > LIMIT {
-                return Err((Decision::Refused, format!(
-                    "the request body is more than {LIMIT} bytes: a gRPC message the gate reads is at most {} bytes, and a call whose rule reads a field carries one",
-                    grpc::MAX_MESSAGE_BYTES
-                )));
+            if held.len() + data.len() > limit {
+                let why = if grpc {
+                    format!(
+                        "the request body is more than {limit} bytes: a gRPC message the gate reads is at most {} bytes, and a call whose rule reads a field carries one",
+                        grpc::MAX_MESSAGE_BYTES
+                    )
+                } else {
+                    format!("the request body is more than {limit} bytes, the most of a JSON body the gate reads")
+                };
+                return Err((Decision::Refused, why));
             }
             if let Some(share) = &mut message.share {
                 share.add(data.len()).map_err(|why| (Decision::Unavailable, why))?;
@@ -297,8 +322,12 @@ async fn hold_message(state: &GateState, mut body: Body, caller: &str) -> Result
     };
     match tokio::time::timeout(state.read_timeout, read).await {
         Ok(result) => result,
-        Err(_) => Err((Decision::Refused, format!(
+        Err(_) if grpc => Err((Decision::Refused, format!(
             "the request's message did not arrive whole within {:?}: a call whose rule reads a field must send one message and end its stream (unary or server-streaming)",
+            state.read_timeout
+        ))),
+        Err(_) => Err((Decision::Refused, format!(
+            "the request's body did not arrive whole within {:?}: a rule reads a JSON field of it",
             state.read_timeout
         ))),
     }
@@ -311,6 +340,7 @@ fn describe(caller: &Caller) -> String {
     match caller {
         Caller::Workload(id) => id.to_string(),
         Caller::ServiceAccount(sa) => sa.to_string(),
+        Caller::Pod(p) => p.to_string(),
         Caller::User(user) => user.to_string(),
         Caller::Anonymous => "anonymous".into(),
     }

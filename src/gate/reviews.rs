@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime};
 use futures::future::{BoxFuture, FutureExt, Shared};
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
-use keyward_gate::identity::{ServiceAccount, UserName};
+use keyward_gate::identity::{BoundPod, ServiceAccount, UserName};
 use keyward_gate::rules::AccessReview;
 use keyward_gate::rules::Caller;
 use keyward_gate::token_cache::{review_key, Limits, Review, ReviewCache, TokenCache};
@@ -50,6 +50,8 @@ pub enum TokenRefused {
 pub struct Account {
     pub caller: Caller,
     pub groups: Vec<String>,
+    /// The pod a service account's token is bound to, as the API server names it.
+    pub pod: Option<BoundPod>,
 }
 
 pub struct Reviews {
@@ -196,7 +198,7 @@ impl Reviews {
         });
         self.metrics.observe_review("token", result);
         match review {
-            Review::Authenticated { username, groups } => {
+            Review::Authenticated { username, groups, pod } => {
                 let caller = match ServiceAccount::parse(&username) {
                     Ok(account) => Caller::ServiceAccount(account),
                     Err(_) => Caller::User(
@@ -204,7 +206,7 @@ impl Reviews {
                             .map_err(|e| TokenRefused::Rejected(format!("the token's user: {e}")))?,
                     ),
                 };
-                Ok(Account { caller, groups })
+                Ok(Account { caller, groups, pod })
             }
             Review::Rejected(why) => Err(TokenRefused::Rejected(why)),
         }
@@ -390,8 +392,17 @@ fn read_token_review(answer: TokenReview, audiences: &[String]) -> Review {
             ));
         }
     }
-    match status.user.and_then(|u| u.username.map(|name| (name, u.groups.unwrap_or_default()))) {
-        Some((username, groups)) if !username.is_empty() => Review::Authenticated { username, groups },
+    let Some(user) = status.user else {
+        return Review::Rejected("the API server's TokenReview names no user".into());
+    };
+    let pod = match BoundPod::from_extra(&user.extra.unwrap_or_default()) {
+        Ok(pod) => pod,
+        Err(e) => return Review::Rejected(e.to_string()),
+    };
+    match user.username {
+        Some(username) if !username.is_empty() => {
+            Review::Authenticated { username, groups: user.groups.unwrap_or_default(), pod }
+        }
         _ => Review::Rejected("the API server's TokenReview names no user".into()),
     }
 }

@@ -27,7 +27,10 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httputil"
+	neturl "net/url"
 	"os"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
@@ -58,7 +61,7 @@ type result struct {
 }
 
 var (
-	mode       = flag.String("mode", "", "fms-driver | kfp-persistence-agent | kfp-scheduled-workflow | kfp-cache | http | webhook")
+	mode       = flag.String("mode", "", "fms-driver | kfp-persistence-agent | kfp-scheduled-workflow | kfp-cache | http | webhook | evalhub-sidecar")
 	connect    = flag.String("connect", "", "host:port the test listens on; every connection goes there")
 	target     = flag.String("target", "", "the address the client is configured with (a Service's name and port)")
 	caFile     = flag.String("ca", "", "the CA file the client is given (GRPC_SERVER_CA, --caCertPath, a caBundle)")
@@ -73,7 +76,10 @@ var (
 	method     = flag.String("method", "", "kfp-cache: ListTasksV1 | CreateTaskV1; kfp-persistence-agent: ReportWorkflowV1 | ReportRunMetricsV1")
 	url        = flag.String("url", "", "http, webhook: the URL")
 	http1Only  = flag.Bool("http1", false, "http: HTTP/1.1 only (an empty TLSNextProto, as a program that turns HTTP/2 off does)")
-	bodyFile   = flag.String("body", "", "webhook: the AdmissionReview to send")
+	bodyFile   = flag.String("body", "", "webhook: the AdmissionReview to send; evalhub-sidecar: the event")
+	path       = flag.String("path", "", "evalhub-sidecar: the path the adapter posts to")
+	tenant     = flag.String("tenant", "", "evalhub-sidecar: the adapter's X-Tenant")
+	xUser      = flag.String("x-user", "", "evalhub-sidecar: an X-User the adapter adds (none by default)")
 )
 
 func main() {
@@ -92,6 +98,8 @@ func main() {
 		out = httpGet()
 	case "webhook":
 		out = webhook()
+	case "evalhub-sidecar":
+		out = evalhubSidecar()
 	default:
 		fmt.Fprintf(os.Stderr, "unknown -mode %q\n", *mode)
 		os.Exit(2)
@@ -392,4 +400,85 @@ func webhook() result {
 		out.ALPN = resp.TLS.NegotiatedProtocol
 	}
 	return out
+}
+
+// clientRoundTripper sends through an *http.Client, as eval-hub's roundTripperFromClient does.
+type clientRoundTripper struct{ client *http.Client }
+
+func (c clientRoundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return c.client.Do(r) }
+
+// evalhubSidecar: an evaluation pod of TrustyAI EvalHub (eval-hub/eval-hub ba127125): the
+// adapter posts an event to the sidecar on localhost, and the sidecar's reverse proxy sends it on
+// to eval_hub.base_url (internal/eval_runtime_sidecar: handlers/evalhub.go, proxy/proxy.go
+// NewReverseProxy, proxy/http_client.go buildTLSConfig and newHTTPClient): a Transport whose
+// TLSClientConfig is {MinVersion: TLS 1.2, MaxVersion: TLS 1.3, RootCAs: the service CA alone}
+// (so HTTP/1.1: a custom TLS configuration turns HTTP/2 off), a 30 s client timeout, the
+// projected token read from its file and set as `Authorization: Bearer`, X-Global-Transaction-Id
+// set, and the adapter's other headers (X-Tenant, Content-Type, and whatever else it adds)
+// passed on. Go 1.19 has no ReverseProxy.Rewrite: the Director here does what eval-hub's Rewrite
+// does (SetURL, the outgoing Host the target's), and adds the X-Forwarded-For a Director proxy
+// adds, which the gate drops.
+func evalhubSidecar() result {
+	pem, err := os.ReadFile(*caFile)
+	if err != nil {
+		return result{Error: err.Error()}
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return result{Error: "the CA file holds no PEM certificate"}
+	}
+	tlsConfig := &tls.Config{MinVersion: tls.VersionTLS12, MaxVersion: tls.VersionTLS13, RootCAs: pool}
+	transport := &http.Transport{
+		TLSClientConfig: tlsConfig,
+		DialContext:     func(ctx context.Context, _, _ string) (net.Conn, error) { return dialer(ctx, "") },
+	}
+	client := &http.Client{Timeout: 30 * time.Second, Transport: transport}
+	target, err := neturl.Parse(strings.TrimSuffix(*url, "/"))
+	if err != nil {
+		return result{Error: err.Error()}
+	}
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	direct := proxy.Director
+	proxy.Director = func(r *http.Request) {
+		direct(r)
+		r.Host = ""
+		r.RequestURI = "" // as eval-hub's Rewrite: required for client requests
+		r.Header.Set("X-Global-Transaction-Id", "txn-1")
+		token, err := os.ReadFile(*tokenFile)
+		if err == nil && len(token) > 0 {
+			r.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(token)))
+		}
+	}
+	proxy.Transport = clientRoundTripper{client}
+	// As eval-hub's proxyErrorHandler: a 502; the error is kept for the outcome.
+	var proxyErr string
+	proxy.ErrorHandler = func(w http.ResponseWriter, _ *http.Request, err error) {
+		proxyErr = err.Error()
+		w.WriteHeader(http.StatusBadGateway)
+	}
+	listener, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return result{Error: err.Error()}
+	}
+	go http.Serve(listener, proxy)
+	event, err := os.ReadFile(*bodyFile)
+	if err != nil {
+		return result{Error: err.Error()}
+	}
+	req, err := http.NewRequest("POST", "http://"+listener.Addr().String()+*path, bytes.NewReader(event))
+	if err != nil {
+		return result{Error: err.Error()}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Tenant", *tenant)
+	if *xUser != "" {
+		req.Header.Set("X-User", *xUser)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return result{Error: err.Error()}
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return result{OK: resp.StatusCode < 300, Status: resp.StatusCode, Proto: resp.Proto, Body: string(body), Error: proxyErr}
 }
