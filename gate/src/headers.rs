@@ -235,4 +235,32 @@ mod tests {
             ]
         );
     }
+
+    #[test]
+    fn a_pod_the_gate_found_is_named_and_one_it_did_not_is_not() {
+        use crate::identity::{PodCaller, PodFacts};
+        let account = ServiceAccount::parse("system:serviceaccount:tenant-a:job").unwrap();
+        let found = PodCaller {
+            account: account.clone(),
+            pod_name: "job-a-x2x9q".into(),
+            pod: Ok(std::sync::Arc::new(PodFacts { name: "job-a-x2x9q".into(), ..PodFacts::default() })),
+        };
+        let groups = ["system:serviceaccounts".to_string()];
+        assert_eq!(
+            identity_headers(&Caller::Pod(found), &groups),
+            [
+                (REMOTE_USER, "system:serviceaccount:tenant-a:job".to_string()),
+                (REMOTE_GROUPS, "system:serviceaccounts".to_string()),
+                (KEYWARD_POD, "tenant-a/job-a-x2x9q".to_string()),
+            ]
+        );
+        let unknown = PodCaller { account, pod_name: "gone".into(), pod: Err("deleted".into()) };
+        assert_eq!(
+            identity_headers(&Caller::Pod(unknown), &groups),
+            [
+                (REMOTE_USER, "system:serviceaccount:tenant-a:job".to_string()),
+                (REMOTE_GROUPS, "system:serviceaccounts".to_string()),
+            ]
+        );
+    }
 }

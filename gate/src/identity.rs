@@ -394,6 +394,14 @@ mod tests {
             None
         );
         assert_eq!(BoundPod::from_extra(&BTreeMap::new()).unwrap(), None);
+        let caller = PodCaller {
+            account: ServiceAccount::parse("system:serviceaccount:tenant-a:runner").unwrap(),
+            pod_name: "job-a-x7k2p".into(),
+            pod: Err("not watched".into()),
+        };
+        assert_eq!(caller.pod_ref(), "tenant-a/job-a-x7k2p");
+        assert_eq!(caller.to_string(), "system:serviceaccount:tenant-a:runner (pod tenant-a/job-a-x7k2p)");
+        assert_eq!(caller.facts(), None);
         for (claims, says) in [
             (extra(&[(POD_NAME_EXTRA, &["a"])]), "one of authentication.kubernetes.io/pod-name and authentication.kubernetes.io/pod-uid without the other"),
             (extra(&[(POD_NAME_EXTRA, &["a", "b"]), (POD_UID_EXTRA, &["u"])]), "pod-name has 2 values"),

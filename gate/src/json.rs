@@ -64,10 +64,6 @@ impl FieldPath {
         }
         Ok(Self { text: text.to_string(), segments })
     }
-
-    pub fn as_str(&self) -> &str {
-        &self.text
-    }
 }
 
 impl fmt::Display for FieldPath {
@@ -298,6 +294,7 @@ mod tests {
             (r#"{"benchmark_index": 0, "benchmar\u212a_index": 7}"#, "twice"),
             (r#"{"s": {"a": 1, "\u0061": 2}}"#, "names field \"s.a\" twice"),
             (r#"{"list": [{"x": 1, "x": 2}]}"#, "names field \"list.[0].x\" twice"),
+            (r#"{"list": [{"x": 1}, {"y": 1}, {"x": 1, "x": 2}]}"#, "names field \"list.[2].x\" twice"),
             (r#"{"benchmark_index": 0} {"benchmark_index": 7}"#, "not JSON: trailing characters"),
             (r#"{"benchmark_index": 0"#, "not JSON: EOF while parsing"),
             (r#"{"benchmark_index": "\ud800"}"#, "not JSON: unexpected end of hex escape"),

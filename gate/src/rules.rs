@@ -1250,7 +1250,9 @@ fn missing(caller: &Caller, field: &CallerField) -> String {
         Caller::Pod(PodCaller { pod: Err(why), .. }) if field.of_pod() => {
             format!("the gate knows nothing of the caller's pod, so no {}: {why}", field_name(field))
         }
-        Caller::Pod(p) => format!("the caller's pod {} has no {}", p.pod_ref(), field_name(field).trim_start_matches("pod's ")),
+        Caller::Pod(p) if field.of_pod() => {
+            format!("the caller's pod {} has no {}", p.pod_ref(), field_name(field).trim_start_matches("pod's "))
+        }
         other if field.of_pod() => format!("{} has no pod, so no {}", describe(other), field_name(field)),
         other => format!("the caller has no {} ({})", field_name(field), describe(other)),
     }

@@ -927,3 +927,111 @@ fn the_body_is_held_for_a_json_field_and_the_user_header_is_stripped_and_named()
         ["eval-hub.github.io/job_id", "eval-hub.github.io/provider_id", "eval-hub.github.io/benchmark_id"]
     );
 }
+
+#[test]
+fn a_missing_fact_is_explained_by_who_the_caller_is() {
+    let text = r#"
+apiVersion: keyward.io/v1alpha1
+kind: Gate
+metadata: {name: g}
+spec:
+  trustDomain: cluster.local
+  tokenReview: {pods: {labelSelector: app=x}}
+  rules:
+    - name: by label
+      http: {methods: [POST], path: "/jobs/{id}"}
+      callers: {anyServiceAccount: true, workloads: {}}
+      when:
+        - {caller: {podLabel: job}, equals: {pathSegment: id}}
+        - {caller: {podLabel: job}, equals: {header: X-Job}}
+        - {caller: {podAnnotation: a}, equals: {header: X-Job}}
+        - {caller: {podAnnotation: a}, equals: {pathSegment: id}}
+      subjectAccessReview: {verb: create, resource: jobs, name: "{json.job.name}"}
+    - name: by kind
+      http: {methods: [PUT], path: "/jobs/{id}"}
+      callers: {anyServiceAccount: true, workloads: {}}
+      when:
+        - {caller: kind, equals: {value: job}}
+      subjectAccessReview: {verb: update, resource: jobs}
+"#;
+    let gate = load("g.yaml", text).unwrap().gate;
+    assert_eq!(gate.pod_keys(), (vec!["job".to_string()], vec!["a".to_string()]), "each key once");
+    let why = |caller: &Caller, method: &str| {
+        let request = Request { method, path: "/jobs/a", headers: &[], body: b"" };
+        gate.decide(caller, &request, &RequestPath::parse("/jobs/a").unwrap(), &|_| Some(true)).reason()
+    };
+    let account = ServiceAccount::parse("system:serviceaccount:t:a").unwrap();
+    let workload = driver("t", "j");
+    assert_eq!(
+        why(&workload, "POST"),
+        "rule \"by label\": workload spiffe://cluster.local/ns/t/lmevaljob/j has no pod, so no pod's label job"
+    );
+    assert_eq!(
+        why(&Caller::ServiceAccount(account.clone()), "PUT"),
+        "rule \"by kind\": the caller has no kind (service account system:serviceaccount:t:a)"
+    );
+    let unknown =
+        Caller::Pod(keyward_gate::identity::PodCaller { account, pod_name: "p".into(), pod: Err("deleted".into()) });
+    assert_eq!(
+        why(&unknown, "PUT"),
+        "rule \"by kind\": the caller has no kind (service account system:serviceaccount:t:a (pod t/p))"
+    );
+    assert_eq!(
+        why(&unknown, "POST"),
+        "rule \"by label\": the gate knows nothing of the caller's pod, so no pod's label job: deleted"
+    );
+    let unlabelled = keyward_gate::identity::PodFacts { name: "p".into(), ..Default::default() };
+    let known = Caller::Pod(keyward_gate::identity::PodCaller {
+        account: ServiceAccount::parse("system:serviceaccount:t:a").unwrap(),
+        pod_name: "p".into(),
+        pod: Ok(std::sync::Arc::new(unlabelled)),
+    });
+    assert_eq!(why(&known, "POST"), "rule \"by label\": the caller's pod t/p has no label job");
+}
+
+#[test]
+fn a_json_reference_reads_the_body_and_a_json_field_needs_json() {
+    let text = r#"
+apiVersion: keyward.io/v1alpha1
+kind: Gate
+metadata: {name: g}
+spec:
+  tokenReview: {}
+  rules:
+    - name: create in the body's namespace
+      http: {methods: [POST], path: /jobs}
+      callers: {anyServiceAccount: true}
+      subjectAccessReview: {verb: create, resource: jobs, namespace: "{json.metadata.namespace}"}
+"#;
+    let gate = load("g.yaml", text).unwrap().gate;
+    let caller = Caller::ServiceAccount(ServiceAccount::parse("system:serviceaccount:t:a").unwrap());
+    let decide = |content_type: &str, body: &str| {
+        let headers = [("Content-Type", content_type)];
+        let request = Request { method: "POST", path: "/jobs", headers: &headers, body: body.as_bytes() };
+        gate.decide(&caller, &request, &RequestPath::parse("/jobs").unwrap(), &|_| None)
+    };
+    let v = decide("application/vnd.k8s+json; charset=utf-8", r#"{"metadata": {"namespace": "t"}}"#);
+    assert_eq!(v.pending.iter().map(|r| r.namespace.as_str()).collect::<Vec<_>>(), ["t"], "{v:?}");
+    for (content_type, says) in [
+        ("application/xml", "its Content-Type is \"application/xml\": send application/json"),
+        ("text/plain+json", "its Content-Type is \"text/plain+json\""),
+        ("", "its Content-Type is absent"),
+    ] {
+        let v = decide(content_type, r#"{"metadata": {"namespace": "t"}}"#);
+        assert!(v.reason().contains(says), "{content_type}: {}", v.reason());
+    }
+    for bad in ["{json}", "{json.a..b}"] {
+        let e = load("g.yaml", &text.replace("{json.metadata.namespace}", bad)).unwrap_err().join("\n");
+        assert!(e.contains("is not a dotted path of object keys"), "{bad}: {e}");
+    }
+    let grpc = text.replace("http: {methods: [POST], path: /jobs}", "grpc: {service: S, methods: [M]}");
+    let e = load("g.yaml", &grpc).unwrap_err().join("\n");
+    assert!(e.ends_with("subjectAccessReview.namespace: {json.…} needs an http route (a JSON body)"), "{e}");
+    // A gRPC field number in a condition is checked as in a reference.
+    let field = |n: &str| {
+        format!("apiVersion: keyward.io/v1alpha1\nkind: Gate\nmetadata: {{name: g}}\nspec:\n  tokenReview: {{}}\n  rules:\n    - name: r\n      grpc: {{service: S, methods: [M]}}\n      callers: {{serviceAccounts: [{{namespace: a, name: b}}]}}\n      when: [{{caller: name, equals: {{grpcField: {n}}}}}]\n")
+    };
+    assert!(load("g.yaml", &field("536870911")).is_ok());
+    assert!(load("g.yaml", &field("536870912")).unwrap_err()[0]
+        .ends_with("grpcField 536870912 is not a protobuf field number (1 to 536870911)"));
+}

@@ -11,6 +11,8 @@
 //! the upstream's flow control.
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
@@ -32,26 +34,83 @@ use std::time::Duration;
 const FIRST_PIECE: usize = 16 * 1024;
 /// The longest a held call waits for the upstream's response headers.
 const RESPONSE_WAIT: Duration = Duration::from_secs(60);
+/// The most HTTP/2 connections the held calls open to the upstream. One caller's held calls
+/// (at most `share::MAX_CALLS`) fill at most so many of an upstream's streams; when every
+/// stream of the connections open is taken, another connection is opened, so another caller's
+/// call does not wait behind them, up to this many.
+pub const MAX_CONNECTIONS: usize = 8;
 
-/// One HTTP/2 connection to the upstream, shared by the held calls, opened again when it ends.
+/// The HTTP/2 connections to the upstream that the held calls share, each opened again when it
+/// ends.
 pub struct HeldCalls {
     /// The upstream, as the connector takes it (`http://` or `https://`, host and port).
     address: Uri,
     /// The upstream's HTTP/2 connector (`Upstream`'s own: connect timeout, TCP_NODELAY, TLS with
     /// ALPN `h2` and the upstream's CA).
     connector: HttpsConnector<HttpConnector>,
-    /// The connection's sender and its number: a caller whose sender failed replaces the
-    /// connection only if no other caller has replaced it since.
-    current: std::sync::Mutex<Option<(u64, SendRequest<Bytes>)>>,
+    /// The connections open, each with its number and its calls in flight: a call whose
+    /// connection failed removes that one only.
+    connections: std::sync::Mutex<Vec<Link>>,
+    /// The next connection's number.
+    opened: std::sync::atomic::AtomicU64,
+    /// Held while a connection is opened: a burst of calls on an empty list opens one, not one
+    /// each (each call's wait is bounded by its own deadline).
+    opening: tokio::sync::Mutex<()>,
     /// The longest a call waits for a stream and for the window to send its message in.
     wait: Duration,
+}
+
+/// One connection of the held calls.
+#[derive(Clone)]
+struct Link {
+    number: u64,
+    sender: SendRequest<Bytes>,
+    /// Calls on it whose response has not ended.
+    in_flight: Arc<AtomicUsize>,
+}
+
+/// A call in flight on a connection, until dropped (its response ended, or the call failed).
+pub struct InFlight(Arc<AtomicUsize>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Where a new call goes.
+enum Pick {
+    /// A connection with a stream free (or, all open and all full, the least busy).
+    Use(Link),
+    /// Every connection's streams are taken and there is room for another.
+    Open,
+}
+
+impl Link {
+    /// Whether the upstream allows this connection another stream now (its
+    /// SETTINGS_MAX_CONCURRENT_STREAMS, as h2 knows it).
+    fn has_room(&self) -> bool {
+        self.in_flight.load(Ordering::Relaxed) < self.sender.current_max_send_streams()
+    }
+
+    fn begin(&self) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight(self.in_flight.clone())
+    }
 }
 
 // === impl HeldCalls ===
 
 impl HeldCalls {
     pub fn new(address: Uri, connector: HttpsConnector<HttpConnector>, wait: Duration) -> Self {
-        Self { address, connector, current: std::sync::Mutex::new(None), wait }
+        Self {
+            address,
+            connector,
+            connections: std::sync::Mutex::default(),
+            opened: Default::default(),
+            opening: tokio::sync::Mutex::new(()),
+            wait,
+        }
     }
 
     /// Sends `head` (absolute URI, headers already the gate's, hop-by-hop ones removed) with
@@ -63,58 +122,83 @@ impl HeldCalls {
         head: http::Request<()>,
         mut message: HeldMessage,
     ) -> Result<http::Response<Received>, String> {
-        let (opened, rest) =
+        let (opened, rest, in_flight) =
             tokio::time::timeout(self.wait, self.open(head, &message.bytes)).await.map_err(|_| {
                 format!(
-                    "the upstream opened no HTTP/2 stream for the call within {:?} (its streams are all in use)",
+                    "the upstream opened no HTTP/2 stream for the call within {:?} (its streams are all in use, on the {MAX_CONNECTIONS} connections the gate opens to it)",
                     self.wait
                 )
             })??;
-        send_on(opened, rest, &mut message, self.wait).await
+        send_on(opened, rest, &mut message, self.wait, in_flight).await
     }
 
-    /// The call's stream, opened, on the current connection (or a new one), once the upstream
-    /// allows one more stream; its HEADERS and the message's first piece queued together, before
-    /// the connection task writes either (one write, for a message of up to [`FIRST_PIECE`]).
-    /// Returns the rest of the message.
-    async fn open(&self, head: http::Request<()>, body: &Bytes) -> Result<(Opened, Bytes), String> {
-        let mut sender = self.ready_sender().await?;
-        open_on(&mut sender, head, body).await
+    /// The call's stream, opened, on a connection with a stream free (or a new one), once the
+    /// upstream allows one more stream; its HEADERS and the message's first piece queued
+    /// together, before the connection task writes either (one write, for a message of up to
+    /// [`FIRST_PIECE`]). Returns the rest of the message.
+    async fn open(&self, head: http::Request<()>, body: &Bytes) -> Result<(Opened, Bytes, InFlight), String> {
+        let (mut sender, in_flight) = self.ready_sender().await?;
+        let (opened, rest) = open_on(&mut sender, head, body).await?;
+        Ok((opened, rest, in_flight))
     }
 
-    /// A sender ready for a new stream: the current connection's, or a new connection's when
-    /// there is none or it has ended (the upstream restarted, or closed it idle). Connections
-    /// are opened without holding the slot: with an upstream that does not answer, each call
-    /// waits its own connect timeout, not those of every call queued before it.
-    async fn ready_sender(&self) -> Result<SendRequest<Bytes>, String> {
-        let cached = self.slot().clone();
-        let failed = match cached {
-            Some((number, sender)) => match sender.ready().await {
-                Ok(ready) => return Ok(ready),
-                Err(_) => Some(number),
-            },
-            None => None,
-        };
-        let opened = self.connect().await?;
-        let sender = {
-            let mut current = self.slot();
-            match &*current {
-                // Another call opened a connection, or replaced the failed one, meanwhile: use
-                // it (the one opened here closes when dropped).
-                Some((n, sender)) if Some(*n) != failed => sender.clone(),
-                slot => {
-                    let number = slot.as_ref().map_or(0, |(n, _)| n + 1);
-                    *current = Some((number, opened.clone()));
-                    opened
+    /// A sender ready for a new stream, and the call counted on its connection: a connection
+    /// with a stream free; else a new connection, while fewer than [`MAX_CONNECTIONS`] are
+    /// open; else the least busy, whose next free stream the call waits for. A connection that
+    /// has ended (the upstream restarted, or closed it idle) is dropped and another picked.
+    /// Connections are opened without holding the list: with an upstream that does not answer,
+    /// each call waits its own connect timeout, not those of every call queued before it.
+    async fn ready_sender(&self) -> Result<(SendRequest<Bytes>, InFlight), String> {
+        // Each failed connection is dropped from the list, so this ends: on a ready one, or on
+        // one just opened that cannot take a stream either.
+        loop {
+            let (link, fresh) = match self.pick() {
+                Pick::Use(link) => (link, false),
+                Pick::Open => {
+                    let _opening = self.opening.lock().await;
+                    // Another call may have opened one meanwhile, with room for this one.
+                    match self.pick() {
+                        Pick::Use(link) => (link, false),
+                        Pick::Open => {
+                            let sender = self.connect().await?;
+                            let number = self.opened.fetch_add(1, Ordering::Relaxed);
+                            let link = Link { number, sender, in_flight: Arc::default() };
+                            self.list().push(link.clone());
+                            (link, true)
+                        }
+                    }
+                }
+            };
+            let in_flight = link.begin();
+            match link.sender.clone().ready().await {
+                Ok(ready) => return Ok((ready, in_flight)),
+                Err(e) => {
+                    self.list().retain(|c| c.number != link.number);
+                    if fresh {
+                        return Err(describe("the upstream connection", &e));
+                    }
                 }
             }
-        };
-        sender.ready().await.map_err(|e| describe("the upstream connection", &e))
+        }
     }
 
-    fn slot(&self) -> std::sync::MutexGuard<'_, Option<(u64, SendRequest<Bytes>)>> {
-        // Never held across an await: a poisoned lock still holds a whole value.
-        self.current.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    fn pick(&self) -> Pick {
+        let connections = self.list();
+        if let Some(free) = connections.iter().find(|c| c.has_room()) {
+            return Pick::Use(free.clone());
+        }
+        if connections.len() < MAX_CONNECTIONS {
+            return Pick::Open;
+        }
+        match connections.iter().min_by_key(|c| c.in_flight.load(Ordering::Relaxed)) {
+            Some(least) => Pick::Use(least.clone()),
+            None => Pick::Open,
+        }
+    }
+
+    fn list(&self) -> std::sync::MutexGuard<'_, Vec<Link>> {
+        // Never held across an await: a poisoned lock still holds a whole list.
+        self.connections.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     async fn connect(&self) -> Result<SendRequest<Bytes>, String> {
@@ -156,6 +240,7 @@ async fn send_on(
     mut rest: Bytes,
     message: &mut HeldMessage,
     wait: Duration,
+    in_flight: InFlight,
 ) -> Result<http::Response<Received>, String> {
     while !rest.is_empty() {
         stream.reserve_capacity(rest.len());
@@ -172,7 +257,7 @@ async fn send_on(
         .await
         .map_err(|_| format!("the upstream did not answer the call within {RESPONSE_WAIT:?}"))?
         .map_err(|e| describe("the response", &e))?;
-    Ok(response.map(|recv| Received { recv, state: State::Data }))
+    Ok(response.map(|recv| Received { recv, state: State::Data, _in_flight: in_flight }))
 }
 
 /// The HTTP/2 handshake, and the connection driven by a task of its own until it ends.
@@ -200,6 +285,8 @@ fn describe(what: &str, e: &h2::Error) -> String {
 pub struct Received {
     recv: h2::RecvStream,
     state: State,
+    /// The call counts on its connection until its response is dropped.
+    _in_flight: InFlight,
 }
 
 enum State {
@@ -409,7 +496,7 @@ mod tests {
         let mut message = msg(Bytes::from_static(b"job-a"));
         let (opened, rest) =
             open_on(&mut sender, call("/LMEvalJobUpdateService/UpdateStatus"), &message.bytes).await.unwrap();
-        let response = send_on(opened, rest, &mut message, WAIT).await;
+        let response = send_on(opened, rest, &mut message, WAIT, InFlight(Arc::default())).await;
         assert_eq!(
             read(response.unwrap()).await,
             ("/LMEvalJobUpdateService/UpdateStatus job-a".into(), Some("0".into()))
@@ -436,7 +523,7 @@ mod tests {
         let mut message = msg(Bytes::from(vec![b'x'; 16 * 1024]));
         let (opened, rest) = open_on(&mut sender, call("/Big"), &message.bytes).await.unwrap();
         assert!(rest.is_empty());
-        let response = send_on(opened, rest, &mut message, WAIT).await.unwrap();
+        let response = send_on(opened, rest, &mut message, WAIT, InFlight(Arc::default())).await.unwrap();
         assert_eq!(read(response).await.0.len(), "/Big ".len() + 16 * 1024);
         let writes = writes.lock().unwrap();
         let together = writes.iter().map(|w| frames(w)).find(|f| f.contains(&(1, 0x4, 1)));
@@ -455,7 +542,7 @@ mod tests {
         let mut sender = sender.ready().await.unwrap();
         let mut message = msg(Bytes::new());
         let (opened, rest) = open_on(&mut sender, call("/Empty"), &message.bytes).await.unwrap();
-        let response = send_on(opened, rest, &mut message, WAIT).await.unwrap();
+        let response = send_on(opened, rest, &mut message, WAIT, InFlight(Arc::default())).await.unwrap();
         assert_eq!(read(response).await, ("/Empty ".into(), Some("0".into())));
         let sent: Vec<_> = writes.lock().unwrap().iter().flat_map(|w| frames(w)).filter(|(_, _, s)| *s == 1).collect();
         // HEADERS with END_STREAM and END_HEADERS, and no DATA.

@@ -307,7 +307,7 @@ async fn a_caller_no_rule_admits_is_refused_before_its_message_is_held() {
 }
 
 /// An upstream speaking HTTP/2 that answers a call only once told to (`release`), and takes at
-/// most `streams` at once; `arrived` counts the calls it has.
+/// most `streams` at once on a connection; `arrived` counts the calls it has.
 struct SlowUpstream {
     addr: SocketAddr,
     release: Arc<Notify>,
@@ -316,6 +316,12 @@ struct SlowUpstream {
 }
 
 async fn slow_upstream(streams: u32) -> SlowUpstream {
+    slow_upstream_holding(streams, b"").await
+}
+
+/// [`slow_upstream`], holding only the calls whose message holds `held` (the job a greedy
+/// caller names): the others are answered at once.
+async fn slow_upstream_holding(streams: u32, held: &'static [u8]) -> SlowUpstream {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (release, arrived, changed) = (Arc::new(Notify::new()), Arc::new(Mutex::new(0)), Arc::new(Notify::new()));
@@ -327,11 +333,13 @@ async fn slow_upstream(streams: u32) -> SlowUpstream {
                 let service = service_fn(move |req: Request<Incoming>| {
                     let (r, a, c) = (r.clone(), a.clone(), c.clone());
                     async move {
-                        let _ = req.into_body().collect().await;
+                        let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
                         let released = r.notified();
                         *a.lock().unwrap() += 1;
                         c.notify_waiters();
-                        released.await;
+                        if body.windows(held.len().max(1)).any(|w| held.is_empty() || w == held) {
+                            released.await;
+                        }
                         let mut trailers = HeaderMap::new();
                         trailers.insert("grpc-status", "0".parse().unwrap());
                         let frames: Vec<Result<Frame<Bytes>, Infallible>> = vec![Ok(Frame::trailers(trailers))];
@@ -434,6 +442,63 @@ async fn one_caller_holds_at_most_its_share_of_unanswered_calls_and_the_others_g
     }
 }
 
+/// `count` held calls of `job`'s driver on one HTTP/2 connection, as grpc-go sends them, left
+/// waiting on `slow`, each sent once the one before has arrived (so the gate has the upstream's
+/// SETTINGS, its streams a connection, by the second).
+async fn hold_calls(
+    f: &Fixture,
+    gate: SocketAddr,
+    slow: &SlowUpstream,
+    job: &str,
+    count: usize,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let greedy = f.driver("team-a", job);
+    let config = f.client_tls(Some(&greedy), true, &[&rustls::version::TLS13]);
+    let tcp = TcpStream::connect(gate).await.unwrap();
+    let stream =
+        TlsConnector::from(Arc::new(config)).connect(ServerName::try_from("localhost").unwrap(), tcp).await.unwrap();
+    let (sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream)).await.unwrap();
+    tokio::spawn(conn);
+    let already = *slow.arrived.lock().unwrap();
+    let mut calls = Vec::new();
+    for n in 1..=count {
+        let (mut sender, job) = (sender.clone(), job.to_string());
+        calls.push(tokio::spawn(async move {
+            let _ = sender.send_request(update_status(&job, "team-a")).await;
+        }));
+        slow.wait_arrived(already + n).await;
+    }
+    calls
+}
+
+/// The attack issue 56 names: an upstream that takes 8 streams a connection, and one caller's 8
+/// unanswered calls. Another caller's call is answered at once, on a connection of its own,
+/// not after the read timeout.
+#[tokio::test]
+async fn one_callers_unanswered_calls_do_not_take_the_upstreams_streams_from_another() {
+    let f = Fixture::start().await;
+    let slow = slow_upstream_holding(8, b"greedy").await;
+    let upstream =
+        Upstream::new(&format!("http://{}", slow.addr), None, upstream::UpstreamProtocol::Auto, READ_TIMEOUT).unwrap();
+    let gate = serve_with_upstream(&f, upstream).await;
+    let greedy = hold_calls(&f, gate, &slow, "greedy", 8).await;
+    let other = f.driver("team-a", "evaljob-sample");
+    let started = Instant::now();
+    let answer = send_with(
+        gate,
+        f.client_tls(Some(&other), true, &[&rustls::version::TLS13]),
+        update_status("evaljob-sample", "team-a"),
+    )
+    .await;
+    assert_eq!(answer.grpc().0, "0", "{:?}", answer.grpc());
+    assert!(started.elapsed() < READ_TIMEOUT, "answered in {:?}, not after waiting for a stream", started.elapsed());
+    slow.release.notify_waiters();
+    for call in greedy {
+        let _ = tokio::time::timeout(EVENT_TIMEOUT, call).await;
+    }
+}
+
 #[tokio::test]
 async fn a_held_call_waits_for_a_stream_of_the_upstream_only_so_long() {
     let f = Fixture::start().await;
@@ -441,12 +506,9 @@ async fn a_held_call_waits_for_a_stream_of_the_upstream_only_so_long() {
     let upstream =
         Upstream::new(&format!("http://{}", slow.addr), None, upstream::UpstreamProtocol::Auto, READ_TIMEOUT).unwrap();
     let gate = serve_with_upstream(&f, upstream).await;
-    let first = f.driver("team-a", "evaljob-sample");
-    let holding = tokio::spawn({
-        let config = f.client_tls(Some(&first), true, &[&rustls::version::TLS13]);
-        async move { send_with(gate, config, update_status("evaljob-sample", "team-a")).await }
-    });
-    slow.wait_arrived(1).await;
+    // One stream on each of the connections the gate opens: every one taken.
+    let connections = super::super::held_h2::MAX_CONNECTIONS;
+    let holding = hold_calls(&f, gate, &slow, "evaljob-sample", connections).await;
     let second = f.driver("team-a", "other-job");
     let started = Instant::now();
     let answer = send_with(
@@ -460,7 +522,9 @@ async fn a_held_call_waits_for_a_stream_of_the_upstream_only_so_long() {
     assert!(started.elapsed() >= READ_TIMEOUT && started.elapsed() < EVENT_TIMEOUT);
     assert!(f.gate.shared.encode().contains("keyward_gate_upstream_errors_total 1"));
     slow.release.notify_waiters();
-    let _ = tokio::time::timeout(EVENT_TIMEOUT, holding).await;
+    for call in holding {
+        let _ = tokio::time::timeout(EVENT_TIMEOUT, call).await;
+    }
 }
 
 /// One request over a new connection with `config` (h2 when its ALPN says so).
