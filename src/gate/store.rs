@@ -25,6 +25,8 @@ pub struct GateStore {
     text: std::sync::Mutex<String>,
     /// The owner kinds watched since start-up: a reload cannot change them.
     watched: Vec<LiveOwner>,
+    /// The callers' pods watched since start-up, and what is kept of each: nor these.
+    pods: WatchedPods,
     observer: Option<Observer>,
 }
 
@@ -41,6 +43,7 @@ impl GateStore {
             file: file.to_path_buf(),
             dir,
             watched: loaded.gate.live_owners().to_vec(),
+            pods: watched_pods(&loaded.gate),
             current: ArcSwap::from_pointee(loaded),
             text: std::sync::Mutex::new(text),
             observer: None,
@@ -68,6 +71,10 @@ impl GateStore {
                     self.file.display(),
                     describe(&self.watched)
                 )),
+                Ok(loaded) if watched_pods(&loaded.gate) != self.pods => Reload::Failed(format!(
+                    "{}: spec.tokenReview.pods, or the pod labels and annotations the rules read, are not those the gate started with (the gate watches the pods it started with, keeping what its rules then read); restart it",
+                    self.file.display()
+                )),
                 Ok(loaded) => {
                     self.current.store(Arc::new(loaded));
                     *last = text;
@@ -94,6 +101,13 @@ impl GateStore {
         }
         outcome
     }
+}
+
+/// The label selector of `tokenReview.pods`, and the labels and annotations rules read.
+type WatchedPods = Option<(String, (Vec<String>, Vec<String>))>;
+
+fn watched_pods(gate: &keyward_gate::rules::Gate) -> WatchedPods {
+    gate.pods().map(|p| (p.label_selector.clone(), gate.pod_keys()))
 }
 
 fn describe(owners: &[LiveOwner]) -> String {

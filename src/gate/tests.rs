@@ -1423,6 +1423,24 @@ async fn a_reload_cannot_change_the_owners_watched() {
     assert_eq!(f.gate.state.gate.reload_now(), Reload::Unchanged, "a poll that finds the same text reloads nothing");
 }
 
+#[tokio::test]
+async fn a_reload_cannot_change_the_pods_watched_or_what_is_kept_of_them() {
+    let recipe =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/gate/recipes/evalhub-status.yaml")).unwrap();
+    let kube = kube_fake::FakeApi::default();
+    let f = Fixture::start_full(&recipe, false, Some(kube.client_with_deadline("gate", REVIEW_TIMEOUT))).await;
+    for changed in [
+        recipe.replace("labelSelector: app=evalhub,component=evaluation-job", "labelSelector: app=evalhub"),
+        recipe.replace("{caller: {podLabel: benchmark_index}", "{caller: {podLabel: benchmark_id}"),
+    ] {
+        std::fs::write(&f.gate_file, &changed).unwrap();
+        let Reload::Failed(why) = f.gate.state.gate.reload_now() else { panic!("a reload that changes the pods kept") };
+        assert!(why.ends_with("spec.tokenReview.pods, or the pod labels and annotations the rules read, are not those the gate started with (the gate watches the pods it started with, keeping what its rules then read); restart it"), "{why}");
+    }
+    std::fs::write(&f.gate_file, recipe.replace("name: evalhub-status", "name: renamed")).unwrap();
+    assert_eq!(f.gate.state.gate.reload_now(), Reload::Loaded(1));
+}
+
 // === plaintext, anonymous callers, the upstream's protocol (issue 42) ===
 
 /// Kubeflow Pipelines' API server as the agents and the v2 driver call it (docs/gate.md,
