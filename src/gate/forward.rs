@@ -319,11 +319,20 @@ mod tests {
         assert_eq!(h.get("authorization").unwrap(), "Bearer mine");
         let sa = keyward_gate::identity::ServiceAccount::parse("system:serviceaccount:kubeflow:agent").unwrap();
         let mut h = headers(&[("authorization", "Bearer mine")]);
-        after_decision(&mut h, &Caller::ServiceAccount(sa), &[], false, &[], arrival);
+        after_decision(&mut h, &Caller::ServiceAccount(sa.clone()), &[], false, &[], arrival);
         assert_eq!(
             h.get("authorization").unwrap(),
             "Bearer mine",
             "a token caller's token is its credential: KFP reviews it again"
         );
+        // The upstream's own user header (EvalHub's X-User) says the verified user, not a group.
+        let mut h = headers(&[]);
+        let groups = ["system:serviceaccounts".to_string()];
+        after_decision(&mut h, &Caller::ServiceAccount(sa), &groups, false, &["X-User".into()], arrival);
+        assert_eq!(h.get("x-user").unwrap(), "system:serviceaccount:kubeflow:agent");
+        assert_eq!(h.get("x-remote-groups").unwrap(), "system:serviceaccounts");
+        let mut h = headers(&[]);
+        after_decision(&mut h, &Caller::Anonymous, &[], false, &["X-User".into()], arrival);
+        assert!(h.get("x-user").is_none(), "no user, no user header");
     }
 }

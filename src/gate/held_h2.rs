@@ -344,11 +344,12 @@ mod tests {
 
     /// An h2 upstream: each call answered with its path and body and gRPC-style trailers, for
     /// `per_connection` calls, then the connection shut down.
-    async fn upstream<T>(io: T, per_connection: usize)
+    async fn upstream<T>(io: T, per_connection: usize, max_streams: u32)
     where
         T: AsyncRead + AsyncWrite + Unpin,
     {
-        let mut connection = h2::server::handshake(io).await.unwrap();
+        let mut connection =
+            h2::server::Builder::new().max_concurrent_streams(max_streams).handshake(io).await.unwrap();
         for _ in 0..per_connection {
             let Some(Ok((request, respond))) = connection.accept().await else { return };
             // Answered by a task of its own: the connection is polled meanwhile, or a body
@@ -379,6 +380,11 @@ mod tests {
     /// An upstream on a loopback port, `per_connection` calls a connection; and how many
     /// connections it has accepted.
     async fn listening(per_connection: usize) -> (u16, Arc<Mutex<usize>>) {
+        listening_with(per_connection, u32::MAX).await
+    }
+
+    /// [`listening`], allowing `max_streams` at once on a connection.
+    async fn listening_with(per_connection: usize, max_streams: u32) -> (u16, Arc<Mutex<usize>>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let accepted = Arc::new(Mutex::new(0));
@@ -386,7 +392,7 @@ mod tests {
         tokio::spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
                 *counted.lock().unwrap() += 1;
-                tokio::spawn(upstream(tcp, per_connection));
+                tokio::spawn(upstream(tcp, per_connection, max_streams));
             }
         });
         (port, accepted)
@@ -410,6 +416,19 @@ mod tests {
     }
 
     const WAIT: Duration = Duration::from_secs(5);
+
+    #[tokio::test]
+    async fn a_call_whose_response_ended_gives_its_stream_back_and_no_connection_is_opened_for_the_next() {
+        let (port, accepted) = listening_with(usize::MAX, 1).await;
+        let calls = held_calls(port);
+        for n in 0..3 {
+            let response = calls.send(call(&format!("/S/M{n}")), msg(Bytes::from_static(b"x"))).await.unwrap();
+            assert_eq!(read(response).await, (format!("/S/M{n} x"), Some("0".into())));
+        }
+        assert_eq!(*accepted.lock().unwrap(), 1, "one stream at a time, each given back: one connection");
+        assert_eq!(calls.list().len(), 1);
+        assert_eq!(calls.list()[0].in_flight.load(Ordering::Relaxed), 0);
+    }
 
     /// A held message that holds nothing of a budget or a share.
     fn msg(bytes: Bytes) -> HeldMessage {
@@ -489,7 +508,7 @@ mod tests {
     #[tokio::test]
     async fn a_held_call_leaves_in_one_write_headers_and_data_together() {
         let (gate_side, upstream_side) = tokio::io::duplex(64 * 1024);
-        tokio::spawn(upstream(upstream_side, 1));
+        tokio::spawn(upstream(upstream_side, 1, u32::MAX));
         let writes = Arc::new(Mutex::new(Vec::new()));
         let sender = handshake(Recorded { io: gate_side, writes: writes.clone() }).await.unwrap();
         let mut sender = sender.ready().await.unwrap();
@@ -515,7 +534,7 @@ mod tests {
     #[tokio::test]
     async fn a_message_of_up_to_16_kib_leaves_with_its_headers() {
         let (gate_side, upstream_side) = tokio::io::duplex(256 * 1024);
-        tokio::spawn(upstream(upstream_side, 1));
+        tokio::spawn(upstream(upstream_side, 1, u32::MAX));
         let writes = Arc::new(Mutex::new(Vec::new()));
         let sender = handshake(Recorded { io: gate_side, writes: writes.clone() }).await.unwrap();
         let mut sender = sender.ready().await.unwrap();
@@ -536,7 +555,7 @@ mod tests {
     #[tokio::test]
     async fn an_empty_body_ends_the_stream_with_the_headers() {
         let (gate_side, upstream_side) = tokio::io::duplex(64 * 1024);
-        tokio::spawn(upstream(upstream_side, 1));
+        tokio::spawn(upstream(upstream_side, 1, u32::MAX));
         let writes = Arc::new(Mutex::new(Vec::new()));
         let sender = handshake(Recorded { io: gate_side, writes: writes.clone() }).await.unwrap();
         let mut sender = sender.ready().await.unwrap();

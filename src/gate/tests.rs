@@ -1028,9 +1028,71 @@ async fn a_silent_client_and_a_message_that_never_ends_are_cut_off() {
     let answer = tokio::time::timeout(EVENT_TIMEOUT, f.send(true, Some(&driver), request)).await.unwrap().unwrap();
     assert_eq!(answer.grpc().0, "7");
     assert!(started.elapsed() >= READ_TIMEOUT, "held until the deadline");
-    assert!(percent_decode(&answer.grpc().1).contains("did not arrive whole within 2s"));
+    assert!(percent_decode(&answer.grpc().1).contains(
+        "the request's message did not arrive whole within 2s: a call whose rule reads a field must send one message"
+    ));
     drop(tx);
     assert!(f.upstream_calls().is_empty());
+}
+
+/// A rule on a JSON field, for a certificate caller: a job posts only its own events.
+const JSON_GATE: &str = r#"
+apiVersion: keyward.io/v1alpha1
+kind: Gate
+metadata: {name: json}
+spec:
+  trustDomain: cluster.local
+  rules:
+    - name: a job posts its own events
+      http: {methods: [POST], path: "/jobs/{job}/events"}
+      callers: {workloads: {kinds: [lmevaljob]}}
+      when:
+        - {caller: name, equals: {jsonField: job.name}}
+        - {caller: name, equals: {pathSegment: job}}
+"#;
+
+#[tokio::test]
+async fn a_json_body_is_read_whole_before_the_decision_and_forwarded_as_read() {
+    let f = Fixture::start_with(JSON_GATE).await;
+    let driver = f.driver("team-a", "evaljob-sample");
+    let post = |body: &'static str| {
+        Request::post("https://localhost/jobs/evaljob-sample/events")
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from_static(body.as_bytes())))
+            .unwrap()
+    };
+    let own = f
+        .send(false, Some(&driver), post(r#"{"job": {"name": "evaljob-sample"}, "status": "running"}"#))
+        .await
+        .unwrap();
+    assert_eq!(own.status, 200, "{}", own.text());
+    let other = f.send(true, Some(&driver), post(r#"{"job": {"name": "other-job"}}"#)).await.unwrap();
+    assert_eq!(other.status, 403);
+    assert!(
+        other.text().contains("the caller's name is \"evaljob-sample\", and JSON field job.name is \"other-job\""),
+        "{}",
+        other.text()
+    );
+    let calls = f.upstream_calls();
+    assert_eq!(calls.len(), 1, "the refused body never reached the upstream");
+
+    // A body that never ends: refused at the read deadline, in HTTP's words.
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(1);
+    tx.send(Ok(Frame::data(Bytes::from_static(b"{\"job\": ")))).await.unwrap();
+    let frames = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|frame| (frame, rx)) });
+    let request = Request::post("https://localhost/jobs/evaljob-sample/events")
+        .header("content-type", "application/json")
+        .body(StreamBody::new(Box::pin(frames)))
+        .unwrap();
+    let answer = tokio::time::timeout(EVENT_TIMEOUT, f.send(true, Some(&driver), request)).await.unwrap().unwrap();
+    assert_eq!(answer.status, 403);
+    assert!(
+        answer.text().contains("the request's body did not arrive whole within 2s: a rule reads a JSON field of it"),
+        "{}",
+        answer.text()
+    );
+    drop(tx);
+    assert_eq!(f.upstream_calls().len(), 1);
 }
 
 #[tokio::test]
@@ -1421,6 +1483,75 @@ async fn a_reload_cannot_change_the_owners_watched() {
     assert_eq!(f.gate.state.gate.reload_now(), Reload::Loaded(1));
     assert_eq!(f.gate.state.gate.current().name, "renamed");
     assert_eq!(f.gate.state.gate.reload_now(), Reload::Unchanged, "a poll that finds the same text reloads nothing");
+}
+
+/// An evaluation pod of EvalHub (eval-hub ba127125 job_builders.go: its labels and raw values in
+/// annotations), as the API server stores it, owned by its Job.
+fn evaluation_pod(namespace: &str, name: &str, job_id: &str) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "namespace": namespace, "name": name, "generateName": format!("{job_id}-5f0c-"),
+            "labels": {"app": "evalhub", "component": "evaluation-job", "job_id": job_id, "benchmark_index": "0"},
+            "annotations": {"eval-hub.github.io/job_id": job_id, "eval-hub.github.io/provider_id": "lm_evaluation_harness",
+                            "eval-hub.github.io/benchmark_id": "arc_easy"},
+            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": format!("{job_id}-5f0c"), "uid": "j-1",
+                                 "controller": true, "blockOwnerDeletion": true}],
+        },
+        "spec": {"serviceAccountName": "evalhub-evalhub-job", "containers": [{"name": "adapter", "image": "adapter"}]},
+    })
+}
+
+#[tokio::test]
+async fn the_callers_pods_are_watched_by_their_selector_and_the_gate_is_ready_once_they_are_listed() {
+    let recipe =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/gate/recipes/evalhub-status.yaml")).unwrap();
+    let kube = kube_fake::FakeApi::default();
+    let pod = kube.seed(evaluation_pod("tenant-a", "job-a-5f0c-x2x9q", "job-a"));
+    let mut other = evaluation_pod("tenant-a", "not-an-evaluation", "job-b");
+    other["metadata"]["labels"] = json!({"app": "something-else"});
+    let other = kube.seed(other);
+    kube.hang("GET", "pods", None);
+    let f = Fixture::start_full(&recipe, false, Some(kube.client_with_deadline("gate", REVIEW_TIMEOUT))).await;
+    let health = f.gate.health(Arc::new(AtomicBool::new(false)));
+    assert_eq!(
+        readiness(health.clone()).await,
+        (
+            503,
+            "not ready: the gate has not yet listed the callers' pods (spec.tokenReview.pods) from the API server\n"
+                .into()
+        )
+    );
+    let pods = f.gate.state.pods.clone().expect("the recipe watches pods");
+    assert!(pods.unlisted());
+    kube.unhang();
+    kube.until(EVENT_TIMEOUT, |_| (!pods.unlisted()).then_some(())).await;
+    assert_eq!(readiness(health).await, (200, "ok\n".into()));
+    let account =
+        keyward_gate::identity::ServiceAccount::parse("system:serviceaccount:tenant-a:evalhub-evalhub-job").unwrap();
+    let bound = |p: &Value| keyward_gate::identity::BoundPod {
+        name: p["metadata"]["name"].as_str().unwrap().into(),
+        uid: p["metadata"]["uid"].as_str().unwrap().into(),
+    };
+    let caller = pods.caller(account.clone(), &bound(&pod)).unwrap();
+    let facts = caller.facts().expect("the evaluation pod is watched");
+    assert_eq!(facts.annotations.get("eval-hub.github.io/job_id").map(String::as_str), Some("job-a"));
+    assert_eq!(facts.labels.get("benchmark_index").map(String::as_str), Some("0"));
+    assert!(
+        pods.caller(account, &bound(&other)).unwrap().facts().is_none(),
+        "a pod the selector leaves out is not known"
+    );
+    // Cluster-wide, by the selector: never every pod of the cluster.
+    let lists: Vec<_> = kube.calls().into_iter().filter(|c| c.resource.ends_with("pods")).collect();
+    assert!(!lists.is_empty());
+    assert!(
+        lists.iter().all(|c| c.method == "GET"
+            && c.namespace.is_empty()
+            && c.query.contains("labelSelector=app%3Devalhub%2Ccomponent%3Devaluation-job")),
+        "{:?}",
+        lists.iter().map(|c| &c.query).collect::<Vec<_>>()
+    );
 }
 
 #[tokio::test]
