@@ -75,9 +75,9 @@ impl fmt::Display for FieldPath {
 // === impl Fields ===
 
 impl Fields {
-    /// The value at `path`, if it was asked for and the body has it.
-    pub fn get(&self, path: &FieldPath) -> Option<&Value> {
-        self.values.iter().find(|(p, _)| p == path).and_then(|(_, v)| v.as_ref())
+    /// The value at `path` (as written, `a.b`), if it was asked for and the body has it.
+    pub fn get(&self, path: &str) -> Option<&Value> {
+        self.values.iter().find(|(p, _)| p.text == path).and_then(|(_, v)| v.as_ref())
     }
 }
 
@@ -272,18 +272,18 @@ mod tests {
         let p = paths(&["benchmark_index", "provider_id", "status.state", "missing", "status", "ratio"]);
         let body = br#"{"benchmark_index": 3, "provider_id": "lm_evaluation_harness", "status": {"state": "running", "n": -1}, "ratio": 0.5, "list": [{"a": 1}]}"#;
         let fields = read(body, &p).unwrap();
-        assert_eq!(fields.get(&p[0]), Some(&Value::Scalar("3".into())));
-        assert_eq!(fields.get(&p[1]), Some(&Value::Scalar("lm_evaluation_harness".into())));
-        assert_eq!(fields.get(&p[2]), Some(&Value::Scalar("running".into())));
-        assert_eq!(fields.get(&p[3]), None);
-        assert_eq!(fields.get(&p[4]), Some(&Value::Other("an object")));
-        assert_eq!(fields.get(&p[5]), Some(&Value::Other("a number with a fraction or an exponent")));
+        assert_eq!(fields.get(&p[0].text), Some(&Value::Scalar("3".into())));
+        assert_eq!(fields.get(&p[1].text), Some(&Value::Scalar("lm_evaluation_harness".into())));
+        assert_eq!(fields.get(&p[2].text), Some(&Value::Scalar("running".into())));
+        assert_eq!(fields.get(&p[3].text), None);
+        assert_eq!(fields.get(&p[4].text), Some(&Value::Other("an object")));
+        assert_eq!(fields.get(&p[5].text), Some(&Value::Other("a number with a fraction or an exponent")));
         // Keys match as Go matches them to a struct's fields: case aside.
         let fields = read(br#"{"Benchmark_Index": -2}"#, &p).unwrap();
-        assert_eq!(fields.get(&p[0]), Some(&Value::Scalar("-2".into())));
+        assert_eq!(fields.get(&p[0].text), Some(&Value::Scalar("-2".into())));
         // An escaped key is the key it spells.
         let fields = read(br#"{"provider_\u0069d": "x"}"#, &p).unwrap();
-        assert_eq!(fields.get(&p[1]), Some(&Value::Scalar("x".into())));
+        assert_eq!(fields.get(&p[1].text), Some(&Value::Scalar("x".into())));
     }
 
     #[test]

@@ -1064,8 +1064,8 @@ impl JsonBody<'_> {
             crate::json::read(request.body, self.fields).map_err(|e| e.to_string())
         });
         let fields = fields.as_ref().map_err(Clone::clone)?;
-        let path = FieldPath::parse(path)?;
-        match fields.get(&path) {
+        // Checked at load: read by its text, with no parse on every request.
+        match fields.get(path) {
             None => Ok(None),
             Some(JsonValue::Scalar(v)) => Ok(Some(v.clone())),
             Some(JsonValue::Other(kind)) => {
@@ -1075,16 +1075,19 @@ impl JsonBody<'_> {
     }
 }
 
+/// The value of header `name`, sent at most once (twice, a server could read either).
+fn single_header<'r>(headers: &[(&str, &'r str)], name: &str) -> Result<Option<&'r str>, String> {
+    let mut values = headers.iter().filter(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| *v);
+    match (values.next(), values.next()) {
+        (Some(_), Some(_)) => Err(format!("header {name} is sent more than once")),
+        (value, _) => Ok(value),
+    }
+}
+
 /// Whether the request says its body is JSON, uncompressed: a rule reads a JSON field only of a
 /// body the upstream will read as JSON too.
 fn json_content(headers: &[(&str, &str)]) -> Result<(), String> {
-    let one = |name: &str| -> Result<Option<&str>, String> {
-        let mut values = headers.iter().filter(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| *v);
-        match (values.next(), values.next()) {
-            (Some(_), Some(_)) => Err(format!("header {name} is sent more than once")),
-            (value, _) => Ok(value),
-        }
-    };
+    let one = |name: &str| single_header(headers, name);
     if let Some(encoding) = one("content-encoding")?.filter(|e| !e.trim().eq_ignore_ascii_case("identity")) {
         return Err(format!(
             "the request body is encoded ({}); the gate reads JSON fields only of an uncompressed body (send no Content-Encoding)",
@@ -1112,13 +1115,7 @@ fn operand(
 ) -> Result<Option<String>, String> {
     Ok(match o {
         Operand::PathSegment(name) => captures.get(name.as_str()).map(|s| s.to_string()),
-        Operand::Header(name) => {
-            let mut values = request.headers.iter().filter(|(n, _)| n.eq_ignore_ascii_case(name));
-            match (values.next(), values.next()) {
-                (Some(_), Some(_)) => return Err(format!("header {name} is sent more than once")),
-                (value, _) => value.map(|(_, v)| v.to_string()),
-            }
-        }
+        Operand::Header(name) => single_header(request.headers, name)?.map(str::to_string),
         Operand::GrpcField(n) => {
             let message = grpc::first_message(request.body).map_err(|e| e.to_string())?;
             grpc::string_field(message, *n).map_err(|e| e.to_string())?.map(str::to_string)
