@@ -46,7 +46,34 @@ pub struct GateSpec {
     #[serde(default)]
     pub live_owners: Vec<LiveOwnerSpec>,
     pub rules: Vec<RuleSpec>,
+    /// A request whose path no rule's route names: refused (the default), or passed on for the
+    /// upstream to decide (a gate in front of kube-rbac-proxy, which keeps its own checks).
+    #[serde(default)]
+    pub unmatched: Unmatched,
 }
+
+/// `spec.unmatched`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Unmatched {
+    #[default]
+    Refuse,
+    Upstream,
+}
+
+/// What the gate does with a request before any rule is asked (see [`Gate::standing`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Standing {
+    /// The rules decide.
+    Judged,
+    /// Passed on unjudged, for the upstream to decide.
+    PassedOn,
+    /// Refused before any rule: the reason.
+    Refused(String),
+}
+
+/// The name a passed-on request is allowed by, in logs and metrics (no rule may be named so).
+pub const PASSED_ON: &str = "(unmatched: upstream)";
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -259,6 +286,7 @@ pub struct Gate {
     rules: Vec<Rule>,
     /// Every JSON field a rule reads: a body is read once for all of them.
     json_fields: Vec<FieldPath>,
+    unmatched: Unmatched,
 }
 
 #[derive(Debug, Clone)]
@@ -325,6 +353,8 @@ impl Gate {
                 problems.push(format!("spec.rules[{i}].name is empty: name each rule, for its log lines and metrics"));
             } else if names.contains(&r.name) {
                 problems.push(format!("{at}: another rule has this name"));
+            } else if r.name == PASSED_ON {
+                problems.push(format!("{at}: the gate's name for requests no rule names; name the rule otherwise"));
             }
             names.push(r.name.clone());
             let route = match (r.http, r.grpc) {
@@ -484,6 +514,7 @@ impl Gate {
         if problems.is_empty() {
             Ok(Self {
                 json_fields,
+                unmatched: spec.unmatched,
                 trust_domain: spec.trust_domain,
                 strip_headers: spec.strip_headers,
                 user_headers: spec.user_headers,
@@ -631,6 +662,24 @@ impl Verdict {
 }
 
 impl Gate {
+    /// With `spec.unmatched: upstream`, a request whose path no rule's route names, whatever its
+    /// method, goes on without the gate's judgement, for the upstream's own (kube-rbac-proxy's
+    /// checks behind the gate); a path a rule names is the rules' alone, any method. Never a path
+    /// holding a percent-encoding: the upstream may decode it into one a rule names (Go's
+    /// ServeMux reads `/jobs/a/%65vents` as `/jobs/a/events`), so that one is refused.
+    pub fn standing(&self, raw_path: &str, path: &RequestPath<'_>) -> Standing {
+        if self.unmatched == Unmatched::Refuse || self.rules.iter().any(|r| r.route.names(path)) {
+            return Standing::Judged;
+        }
+        if raw_path.contains('%') {
+            return Standing::Refused(format!(
+                "path {} holds a percent-encoding, which the upstream may decode into a path this gate's rules name, and no rule names it as sent; send it unencoded",
+                quoted(raw_path, 96)
+            ));
+        }
+        Standing::PassedOn
+    }
+
     /// The audiences bearer tokens are reviewed for; `None`: the gate accepts no tokens.
     pub fn token_audiences(&self) -> Option<&[String]> {
         self.token_review.as_ref().map(|t| t.audiences.as_slice())
@@ -787,6 +836,19 @@ impl Gate {
                 return Verdict { allowed_by: None, trace, pending: Vec::new() };
             }
         }
+        match self.standing(request.path, path) {
+            Standing::Judged => {}
+            Standing::PassedOn => {
+                let why =
+                    "no rule names this path, and spec.unmatched is upstream: passed on for the upstream to decide";
+                trace.push(("*".into(), why.into()));
+                return Verdict { allowed_by: Some(PASSED_ON.into()), trace, pending: Vec::new() };
+            }
+            Standing::Refused(why) => {
+                trace.push(("*".into(), why));
+                return Verdict { allowed_by: None, trace, pending: Vec::new() };
+            }
+        }
         let mut pending = Vec::new();
         let json = JsonBody { fields: &self.json_fields, read: OnceCell::new() };
         for rule in &self.rules {
@@ -849,6 +911,14 @@ impl Route {
 
     /// Why a request with `method` is not on this route, for a trace. [`Verdict::reason`] leaves
     /// these lines out by their "the route is" start.
+    /// Whether the route names `path`, whatever the method.
+    fn names(&self, path: &RequestPath<'_>) -> bool {
+        match self {
+            Route::Http { path: pattern, .. } => pattern.matches(path).is_some(),
+            Route::Grpc { service, .. } => path.grpc_method().is_some_and(|m| m.service == service),
+        }
+    }
+
     fn off_route(&self, method: &str) -> String {
         match self {
             Route::Http { methods, .. } if !takes(methods, method) => {

@@ -1035,3 +1035,32 @@ spec:
     assert!(load("g.yaml", &field("536870912")).unwrap_err()[0]
         .ends_with("grpcField 536870912 is not a protobuf field number (1 to 536870911)"));
 }
+
+#[test]
+fn in_front_of_kube_rbac_proxy_the_recipe_passes_on_only_the_paths_it_does_not_name() {
+    use keyward_gate::rules::PASSED_ON;
+    let gate = evalhub();
+    let get = |gate: &Gate, path: &str| {
+        let request = Request { method: "GET", path, headers: &[], body: b"" };
+        gate.decide(&Caller::Anonymous, &request, &RequestPath::parse(path).unwrap(), &|_| None)
+    };
+    for path in ["/api/v1/health", "/api/v1/evaluations/jobs", "/api/v1/evaluations/jobs/job-a/events/x"] {
+        assert_eq!(get(&gate, path).allowed_by.as_deref(), Some(PASSED_ON), "{path}");
+    }
+    let named = get(&gate, "/api/v1/evaluations/jobs/job-a/events");
+    assert_eq!(
+        (named.allowed_by.clone(), named.reason()),
+        (None, "no rule of this gate covers this method and path".into())
+    );
+    let encoded = get(&gate, "/api/v1/evaluations/jobs/job-a/%65vents");
+    assert_eq!(encoded.allowed_by, None);
+    assert_eq!(encoded.reason(), "path \"/api/v1/evaluations/jobs/job-a/%65vents\" holds a percent-encoding, which the upstream may decode into a path this gate's rules name, and no rule names it as sent; send it unencoded");
+    // Without it, as every other recipe: default deny.
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/recipes/evalhub-status.yaml")).unwrap();
+    let strict = load("strict.yaml", &text.replace("  unmatched: upstream\n", "")).unwrap().gate;
+    assert_eq!(get(&strict, "/api/v1/health").allowed_by, None);
+    // No rule may take the name passed-on requests are counted under.
+    let taken = text.replace("- name: the operator reports a job's failure", "- name: \"(unmatched: upstream)\"");
+    let problems = load("taken.yaml", &taken).unwrap_err().join("\n");
+    assert!(problems.contains("spec.rules[1] (\"(unmatched: upstream)\"): the gate's name for requests no rule names; name the rule otherwise"), "{problems}");
+}

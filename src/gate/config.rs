@@ -26,6 +26,11 @@ pub struct GateArgs {
     /// The CA that signed an https:// upstream's certificate (PEM).
     #[arg(long, env = "KEYWARD_GATE_UPSTREAM_CA", value_name = "FILE")]
     upstream_ca: Option<PathBuf>,
+    /// The name an https:// upstream's certificate must be for, when it is not the URL's host:
+    /// a server in the same pod reached on 127.0.0.1 whose certificate names its Service (as
+    /// nginx's proxy_ssl_name).
+    #[arg(long, env = "KEYWARD_GATE_UPSTREAM_SERVER_NAME", value_name = "NAME")]
+    upstream_server_name: Option<String>,
     /// What the gate speaks to the upstream, gRPC aside (always HTTP/2): `auto`, HTTP/1.1 to an
     /// http:// upstream and what ALPN chooses with an https:// one; `http1`, HTTP/1.1 only
     /// (gRPC refused); `h2c`, HTTP/2 with prior knowledge to an http:// upstream.
@@ -72,6 +77,7 @@ pub struct GateConfig {
     pub config: PathBuf,
     pub upstream: String,
     pub upstream_ca: Option<PathBuf>,
+    pub upstream_server_name: Option<String>,
     pub upstream_protocol: UpstreamProtocol,
     pub client_ca: Option<PathBuf>,
     pub listen: SocketAddr,
@@ -116,6 +122,7 @@ impl GateArgs {
             config: self.config,
             upstream: self.upstream,
             upstream_ca: self.upstream_ca,
+            upstream_server_name: self.upstream_server_name,
             upstream_protocol: self.upstream_protocol,
             client_ca: self.client_ca,
             listen: self.listen,

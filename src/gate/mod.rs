@@ -50,7 +50,7 @@ use metrics::GateMetrics;
 use owners::LiveOwners;
 use proxy::GateState;
 use store::GateStore;
-use upstream::Upstream;
+use upstream::{Upstream, UpstreamTls};
 
 /// What a reload of the gate file or the client CA bundle did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,7 +142,7 @@ impl Gate {
         }
         let upstream = Upstream::new(
             &config.upstream,
-            config.upstream_ca.as_deref(),
+            UpstreamTls { ca: config.upstream_ca.as_deref(), server_name: config.upstream_server_name.as_deref() },
             config.upstream_protocol,
             config.listener.request_read_timeout,
         )

@@ -22,7 +22,7 @@ use keyward_gate::grpc;
 use keyward_gate::identity::WorkloadIdentity;
 use keyward_gate::refusal::{self, Refusal};
 use keyward_gate::route::RequestPath;
-use keyward_gate::rules::{AccessReview, Caller};
+use keyward_gate::rules::{AccessReview, Caller, Standing, PASSED_ON};
 use tokio::sync::Semaphore;
 
 use super::caller::{bearer_token, workload_of};
@@ -170,6 +170,16 @@ async fn decide(
     body: Body,
     grpc: bool,
 ) -> Result<Allowed, (Stop, Option<String>)> {
+    // A path no rule names, with `unmatched: upstream`: the upstream authenticates, not the gate.
+    if let Ok(checked) = RequestPath::parse(parts.uri.path()) {
+        match gate.standing(parts.uri.path(), &checked) {
+            Standing::Judged => {}
+            Standing::PassedOn => {
+                return Ok((Caller::Anonymous, Vec::new(), PASSED_ON.into(), Outgoing::Streamed(body)))
+            }
+            Standing::Refused(why) => return Err((Stop::new(Decision::Refused, grpc, why), None)),
+        }
+    }
     let (caller, groups) = authenticate(state, gate, parts, grpc).await.map_err(|stop| (stop, None))?;
     // The caller is written out only for a refusal's log line, not on every request.
     let fail = |decision, reason: String| (Stop::new(decision, grpc, reason), Some(describe(&caller)));

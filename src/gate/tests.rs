@@ -423,6 +423,7 @@ impl Fixture {
                 format!("http://{upstream}")
             },
             upstream_ca: tls_upstream.then_some(upstream_ca),
+            upstream_server_name: None,
             upstream_protocol: upstream::UpstreamProtocol::Auto,
             client_ca: Some(ca_file.clone()),
             listen: "127.0.0.1:0".parse().unwrap(),
@@ -1142,8 +1143,13 @@ async fn serve_with_state(f: &Fixture, state: GateState) -> SocketAddr {
 async fn an_upstream_that_cannot_be_reached_is_a_502_and_unavailable() {
     let f = Fixture::start().await;
     // The same gate, its upstream a port nothing listens on.
-    let unreachable =
-        Upstream::new("http://127.0.0.1:1", None, upstream::UpstreamProtocol::Auto, READ_TIMEOUT).unwrap();
+    let unreachable = Upstream::new(
+        "http://127.0.0.1:1",
+        upstream::UpstreamTls::default(),
+        upstream::UpstreamProtocol::Auto,
+        READ_TIMEOUT,
+    )
+    .unwrap();
     let addr = serve_with_upstream(&f, unreachable).await;
     let driver = f.driver("team-a", "evaljob-sample");
     let http = f.send_at(addr, false, Some(&driver), http_get("/apis/v1/namespaces/team-a/runs/r1")).await.unwrap();
@@ -1719,22 +1725,37 @@ async fn an_http2_caller_reaches_an_http1_only_upstream_unless_told_it_speaks_h2
     let driver = f.driver("team-a", "evaljob-sample");
     let path = "/apis/v1/namespaces/team-a/runs/r1";
 
-    let auto =
-        Upstream::new(&format!("http://{http1_only}"), None, upstream::UpstreamProtocol::Auto, READ_TIMEOUT).unwrap();
+    let auto = Upstream::new(
+        &format!("http://{http1_only}"),
+        upstream::UpstreamTls::default(),
+        upstream::UpstreamProtocol::Auto,
+        READ_TIMEOUT,
+    )
+    .unwrap();
     let gate = serve_with_upstream(&f, auto).await;
     let answer = f.send_at(gate, true, Some(&driver), http_get(path)).await.unwrap();
     assert_eq!(answer.status, 200, "{}", answer.text());
     assert!(answer.text().starts_with(&format!("GET {path} HTTP/1.1 user=spiffe://")), "{}", answer.text());
 
     // Told the upstream speaks HTTP/2 without TLS, the gate says it; this one cannot answer.
-    let h2c =
-        Upstream::new(&format!("http://{http1_only}"), None, upstream::UpstreamProtocol::H2c, READ_TIMEOUT).unwrap();
+    let h2c = Upstream::new(
+        &format!("http://{http1_only}"),
+        upstream::UpstreamTls::default(),
+        upstream::UpstreamProtocol::H2c,
+        READ_TIMEOUT,
+    )
+    .unwrap();
     let gate = serve_with_upstream(&f, h2c).await;
     let answer = f.send_at(gate, true, Some(&driver), http_get(path)).await.unwrap();
     assert_eq!((answer.status, answer.text().as_str()), (502, "keyward gate: the upstream could not be reached\n"));
     // An upstream told to be HTTP/1.1 only refuses gRPC with the reason, not a failed connection.
-    let http1 =
-        Upstream::new(&format!("http://{http1_only}"), None, upstream::UpstreamProtocol::Http1, READ_TIMEOUT).unwrap();
+    let http1 = Upstream::new(
+        &format!("http://{http1_only}"),
+        upstream::UpstreamTls::default(),
+        upstream::UpstreamProtocol::Http1,
+        READ_TIMEOUT,
+    )
+    .unwrap();
     let gate = serve_with_upstream(&f, http1).await;
     let answer = f.send_at(gate, true, Some(&driver), update_status("evaljob-sample", "team-a")).await.unwrap();
     let (status, message) = answer.grpc();
@@ -1751,8 +1772,13 @@ async fn with_h2c_an_http2_caller_goes_on_as_http2_and_http1_stays_http1() {
     let driver = f.driver("team-a", "evaljob-sample");
     let path = "/apis/v1/namespaces/team-a/runs/r1";
     let upstream_addr = spawn_upstream(f.calls.clone(), None).await;
-    let h2c =
-        Upstream::new(&format!("http://{upstream_addr}"), None, upstream::UpstreamProtocol::H2c, READ_TIMEOUT).unwrap();
+    let h2c = Upstream::new(
+        &format!("http://{upstream_addr}"),
+        upstream::UpstreamTls::default(),
+        upstream::UpstreamProtocol::H2c,
+        READ_TIMEOUT,
+    )
+    .unwrap();
     let gate = serve_with_upstream(&f, h2c).await;
     for h2 in [true, false] {
         let answer = f.send_at(gate, h2, Some(&driver), http_get(path)).await.unwrap();
@@ -1805,4 +1831,127 @@ async fn any_user_the_cluster_authenticates_reaches_the_graph_when_the_review_al
     let carol = f.call(false, None, predict("kfp-token")).await;
     assert_eq!(carol.status, 401, "{}", carol.text());
     assert_eq!(f.upstream_calls().len(), 2);
+}
+
+/// A server in the gate's own pod, reached on 127.0.0.1, whose certificate names its Service
+/// (kube-rbac-proxy behind the gate in EvalHub's pod, with the operator's `<instance>-tls`):
+/// verified for the name given, and refused for any other.
+#[tokio::test]
+async fn an_upstream_on_loopback_is_verified_for_the_name_its_certificate_holds() {
+    let f = Fixture::start().await;
+    let now = SystemTime::now();
+    let service = "evalhub.evalhub-system.svc";
+    let calls = Recorder::default();
+    let krp =
+        spawn_upstream(calls.clone(), Some(acceptor(&f.server_ca.issue_serving(&[service.into()], now, DAY).unwrap())))
+            .await;
+    let ca = f._dir.path().join("service-ca.crt");
+    std::fs::write(&ca, f.server_ca.cert_pem()).unwrap();
+    let driver = f.driver("team-a", "evaljob-sample");
+    let path = "/apis/v1/namespaces/team-a/runs/r1";
+    let url = format!("https://127.0.0.1:{}", krp.port());
+    let named = |name| upstream::UpstreamTls { ca: Some(&ca), server_name: name };
+
+    let right = Upstream::new(&url, named(Some(service)), upstream::UpstreamProtocol::Auto, READ_TIMEOUT).unwrap();
+    let gate = serve_with_upstream(&f, right).await;
+    let answer = f.send_at(gate, false, Some(&driver), http_get(path)).await.unwrap();
+    assert_eq!(answer.status, 200, "{}", answer.text());
+
+    // For the URL's host (127.0.0.1), or another Service's name, the certificate does not do.
+    for name in [None, Some("other.evalhub-system.svc")] {
+        let wrong = Upstream::new(&url, named(name), upstream::UpstreamProtocol::Auto, READ_TIMEOUT).unwrap();
+        let gate = serve_with_upstream(&f, wrong).await;
+        let answer = f.send_at(gate, false, Some(&driver), http_get(path)).await.unwrap();
+        assert_eq!((answer.status, answer.text().as_str()), (502, "keyward gate: the upstream could not be reached\n"));
+    }
+    assert_eq!(calls.calls.lock().unwrap().len(), 1, "only the verified connection carried the request");
+
+    let plain =
+        Upstream::new("http://127.0.0.1:1", named(Some(service)), upstream::UpstreamProtocol::Auto, READ_TIMEOUT);
+    assert_eq!(plain.unwrap_err(), "--upstream-ca: only for an https:// upstream");
+    let none = upstream::UpstreamTls { ca: None, server_name: Some(service) };
+    let plain = Upstream::new("http://127.0.0.1:1", none, upstream::UpstreamProtocol::Auto, READ_TIMEOUT);
+    assert_eq!(plain.unwrap_err(), "--upstream-server-name: only for an https:// upstream");
+    let bad = upstream::UpstreamTls { ca: Some(&ca), server_name: Some("not a name") };
+    let bad = Upstream::new(&url, bad, upstream::UpstreamProtocol::Auto, READ_TIMEOUT);
+    assert_eq!(
+        bad.unwrap_err(),
+        "--upstream-server-name \"not a name\": not a DNS name or IP address the certificate could be for"
+    );
+}
+
+/// In front of kube-rbac-proxy (deploy/gate/evalhub): the paths a rule names are the rules'
+/// alone, whatever the method; every other request goes on as sent, its token with it, for
+/// kube-rbac-proxy to check, and the gate asks the API server nothing about it. What the
+/// upstream would read as the caller (`X-User`, `X-Remote-User`) never passes.
+#[tokio::test]
+async fn with_unmatched_upstream_the_paths_no_rule_names_go_on_for_the_upstream_to_decide() {
+    const PASS_ON: &str = r#"
+apiVersion: keyward.io/v1alpha1
+kind: Gate
+metadata: {name: in-front-of-kube-rbac-proxy}
+spec:
+  unmatched: upstream
+  userHeaders: [X-User]
+  tokenReview: {audiences: []}
+  rules:
+    - name: a job account posts its namespace's events
+      http: {methods: [POST], path: "/api/v1/evaluations/jobs/{id}/events"}
+      callers: {serviceAccounts: [{namespace: tenant-a, name: evalhub-evalhub-job}]}
+      when:
+        - {caller: namespace, equals: {header: X-Tenant}}
+"#;
+    let f = Fixture::start_with(PASS_ON).await;
+    let job = "system:serviceaccount:tenant-a:evalhub-evalhub-job";
+    f.api.state.lock().unwrap().tokens.insert("job-token".into(), (job.into(), vec![API_AUDIENCE.into()]));
+    let user_forged = |mut request: Request<Full<Bytes>>| {
+        request.headers_mut().insert("x-user", "admin".parse().unwrap());
+        forged(request)
+    };
+
+    // Not named by a rule: on to the upstream, as sent, with the token, and no review asked.
+    let health = f.call(false, None, user_forged(http_get("/api/v1/health"))).await;
+    assert_eq!(health.status, 200, "{}", health.text());
+    let list = f.call(true, None, user_forged(bearer(http_get("/api/v1/evaluations/jobs?limit=5"), "job-token"))).await;
+    assert_eq!(list.status, 200, "{}", list.text());
+    assert_eq!(f.api.counts(), (0, 0), "the upstream authenticates what no rule names");
+    let seen = f.upstream_seen();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[1].headers.get("authorization").unwrap(), "Bearer job-token");
+    for call in &seen {
+        for name in ["x-user", "x-remote-user"] {
+            assert!(call.headers.get(name).is_none(), "{name} passed: {:?}", call.headers);
+        }
+    }
+    assert_eq!(
+        f.upstream_calls()[0],
+        "GET /api/v1/health HTTP/1.1 user= groups= identity= kubeflow-userid=admin@example.com xfcc= body=0"
+    );
+
+    // Named by a rule: the rule decides, for every method; its caller is the verified one.
+    let post = |tenant: &str| {
+        let request = Request::post("https://localhost/api/v1/evaluations/jobs/job-a/events")
+            .header("x-tenant", tenant)
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap();
+        user_forged(bearer(request, "job-token"))
+    };
+    let own = f.call(false, None, post("tenant-a")).await;
+    assert_eq!(own.status, 200, "{}", own.text());
+    assert_eq!(f.upstream_seen()[2].headers.get("x-user").unwrap(), job);
+    let other = f.call(false, None, post("tenant-b")).await;
+    assert_eq!(other.status, 403, "{}", other.text());
+    let get = f.call(false, None, bearer(http_get("/api/v1/evaluations/jobs/job-a/events"), "job-token")).await;
+    assert_eq!(get.status, 403, "{}", get.text());
+    assert!(get.text().contains("no rule of this gate covers this method and path"), "{}", get.text());
+    let anonymous = f.call(false, None, http_get("/api/v1/evaluations/jobs/job-a/events")).await;
+    assert_eq!(anonymous.status, 401, "{}", anonymous.text());
+
+    // A path the upstream could decode into a named one is refused, never passed on.
+    let encoded = f.call(false, None, bearer(http_get("/api/v1/evaluations/jobs/job-a/%65vents"), "job-token")).await;
+    assert_eq!(
+        (encoded.status, encoded.text().as_str()),
+        (403, "keyward gate: path \"/api/v1/evaluations/jobs/job-a/%65vents\" holds a percent-encoding, which the upstream may decode into a path this gate's rules name, and no rule names it as sent; send it unencoded\n")
+    );
+    assert_eq!(f.upstream_seen().len(), 3, "nothing refused reached the upstream");
 }

@@ -42,6 +42,15 @@ pub struct Upstream {
     held_h2: HeldCalls,
 }
 
+/// How the gate verifies an `https://` upstream.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct UpstreamTls<'a> {
+    /// The CA that signed the upstream's certificate (`--upstream-ca`).
+    pub ca: Option<&'a Path>,
+    /// The name its certificate must be for, when not the URL's host (`--upstream-server-name`).
+    pub server_name: Option<&'a str>,
+}
+
 /// What the gate speaks to the upstream for requests that are not gRPC (`--upstream-protocol`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum UpstreamProtocol {
@@ -97,10 +106,12 @@ impl std::fmt::Debug for Upstream {
 }
 
 impl Upstream {
-    /// `url`: `http://127.0.0.1:8082` or `https://HOST:PORT` (then `ca` verifies it); no path.
+    /// `url`: `http://127.0.0.1:8082` or `https://HOST:PORT` (then `tls.ca` verifies it, for
+    /// `tls.server_name` when given, else for HOST); no path.
     /// `wait`: the longest a held call waits for the upstream to take its message (a stream, the
     /// window to send it in).
-    pub fn new(url: &str, ca: Option<&Path>, protocol: UpstreamProtocol, wait: Duration) -> Result<Self, String> {
+    pub fn new(url: &str, tls: UpstreamTls<'_>, protocol: UpstreamProtocol, wait: Duration) -> Result<Self, String> {
+        let UpstreamTls { ca, server_name } = tls;
         let uri: Uri = url.parse().map_err(|e| format!("--upstream {url:?}: not a URL ({e})"))?;
         let (Some(scheme), Some(authority)) = (uri.scheme().cloned(), uri.authority().cloned()) else {
             return Err(format!("--upstream {url:?}: give scheme, host and port, as http://127.0.0.1:8082"));
@@ -132,6 +143,13 @@ impl Upstream {
             }
             (other, _) => return Err(format!("--upstream {url:?}: scheme {other:?}; use http or https")),
         }
+        let server_name = match (scheme.as_str(), server_name) {
+            (_, None) => None,
+            ("http", Some(_)) => return Err("--upstream-server-name: only for an https:// upstream".into()),
+            (_, Some(name)) => Some(rustls::pki_types::ServerName::try_from(name.to_string()).map_err(|_| {
+                format!("--upstream-server-name {name:?}: not a DNS name or IP address the certificate could be for")
+            })?),
+        };
         if scheme == Scheme::HTTPS && protocol == UpstreamProtocol::H2c {
             return Err(
                 "--upstream-protocol h2c: HTTP/2 over plain text, for an http:// upstream; an https:// upstream's protocol is chosen by ALPN (auto), or is HTTP/1.1 (http1)".into(),
@@ -153,21 +171,21 @@ impl Upstream {
             http.set_nodelay(true);
             http
         };
-        let h1 = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls()?)
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http());
-        let h2 = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls()?)
-            .https_or_http()
-            .enable_http2()
-            .wrap_connector(http());
-        let negotiated = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls()?)
-            .https_or_http()
-            .enable_all_versions()
-            .wrap_connector(http());
+        // The name the upstream's certificate is checked for: the URL's host, or the one given
+        // (a sidecar reached on 127.0.0.1 whose certificate names its Service).
+        let builder = || -> Result<_, String> {
+            let builder = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls()?);
+            let builder = builder.https_or_http();
+            Ok(match &server_name {
+                Some(name) => {
+                    builder.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name.clone()))
+                }
+                None => builder,
+            })
+        };
+        let h1 = builder()?.enable_http1().wrap_connector(http());
+        let h2 = builder()?.enable_http2().wrap_connector(http());
+        let negotiated = builder()?.enable_all_versions().wrap_connector(http());
         let held_h2 = HeldCalls::new(uri.clone(), h2.clone(), wait);
         Ok(Self {
             scheme,
@@ -298,31 +316,35 @@ mod tests {
 
     #[test]
     fn the_upstream_is_a_scheme_host_and_port_and_nothing_else() {
-        assert!(Upstream::new("http://127.0.0.1:8082", None, UpstreamProtocol::Auto, WAIT).is_ok());
+        assert!(Upstream::new("http://127.0.0.1:8082", UpstreamTls::default(), UpstreamProtocol::Auto, WAIT).is_ok());
         assert_eq!(
-            Upstream::new("http://127.0.0.1:8082/api", None, UpstreamProtocol::Auto, WAIT).unwrap_err(),
+            Upstream::new("http://127.0.0.1:8082/api", UpstreamTls::default(), UpstreamProtocol::Auto, WAIT)
+                .unwrap_err(),
             "--upstream \"http://127.0.0.1:8082/api\": no path; requests are forwarded with their own path, unchanged"
         );
         assert_eq!(
-            Upstream::new("127.0.0.1:8082", None, UpstreamProtocol::Auto, WAIT).unwrap_err(),
+            Upstream::new("127.0.0.1:8082", UpstreamTls::default(), UpstreamProtocol::Auto, WAIT).unwrap_err(),
             "--upstream \"127.0.0.1:8082\": give scheme, host and port, as http://127.0.0.1:8082"
         );
         assert_eq!(
-            Upstream::new("http://localhost", None, UpstreamProtocol::Auto, WAIT).unwrap_err(),
+            Upstream::new("http://localhost", UpstreamTls::default(), UpstreamProtocol::Auto, WAIT).unwrap_err(),
             "--upstream \"http://localhost\": give the port, as http://127.0.0.1:8082"
         );
         assert_eq!(
-            Upstream::new("https://api:8443", None, UpstreamProtocol::Auto, WAIT).unwrap_err(),
+            Upstream::new("https://api:8443", UpstreamTls::default(), UpstreamProtocol::Auto, WAIT).unwrap_err(),
             "--upstream https://…: give --upstream-ca, the CA that signed the upstream's certificate"
         );
-        assert!(Upstream::new("ftp://x:1", None, UpstreamProtocol::Auto, WAIT).unwrap_err().contains("scheme \"ftp\""));
+        assert!(Upstream::new("ftp://x:1", UpstreamTls::default(), UpstreamProtocol::Auto, WAIT)
+            .unwrap_err()
+            .contains("scheme \"ftp\""));
     }
 
     /// An upstream that cannot be reached is named in the log line, with the error and its
     /// causes.
     #[tokio::test]
     async fn an_unreachable_upstream_is_named_and_said_why() {
-        let upstream = Upstream::new("http://127.0.0.1:1", None, UpstreamProtocol::Auto, WAIT).unwrap();
+        let upstream =
+            Upstream::new("http://127.0.0.1:1", UpstreamTls::default(), UpstreamProtocol::Auto, WAIT).unwrap();
         assert_eq!(format!("{upstream:?}"), "http://127.0.0.1:1");
         let (parts, _) = http::Request::get("/x").body(()).unwrap().into_parts();
         let Err(SendError::Unreachable(why)) = upstream.send(parts, Outgoing::Streamed(Body::empty()), false).await
@@ -335,7 +357,7 @@ mod tests {
 
     #[test]
     fn grpc_goes_as_http2_and_the_rest_as_the_upstream_protocol_says() {
-        let at = |url: &str, protocol| Upstream::new(url, None, protocol, WAIT).unwrap();
+        let at = |url: &str, protocol| Upstream::new(url, UpstreamTls::default(), protocol, WAIT).unwrap();
         // (gRPC over HTTP/2, other HTTP/2, HTTP/1.1 with either content type)
         let routes =
             |u: &Upstream| [u.route(true, false), u.route(false, false), u.route(false, true)].map(|r| r.ok().unwrap());
@@ -354,11 +376,17 @@ mod tests {
         let now = std::time::SystemTime::now();
         let minted = keyward_certs::pki::Ca::mint("upstream CA", now, std::time::Duration::from_secs(3600)).unwrap();
         std::fs::write(&ca, minted.cert_pem()).unwrap();
-        let tls = Upstream::new("https://api:8443", Some(&ca), UpstreamProtocol::Auto, WAIT).unwrap();
+        let tls = Upstream::new(
+            "https://api:8443",
+            UpstreamTls { ca: Some(&ca), server_name: None },
+            UpstreamProtocol::Auto,
+            WAIT,
+        )
+        .unwrap();
         assert_eq!(tls.route(true, true).unwrap(), Route::Http2);
         assert_eq!(routes(&tls), [Route::Negotiated, Route::Http1, Route::Http1]);
         assert_eq!(
-            Upstream::new("https://api:8443", Some(&ca), UpstreamProtocol::H2c, WAIT).err().unwrap(),
+            Upstream::new("https://api:8443", UpstreamTls { ca: Some(&ca), server_name: None }, UpstreamProtocol::H2c, WAIT).err().unwrap(),
             "--upstream-protocol h2c: HTTP/2 over plain text, for an http:// upstream; an https:// upstream's protocol is chosen by ALPN (auto), or is HTTP/1.1 (http1)"
         );
     }

@@ -377,8 +377,13 @@ impl SlowUpstream {
 async fn the_budget_comes_back_once_the_message_is_with_the_upstream_not_when_it_answers() {
     let f = Fixture::start().await;
     let slow = slow_upstream(100).await;
-    let upstream =
-        Upstream::new(&format!("http://{}", slow.addr), None, upstream::UpstreamProtocol::Auto, READ_TIMEOUT).unwrap();
+    let upstream = Upstream::new(
+        &format!("http://{}", slow.addr),
+        upstream::UpstreamTls::default(),
+        upstream::UpstreamProtocol::Auto,
+        READ_TIMEOUT,
+    )
+    .unwrap();
     let gate = serve_with_upstream(&f, upstream).await;
     let driver = f.driver("team-a", "evaljob-sample");
     let waiting = tokio::spawn({
@@ -398,8 +403,13 @@ async fn the_budget_comes_back_once_the_message_is_with_the_upstream_not_when_it
 async fn one_caller_holds_at_most_its_share_of_unanswered_calls_and_the_others_go_on() {
     let f = Fixture::start().await;
     let slow = slow_upstream(1000).await;
-    let upstream =
-        Upstream::new(&format!("http://{}", slow.addr), None, upstream::UpstreamProtocol::Auto, READ_TIMEOUT).unwrap();
+    let upstream = Upstream::new(
+        &format!("http://{}", slow.addr),
+        upstream::UpstreamTls::default(),
+        upstream::UpstreamProtocol::Auto,
+        READ_TIMEOUT,
+    )
+    .unwrap();
     let gate = serve_with_upstream(&f, upstream).await;
     let greedy = f.driver("team-a", "greedy");
     let config = f.client_tls(Some(&greedy), true, &[&rustls::version::TLS13]);
@@ -479,8 +489,13 @@ async fn hold_calls(
 async fn one_callers_unanswered_calls_do_not_take_the_upstreams_streams_from_another() {
     let f = Fixture::start().await;
     let slow = slow_upstream_holding(8, b"greedy").await;
-    let upstream =
-        Upstream::new(&format!("http://{}", slow.addr), None, upstream::UpstreamProtocol::Auto, READ_TIMEOUT).unwrap();
+    let upstream = Upstream::new(
+        &format!("http://{}", slow.addr),
+        upstream::UpstreamTls::default(),
+        upstream::UpstreamProtocol::Auto,
+        READ_TIMEOUT,
+    )
+    .unwrap();
     let gate = serve_with_upstream(&f, upstream).await;
     let greedy = hold_calls(&f, gate, &slow, "greedy", 8).await;
     let other = f.driver("team-a", "evaljob-sample");
@@ -503,8 +518,13 @@ async fn one_callers_unanswered_calls_do_not_take_the_upstreams_streams_from_ano
 async fn a_held_call_waits_for_a_stream_of_the_upstream_only_so_long() {
     let f = Fixture::start().await;
     let slow = slow_upstream(1).await;
-    let upstream =
-        Upstream::new(&format!("http://{}", slow.addr), None, upstream::UpstreamProtocol::Auto, READ_TIMEOUT).unwrap();
+    let upstream = Upstream::new(
+        &format!("http://{}", slow.addr),
+        upstream::UpstreamTls::default(),
+        upstream::UpstreamProtocol::Auto,
+        READ_TIMEOUT,
+    )
+    .unwrap();
     let gate = serve_with_upstream(&f, upstream).await;
     // One stream on each of the connections the gate opens: every one taken.
     let connections = super::super::held_h2::MAX_CONNECTIONS;
