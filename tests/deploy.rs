@@ -1062,3 +1062,31 @@ fn every_path_a_gate_install_names_is_mounted_there() {
     }
     assert!(checked >= 4, "only {checked} paths found");
 }
+
+/// The evalhub-status recipe as it runs (deploy/gate/evalhub): the gate file is the recipe, in
+/// the ConfigMap the profile names, in EvalHub's namespace; the pod's account may watch pods;
+/// and the profile places the gate on the port, certificate and CA the operator's pod has
+/// (webhooks/tests/placement.rs runs it on that pod).
+#[test]
+fn the_evalhub_gate_is_the_recipe_in_the_configmap_its_profile_names() {
+    let docs = render_dir("deploy/gate/evalhub");
+    let recipe = std::fs::read_to_string(format!("{}/gate/recipes/evalhub-status.yaml", root())).unwrap();
+    let config_map = docs.iter().find(|d| d["kind"] == "ConfigMap").unwrap();
+    assert!(
+        config_map["data"]["gate.yaml"] == recipe.as_str(),
+        "deploy/gate/evalhub/gate.yaml differs from gate/recipes/evalhub-status.yaml: copy the recipe"
+    );
+    let profile_text = std::fs::read_to_string(format!("{}/deploy/gate/evalhub/profile.yaml", root())).unwrap();
+    let profile: Value = keyward_engine::yaml::documents(&profile_text).unwrap().remove(0).value;
+    let gate = &profile["spec"]["inject"]["gate"];
+    assert_eq!(config_map["metadata"]["name"], gate["configMap"]);
+    let namespace = config_map["metadata"]["namespace"].as_str().unwrap();
+    let binding = docs.iter().find(|d| d["kind"] == "ClusterRoleBinding").unwrap();
+    assert_eq!(
+        binding["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "evalhub-service", "namespace": namespace}])
+    );
+    let role = docs.iter().find(|d| d["kind"] == "ClusterRole").unwrap();
+    assert_eq!(role["rules"], json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]));
+    assert!(keyward_engine::ProfileSet::from_sources([("profile.yaml".to_string(), profile_text)]).is_ok());
+}

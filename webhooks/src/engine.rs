@@ -20,7 +20,7 @@ use crate::decision::Object;
 pub use crate::decision::{Decision, Denial, Explanation, Mutation, ProfileTrace, Reason, RequestFacts, Requester};
 use crate::inject::{ApiToken, Injection};
 use crate::names::TemplateContext;
-use crate::patch::{Op, OpValue, PatchOp, Path};
+use crate::patch::{Item, Op, OpValue, PatchOp, Path};
 use crate::plan::{plan, MAX_PATCH_OPERATIONS};
 use crate::pod::{self, Metadata, Wanted};
 use crate::profile::{ConflictPolicy, Otherwise, Profile, ProfileSet};
@@ -272,7 +272,9 @@ fn inject(
     // A spec the attestation binds is read once, into a tree that the scan and the binding
     // share; one that is not what the tree reads is scanned from its JSON, for the scan's exact
     // refusal. One too large for a tree is refused: its binding would need the tree.
-    let tree = match (raw_spec, attests(facts, meta, profile)) {
+    // keyward gate's placement reads the containers it changes from the same tree.
+    let places = injections.iter().find_map(|(_, i)| i.placement.as_ref());
+    let tree = match (raw_spec, attests(facts, meta, profile) || places.is_some()) {
         (Some(raw), true) => match tree::read_spec(raw, tree::MAX_SPEC_VALUES) {
             Ok(tree) => Some(tree),
             Err(tree::ReadError::Json(_)) => None,
@@ -280,8 +282,9 @@ fn inject(
                 return Decision::deny(
                     Reason::TooLarge,
                     format!(
-                        "keyward: profile {:?} selects this pod and binds its credentials to what the pod runs, but its {}; keyward refuses rather than hold that much per admission: keep data out of the pod spec (a ConfigMap mounted as a volume, say)",
+                        "keyward: profile {:?} selects this pod and {}, but its {}; keyward refuses rather than hold that much per admission: keep data out of the pod spec (a ConfigMap mounted as a volume, say)",
                         profile.name,
+                        if places.is_some() { "places keyward gate in it" } else { "binds its credentials to what the pod runs" },
                         tree::too_large_message()
                     ),
                 )
@@ -310,6 +313,19 @@ fn inject(
                 profile.name
             ),
         );
+    }
+    if let Some(placement) = places {
+        match (&tree, raw_spec) {
+            (Some(tree), Some(raw)) => {
+                let whole = planned.ops.iter().any(|op| op.path == Path::Volumes(Item::Whole));
+                match crate::placement::plan(raw, tree, placement, whole) {
+                    Ok(ops) => planned.ops.extend(ops),
+                    Err(conflicts) => planned.conflicts.extend(conflicts),
+                }
+            }
+            // Not JSON the tree reads: the scan above refused it already.
+            _ => return invalid_pod("the pod's spec could not be read"),
+        }
     }
     if !planned.conflicts.is_empty() {
         return conflicted(profile, planned);

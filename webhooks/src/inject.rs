@@ -421,6 +421,8 @@ pub struct Injection {
     /// profile says: a same-named token volume of the pod's that differs only in its lifetime
     /// is then given the profile's (see [`crate::rotation`]).
     pub token_reader_seconds: Option<i64>,
+    /// keyward gate placed in the pod, in front of one of its servers ([`crate::placement`]).
+    pub placement: Option<crate::kinds::Placement>,
 }
 
 impl Injection {
@@ -434,6 +436,7 @@ impl Injection {
             item,
             requires: Vec::new(),
             token_reader_seconds: None,
+            placement: None,
         }
     }
 }

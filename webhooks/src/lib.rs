@@ -33,6 +33,7 @@ pub mod kinds;
 pub mod match_conditions;
 pub mod names;
 pub mod patch;
+mod placement;
 mod plan;
 pub mod pod;
 pub mod profile;

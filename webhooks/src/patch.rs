@@ -42,6 +42,9 @@ pub enum Path {
     Annotations(Option<&'static str>),
     /// `/metadata/labels`, or one key under it
     Labels(Option<&'static str>),
+    /// A pointer under `/spec` made of fixed field names and indices only (keyward gate's
+    /// placement: `/spec/initContainers/-`, `/spec/containers/1/args/0`).
+    Spec(String),
 }
 
 /// Where in an array.
@@ -85,6 +88,8 @@ pub enum OpValue {
     Str(String),
     /// `{key: value}`
     Map(&'static str, String),
+    /// Any JSON (keyward gate's container and volume).
+    Json(serde_json::Value),
 }
 
 impl PatchOp {
@@ -145,6 +150,7 @@ impl fmt::Display for Path {
                 };
                 write!(f, "/spec/{}/{index}/{field}{item}", list.field())
             }
+            Self::Spec(pointer) => write!(f, "/spec{pointer}"),
             Self::Annotations(key) | Self::Labels(key) => {
                 f.write_str(if matches!(self, Self::Labels(_)) {
                     "/metadata/labels"
@@ -291,6 +297,7 @@ impl Serialize for ValueJson<'_> {
             }
             OpValue::Str(s) => serializer.serialize_str(s),
             OpValue::Map(key, value) => OneEntry(key, value).serialize(serializer),
+            OpValue::Json(value) => value.serialize(serializer),
         }
     }
 }

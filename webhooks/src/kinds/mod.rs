@@ -21,6 +21,7 @@ use crate::names::TemplateContext;
 mod api_token;
 mod client_certificate;
 mod env;
+mod gate;
 mod server_ca;
 mod service_account;
 mod service_account_token;
@@ -32,6 +33,9 @@ pub use client_certificate::{
     MIN_EXPIRATION_SECONDS, SIGNER_DOMAIN,
 };
 pub use env::{Env, PlainEnv};
+pub use gate::{
+    Gate, InFrontOf, Placement, ProbeKind, VolumeKey, CONFIG_VOLUME as GATE_CONFIG_VOLUME, CONTAINER as GATE_CONTAINER,
+};
 pub use server_ca::ServerCa;
 pub use service_account::ServiceAccount;
 pub use service_account_token::ServiceAccountToken;
@@ -81,6 +85,7 @@ registry! {
     env: Env = "env",
     service_account: ServiceAccount = "serviceAccount",
     api_token: RemoveApiToken = "apiToken",
+    gate: Gate = "gate",
 }
 
 #[cfg(test)]
