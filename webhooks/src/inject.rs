@@ -422,7 +422,7 @@ pub struct Injection {
     /// is then given the profile's (see [`crate::rotation`]).
     pub token_reader_seconds: Option<i64>,
     /// keyward gate placed in the pod, in front of one of its servers ([`crate::placement`]).
-    pub placement: Option<crate::kinds::Placement>,
+    pub placement: Option<Placement>,
 }
 
 impl Injection {
@@ -439,6 +439,43 @@ impl Injection {
             placement: None,
         }
     }
+}
+
+// === keyward gate, placed in a pod ===
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ProbeKind {
+    LivenessProbe,
+    ReadinessProbe,
+    StartupProbe,
+}
+
+impl ProbeKind {
+    pub fn field(self) -> &'static str {
+        match self {
+            Self::LivenessProbe => "livenessProbe",
+            Self::ReadinessProbe => "readinessProbe",
+            Self::StartupProbe => "startupProbe",
+        }
+    }
+}
+
+/// What the gate's injection does to one pod, its names resolved (`kinds::gate`; applied by `placement.rs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    /// The gate's init container, without the API token's mount (added once its volume is found).
+    pub container: Value,
+    /// The gate file's volume.
+    pub volume: Value,
+    /// Volumes of the pod's that the gate mounts.
+    pub pod_volumes: Vec<String>,
+    pub server: String,
+    pub argument: String,
+    pub port: u16,
+    /// The argument's value once moved: `127.0.0.1:PORT`.
+    pub moved_to: String,
+    pub remove_probes: Vec<ProbeKind>,
 }
 
 /// A name template that could not be resolved for a pod: the field and why.

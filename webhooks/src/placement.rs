@@ -11,7 +11,8 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
-use crate::kinds::{Placement, GATE_CONFIG_VOLUME, GATE_CONTAINER};
+use crate::inject::Placement;
+use crate::kinds::{GATE_CONFIG_VOLUME, GATE_CONTAINER};
 use crate::names::{KUBE_API_ACCESS_PREFIX, SERVICE_ACCOUNT_MOUNT_PATH};
 use crate::patch::{OpValue, PatchOp, Path};
 use crate::tree::Node;

@@ -12,10 +12,12 @@
 //! keyward was called, so keyward mounts it into the gate itself).
 
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::Kind;
-use crate::inject::{AuditItem, Check, Injection, ObjectKind, Provision, Requirement, Unresolved};
+use crate::inject::{
+    AuditItem, Check, Injection, ObjectKind, Placement, ProbeKind, Provision, Requirement, Unresolved,
+};
 use crate::names::{is_dns1123_label, NameTemplate, TemplateContext, SERVICE_ACCOUNT_MOUNT_PATH};
 
 /// The gate's container: a name no operator's container is likely to have.
@@ -72,43 +74,8 @@ pub struct VolumeKey {
     pub key: String,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub enum ProbeKind {
-    LivenessProbe,
-    ReadinessProbe,
-    StartupProbe,
-}
-
-impl ProbeKind {
-    pub fn field(self) -> &'static str {
-        match self {
-            Self::LivenessProbe => "livenessProbe",
-            Self::ReadinessProbe => "readinessProbe",
-            Self::StartupProbe => "startupProbe",
-        }
-    }
-}
-
 fn default_metrics_port() -> u16 {
     9091
-}
-
-/// What the gate's injection does to one pod, its names resolved (see `placement.rs`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Placement {
-    /// The gate's init container, without the API token's mount (added once its volume is found).
-    pub container: Value,
-    /// The gate file's volume.
-    pub volume: Value,
-    /// Volumes of the pod's that the gate mounts.
-    pub pod_volumes: Vec<String>,
-    pub server: String,
-    pub argument: String,
-    pub port: u16,
-    /// The argument's value once moved: `127.0.0.1:PORT`.
-    pub moved_to: String,
-    pub remove_probes: Vec<ProbeKind>,
 }
 
 impl Kind for Gate {

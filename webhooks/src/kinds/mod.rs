@@ -33,9 +33,7 @@ pub use client_certificate::{
     MIN_EXPIRATION_SECONDS, SIGNER_DOMAIN,
 };
 pub use env::{Env, PlainEnv};
-pub use gate::{
-    Gate, InFrontOf, Placement, ProbeKind, VolumeKey, CONFIG_VOLUME as GATE_CONFIG_VOLUME, CONTAINER as GATE_CONTAINER,
-};
+pub use gate::{Gate, InFrontOf, VolumeKey, CONFIG_VOLUME as GATE_CONFIG_VOLUME, CONTAINER as GATE_CONTAINER};
 pub use server_ca::ServerCa;
 pub use service_account::ServiceAccount;
 pub use service_account_token::ServiceAccountToken;
