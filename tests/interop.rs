@@ -175,6 +175,38 @@ impl Upstream {
         addr
     }
 
+    /// Listens on loopback over TLS with `minted`'s certificate (ALPN h2 and http/1.1): a
+    /// stand-in for kube-rbac-proxy behind the gate in EvalHub's pod, which serves the same
+    /// certificate as the gate there (the operator's `<instance>-tls`).
+    async fn spawn_tls(&self, minted: &keyward_certs::pki::Minted) -> SocketAddr {
+        use rustls::pki_types::pem::PemObject as _;
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut config = rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![rustls::pki_types::CertificateDer::from_pem_slice(minted.cert_pem.as_bytes()).unwrap()],
+                rustls::pki_types::PrivateKeyDer::from_pem_slice(minted.key_pem.as_bytes()).unwrap(),
+            )
+            .unwrap();
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let this = self.clone();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let (this, acceptor) = (this.clone(), acceptor.clone());
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else { return };
+                    let service = hyper::service::service_fn(move |req| this.clone().answer(req));
+                    let auto = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    let _ = auto.serve_connection(TokioIo::new(tls), service).await;
+                });
+            }
+        });
+        addr
+    }
+
     /// Records the request; a gRPC call gets one empty message (every response these clients
     /// expect decodes from one) and `grpc-status: 0`, anything else a 200 with a line.
     async fn answer(self, req: Request<Incoming>) -> Result<Response<UpBody>, Infallible> {
@@ -404,6 +436,71 @@ impl Gate {
         let path = self.dir.path().join(name);
         std::fs::write(&path, token).unwrap();
         path.to_str().unwrap().to_string()
+    }
+
+    /// `keyward gate` exactly as keyward's `gate` injection runs it in EvalHub's pod
+    /// (deploy/gate/evalhub/profile.yaml on tests/fixtures/evalhub-api-pod.json): the container's
+    /// arguments as the webhook's patch has them, each mount path mapped to a directory here
+    /// holding what the pod's volume would (the gate file, the operator's certificate, the
+    /// service CA), the ports to free ones (`127.0.0.1:8442`, kube-rbac-proxy moved, to
+    /// `kube_rbac_proxy`), and `--metrics-listen` and `--log-format` as the harness sets them.
+    fn placed_in_evalhubs_pod(
+        service_ca: &Ca,
+        operator_cert: &keyward_certs::pki::Minted,
+        kube_rbac_proxy: SocketAddr,
+        kubeconfig: &Path,
+    ) -> Gate {
+        let container = placed_gate_container();
+        let dir = tempfile::tempdir().unwrap();
+        let mut mapped: Vec<(String, PathBuf)> = Vec::new();
+        for mount in container["volumeMounts"].as_array().unwrap() {
+            let (volume, at) = (mount["name"].as_str().unwrap(), mount["mountPath"].as_str().unwrap());
+            let here = dir.path().join(volume);
+            std::fs::create_dir_all(&here).unwrap();
+            let files: Vec<(&str, Vec<u8>)> = match volume {
+                "keyward-gate-config" => vec![(
+                    "gate.yaml",
+                    std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/gate/evalhub/gate.yaml")).unwrap(),
+                )],
+                "evalhub-tls" => vec![
+                    ("tls.crt", operator_cert.cert_pem.clone().into_bytes()),
+                    ("tls.key", operator_cert.key_pem.clone().into_bytes()),
+                ],
+                "service-ca" => vec![("service-ca.crt", service_ca.cert_pem().as_bytes().to_vec())],
+                // The API token: this gate asks the API server of KUBECONFIG instead.
+                other if other.starts_with("kube-api-access-") => vec![],
+                other => panic!("the placed gate mounts a volume this test does not know: {other}"),
+            };
+            for (file, bytes) in files {
+                std::fs::write(here.join(file), bytes).unwrap();
+            }
+            mapped.push((at.to_string(), here));
+        }
+        let mut args: Vec<String> = Vec::new();
+        let given: Vec<&str> = container["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+        assert_eq!(given[0], "gate");
+        for arg in &given[1..] {
+            let (flag, value) = arg.split_once('=').unwrap();
+            let value = match flag {
+                "--metrics-listen" | "--log-format" => continue,
+                "--listen" => "127.0.0.1:0".to_string(),
+                "--upstream" => {
+                    assert_eq!(value, "https://127.0.0.1:8442", "kube-rbac-proxy, moved");
+                    format!("https://{kube_rbac_proxy}")
+                }
+                _ => match mapped.iter().find(|(at, _)| value.starts_with(at.as_str())) {
+                    Some((at, here)) => format!("{}{}", here.display(), &value[at.len()..]),
+                    None => value.to_string(),
+                },
+            };
+            args.push(format!("{flag}={value}"));
+        }
+        let ca_file = dir.path().join("service-ca/service-ca.crt");
+        let env = [("KUBECONFIG", kubeconfig.as_os_str())];
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let server = Server::start_gate_env(&args, &env, Vec::new());
+        let client_ca = Ca::mint("unused client CA", SystemTime::now(), DAY).unwrap();
+        Gate { server, dir, client_ca, plain: None, server_ca: ca_file }
     }
 
     /// Waits until the gate is ready (its owner kinds listed).
@@ -918,7 +1015,9 @@ async fn kind_sh_s_gate_check_passes_through_the_gate_and_its_stand_in() {
 
 // === EvalHub: an evaluation pod posts its own job's events (gate/recipes/evalhub-status.yaml) ===
 
-const EVALHUB_URL: &str = "https://evalhub.evalhub.svc.cluster.local:8443";
+/// Where the sidecar sends events (eval-hub ba127125 sidecar_config_json.go): instance
+/// `evalhub` in `evalhub-system`, as deploy/gate/evalhub installs it.
+const EVALHUB_URL: &str = "https://evalhub.evalhub-system.svc.cluster.local:8443";
 const JOB_ACCOUNT: &str = "system:serviceaccount:tenant-a:evalhub-evalhub-job";
 
 /// An evaluation pod as the API server stores it: eval-hub/eval-hub ba127125,
@@ -985,6 +1084,23 @@ fn evaluation_pod(namespace: &str, job_id: &str, benchmark: &str, index: u32) ->
     })
 }
 
+/// The `keyward-gate` container keyward's webhook adds to EvalHub's pod: the profile
+/// deploy/gate/evalhub/profile.yaml on the pod the ReplicaSet controller creates
+/// (tests/fixtures/evalhub-api-pod.json, trustyai-service-operator 11c335b deployment.go).
+fn placed_gate_container() -> Value {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let profile = std::fs::read_to_string(root.join("deploy/gate/evalhub/profile.yaml")).unwrap();
+    let profiles = keyward_engine::ProfileSet::from_sources([("profile.yaml".to_string(), profile)]).unwrap();
+    let pod = std::fs::read_to_string(root.join("tests/fixtures/evalhub-api-pod.json")).unwrap();
+    let pod = serde_json::value::RawValue::from_string(pod).unwrap();
+    let requester = keyward_engine::Requester::User("system:serviceaccount:kube-system:replicaset-controller");
+    let decision =
+        keyward_engine::decide(&keyward_engine::RequestFacts::pod_create("evalhub-system", requester), &pod, &profiles);
+    let patch = serde_json::to_value(decision.patch()).unwrap();
+    let added = patch.as_array().unwrap().iter().find(|op| op["path"] == "/spec/initContainers").unwrap();
+    added["value"][0].clone()
+}
+
 /// A `StatusEvent` as EvalHub's SDK posts it (pkg/api/evaluations.go, ba127125).
 fn status_event(benchmark: &str, index: u32, status: &str) -> String {
     json!({"benchmark_status_event": {"provider_id": "lm_evaluation_harness", "id": benchmark,
@@ -1002,8 +1118,13 @@ async fn an_evaluation_pod_posts_its_own_jobs_events_through_the_gate_and_nothin
     let uid = |pod: &Value| pod["metadata"]["uid"].as_str().unwrap().to_string();
     let (a, b) = (name(&pod_a), name(&pod_b));
     let (uid_a, uid_b) = (uid(&pod_a), uid(&pod_b));
+    // The operator's certificate for the Service, from the service CA: the gate serves it on
+    // 8443, and kube-rbac-proxy, behind the gate on 127.0.0.1:8442, too.
+    let service_ca = Ca::mint("openshift-service-serving-signer", SystemTime::now(), DAY).unwrap();
+    let names = ["evalhub.evalhub-system.svc".to_string(), "evalhub.evalhub-system.svc.cluster.local".to_string()];
+    let operator_cert = service_ca.issue_serving(&names, SystemTime::now(), DAY).unwrap();
     let upstream = Upstream::default();
-    let upstream_addr = upstream.spawn(true).await;
+    let kube_rbac_proxy = upstream.spawn_tls(&operator_cert).await;
     let api_dir = tempfile::tempdir().unwrap();
     let kubeconfig = api_server_bound(
         api_dir.path(),
@@ -1013,13 +1134,7 @@ async fn an_evaluation_pod_posts_its_own_jobs_events_through_the_gate_and_nothin
         &[JOB_ACCOUNT],
     )
     .await;
-    let mut gate = Gate::start(
-        "evalhub-status.yaml",
-        upstream_addr,
-        Serving::Dev(&["evalhub.evalhub.svc.cluster.local"]),
-        &kubeconfig,
-        &[],
-    );
+    let mut gate = Gate::placed_in_evalhubs_pod(&service_ca, &operator_cert, kube_rbac_proxy, &kubeconfig);
     gate.server.wait_log(|v| v["message"] == "callers' pods listed");
     let token_a = gate.token_file("token-a", "token-a");
     let post = |job: &str, tenant: &str, event: &str, x_user: &str| {
@@ -1050,6 +1165,24 @@ async fn an_evaluation_pod_posts_its_own_jobs_events_through_the_gate_and_nothin
     let forged = post("job-a", "tenant-a", &status_event("arc_easy", 0, "completed"), "admin");
     assert_eq!(forged["status"].as_u64(), Some(200), "{forged}");
     assert_eq!(upstream.seen()[1].header("x-user").as_deref(), Some(JOB_ACCOUNT));
+    // The kubelet's probe of EvalHub's health (deployment.go: HTTPS on 8443, /api/v1/health) and
+    // EvalHub's API for people: no rule names them, so they go on to kube-rbac-proxy as sent,
+    // for its own checks; a path the rules name, sent encoded, does not.
+    let get = |path: &str| {
+        let url = format!("{EVALHUB_URL}{path}");
+        go(&["-mode", "http", "-url", &url, "-connect", &gate.addr(), "-ca", &gate.server_ca()])
+    };
+    let health = get("/api/v1/health");
+    assert_eq!(
+        (health["status"].as_u64(), health["body"].as_str()),
+        (Some(200), Some("upstream says hello\n")),
+        "{health}"
+    );
+    let seen = upstream.seen();
+    assert_eq!((seen[2].path.as_str(), seen[2].header("authorization")), ("/api/v1/health", None));
+    let encoded = get("/api/v1/evaluations/jobs/job-a/%65vents");
+    assert_eq!(encoded["status"].as_u64(), Some(403), "{encoded}");
+    assert!(encoded["body"].as_str().unwrap().contains("holds a percent-encoding"), "{encoded}");
 
     let refused = |outcome: Value, words: &str| {
         assert_eq!(outcome["status"].as_u64(), Some(403), "{outcome}");
@@ -1085,7 +1218,7 @@ async fn an_evaluation_pod_posts_its_own_jobs_events_through_the_gate_and_nothin
     replacement["metadata"]["uid"] = json!("uid-replacement");
     kube.seed(replacement);
     // Until the gate's watch has seen it, the old pod's token is still the old pod's.
-    let mut allowed = 2;
+    let mut allowed = 3;
     let outcome = loop {
         let outcome = post("job-a", "tenant-a", &status_event("arc_easy", 0, "running"), "");
         if outcome["status"].as_u64() != Some(200) {
