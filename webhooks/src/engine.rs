@@ -20,7 +20,7 @@ use crate::decision::Object;
 pub use crate::decision::{Decision, Denial, Explanation, Mutation, ProfileTrace, Reason, RequestFacts, Requester};
 use crate::inject::{ApiToken, Injection};
 use crate::names::TemplateContext;
-use crate::patch::{Item, Op, OpValue, PatchOp, Path};
+use crate::patch::{Op, OpValue, PatchOp, Path};
 use crate::plan::{plan, MAX_PATCH_OPERATIONS};
 use crate::pod::{self, Metadata, Wanted};
 use crate::profile::{ConflictPolicy, Otherwise, Profile, ProfileSet};
@@ -316,13 +316,10 @@ fn inject(
     }
     if let Some(placement) = places {
         match (&tree, raw_spec) {
-            (Some(tree), Some(raw)) => {
-                let whole = planned.ops.iter().any(|op| op.path == Path::Volumes(Item::Whole));
-                match crate::placement::plan(raw, tree, placement, whole) {
-                    Ok(ops) => planned.ops.extend(ops),
-                    Err(conflicts) => planned.conflicts.extend(conflicts),
-                }
-            }
+            (Some(tree), Some(raw)) => match crate::placement::plan(raw, tree, placement) {
+                Ok(ops) => planned.ops.extend(ops),
+                Err(conflicts) => planned.conflicts.extend(conflicts),
+            },
             // Not JSON the tree reads: the scan above refused it already.
             _ => return invalid_pod("the pod's spec could not be read"),
         }

@@ -11,8 +11,9 @@
 //! - [`profile`]: the `InjectionProfile` schema (listing the kinds), loading and validation;
 //!   [`cluster`]: the cluster facts `delivery: auto` resolves against.
 //! - [`pod`]: the narrow view of the pod, decoded from the raw request.
-//! - [`select`], `plan`, `check`, [`audit`], [`binding`], [`attest`]: selection, the patch, the
-//!   self-check, the record, what an attestation binds of the pod, and the attestation itself.
+//! - [`select`], `plan`, `placement`, `check`, [`audit`], [`binding`], [`attest`]: selection, the
+//!   patch (and keyward gate's placement in the pod), the self-check, the record, what an
+//!   attestation binds of the pod, and the attestation itself.
 //! - [`decision`]: the request facts, the object as read, the decision's types.
 //! - [`engine`]: makes the decision; [`review`]: the AdmissionReview envelope in and out.
 //!   Neither imports the other.

@@ -18,12 +18,7 @@ use crate::patch::{OpValue, PatchOp, Path};
 use crate::tree::Node;
 
 /// The operations, or the conflicts (each naming the field and the fix).
-pub(crate) fn plan(
-    raw: &RawValue,
-    spec: &Node<'_>,
-    placement: &Placement,
-    volumes_added_whole: bool,
-) -> Result<Vec<PatchOp>, Vec<String>> {
+pub(crate) fn plan(raw: &RawValue, spec: &Node<'_>, placement: &Placement) -> Result<Vec<PatchOp>, Vec<String>> {
     let mut ops = Vec::new();
     let mut conflicts = Vec::new();
     let volumes = items(spec.get("volumes"));
@@ -101,10 +96,8 @@ pub(crate) fn plan(
         Some(_) => {
             conflicts.push(format!("the pod has a volume {GATE_CONFIG_VOLUME:?} that is not keyward gate's; rename it"))
         }
-        None if spec.get("volumes").is_some_and(|v| !v.absent()) || volumes_added_whole => {
-            ops.push(PatchOp::add(Path::Spec("/volumes/-".into()), OpValue::Json(placement.volume.clone())));
-        }
-        None => ops.push(PatchOp::add(Path::Spec("/volumes".into()), OpValue::Json(json!([placement.volume])))),
+        // Appended: the pod has volumes (its API token's, or it is refused above).
+        None => ops.push(PatchOp::add(Path::Spec("/volumes/-".into()), OpValue::Json(placement.volume.clone()))),
     }
 
     // The gate, as a native sidecar, with the pod's token mounted.
@@ -172,5 +165,25 @@ fn holds(there: &Value, wanted: &Value) -> bool {
             there.len() == wanted.len() && there.iter().zip(wanted).all(|(t, w)| holds(t, w))
         }
         _ => there == wanted,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::holds;
+    use serde_json::json;
+
+    #[test]
+    fn what_the_api_server_adds_is_held_and_what_it_would_change_is_not() {
+        let wanted = json!({"ports": [{"containerPort": 9091}], "args": ["gate", "--x"]});
+        // Defaults added, in an object and in a list's objects.
+        let defaulted = json!({"ports": [{"containerPort": 9091, "protocol": "TCP"}], "args": ["gate", "--x"], "imagePullPolicy": "IfNotPresent"});
+        assert!(holds(&defaulted, &wanted));
+        // A list of another length, or an item that differs, is not the gate's.
+        assert!(!holds(&json!({"ports": [{"containerPort": 9091}], "args": ["gate"]}), &wanted));
+        assert!(!holds(&json!({"ports": [{"containerPort": 9091}], "args": ["gate", "--y"]}), &wanted));
+        assert!(!holds(&json!({"ports": [{"containerPort": 9091}], "args": ["gate", "--x", "--y"]}), &wanted));
+        assert!(!holds(&json!({"args": ["gate", "--x"]}), &wanted));
+        assert!(!holds(&json!({"ports": [{"containerPort": 80}], "args": ["gate", "--x"]}), &wanted));
     }
 }

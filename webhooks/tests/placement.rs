@@ -127,6 +127,19 @@ fn what_the_gate_cannot_be_placed_in_front_of_is_refused_with_the_field_and_the_
     let mut no_proxy = fixture("evalhub-api-pod.json");
     no_proxy["spec"]["containers"].as_array_mut().unwrap().truncate(1);
     assert!(refused(&no_proxy).ends_with("the pod has no container \"kube-rbac-proxy\" (spec.inject.gate.inFrontOf.container) to put keyward gate in front of"));
+    let mut no_argument = fixture("evalhub-api-pod.json");
+    no_argument["spec"]["containers"][1]["args"].as_array_mut().unwrap().remove(0);
+    assert!(refused(&no_argument).ends_with("container \"kube-rbac-proxy\" has no argument --secure-listen-address=HOST:8443 to move behind keyward gate (the flag and its value in one argument); give spec.inject.gate.inFrontOf.listenArgument the flag it listens by"));
+    let mut twice = fixture("evalhub-api-pod.json");
+    twice["spec"]["containers"][1]["args"].as_array_mut().unwrap().push(json!("--secure-listen-address=0.0.0.0:8443"));
+    assert!(refused(&twice).ends_with("container \"kube-rbac-proxy\" has 2 arguments --secure-listen-address=…, and which one it obeys is its own affair; keyward moves only one"));
+    let mut foreign_volume = fixture("evalhub-api-pod.json");
+    foreign_volume["spec"]["volumes"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "keyward-gate-config", "emptyDir": {}}));
+    assert!(refused(&foreign_volume)
+        .ends_with("the pod has a volume \"keyward-gate-config\" that is not keyward gate's; rename it"));
     let mut renamed_tls = fixture("evalhub-api-pod.json");
     renamed_tls["metadata"]["labels"]["instance"] = json!("other");
     let message = refused(&renamed_tls);
@@ -135,4 +148,23 @@ fn what_the_gate_cannot_be_placed_in_front_of_is_refused_with_the_field_and_the_
     // A look-alike pod of someone else's, which the Service would send callers to, is refused.
     let d = decide(&create("evalhub-system", "alice"), &fixture("evalhub-api-pod.json"), &evalhub_gate());
     assert_eq!(d.reason, Reason::RequesterDenied, "{:?}", d.message());
+}
+
+/// A pod with init containers of its own: the gate is appended after them (they run to
+/// completion first and need nothing of it), and the result is whole.
+#[test]
+fn the_gate_follows_the_pods_own_init_containers() {
+    let mut pod = fixture("evalhub-api-pod.json");
+    pod["spec"]["initContainers"] = json!([{"name": "wait-for-db", "image": "busybox", "command": ["true"],
+        "imagePullPolicy": "Always", "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File"}]);
+    let (decision, after) = admit(&create("evalhub-system", REPLICASET_CONTROLLER), &pod, &evalhub_gate());
+    let added: Vec<Value> = spec_ops(&decision)
+        .into_iter()
+        .filter(|op| op["path"].as_str().unwrap().starts_with("/spec/initContainers"))
+        .collect();
+    assert_eq!(added.len(), 1);
+    assert_eq!(added[0]["path"], "/spec/initContainers/-");
+    let names: Vec<&str> =
+        after["spec"]["initContainers"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["wait-for-db", "keyward-gate"]);
 }

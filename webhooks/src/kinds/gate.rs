@@ -208,7 +208,7 @@ inFrontOf:
   listenArgument: --secure-listen-address
   port: 8442
   serverName: "{label:instance}.{namespace}.svc"
-  ca: {volume: evalhub-service-ca, key: service-ca.crt}
+  ca: {volume: service-ca, key: service-ca.crt}
   removeProbes: [livenessProbe]
 "#;
 
@@ -233,7 +233,7 @@ inFrontOf:
             ])
         );
         assert_eq!(placement.container["restartPolicy"], "Always");
-        assert_eq!(placement.pod_volumes, ["evalhub-tls", "evalhub-service-ca"]);
+        assert_eq!(placement.pod_volumes, ["evalhub-tls", "service-ca"]);
         assert_eq!(
             placement.volume,
             json!({"name": "keyward-gate-config", "configMap": {"name": "keyward-gate-evalhub"}})
@@ -260,6 +260,15 @@ inFrontOf:
             .replace("configMap: keyward-gate-evalhub", "configMap: Gate")
             .replace("container: kube-rbac-proxy", "container: kube_rbac_proxy");
         let spec: Gate = yaml(&bad);
+        for image in ["", "ghcr.io/keyward/keyward: 0.1", "ghcr.io/keyward/keyward:0.1\u{1}"] {
+            let spec = Gate { image: image.into(), ..yaml(EVALHUB) };
+            assert_eq!(
+                problems(&spec),
+                [format!(
+                    "spec.inject.k.image: {image:?} is not an image reference; give keyward's, as the install maps it"
+                )]
+            );
+        }
         assert_eq!(
             problems(&spec),
             [
