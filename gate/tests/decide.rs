@@ -1064,3 +1064,15 @@ fn in_front_of_kube_rbac_proxy_the_recipe_passes_on_only_the_paths_it_does_not_n
     let problems = load("taken.yaml", &taken).unwrap_err().join("\n");
     assert!(problems.contains("spec.rules[1] (\"(unmatched: upstream)\"): the gate's name for requests no rule names; name the rule otherwise"), "{problems}");
 }
+
+#[test]
+fn a_grpc_rule_names_every_method_of_its_service_and_no_other_service() {
+    use keyward_gate::rules::Standing;
+    let text = "apiVersion: keyward.io/v1alpha1\nkind: Gate\nmetadata: {name: g}\nspec:\n  trustDomain: cluster.local\n  unmatched: upstream\n  rules:\n    - name: drivers update their status\n      grpc: {service: lmeval.Status, methods: [Update]}\n      callers: {workloads: {kinds: [lmevaljob]}}\n";
+    let gate = load("g.yaml", text).unwrap().gate;
+    let standing = |path: &str| gate.standing(path, &RequestPath::parse(path).unwrap());
+    assert_eq!(standing("/lmeval.Status/Update"), Standing::Judged);
+    assert_eq!(standing("/lmeval.Status/Delete"), Standing::Judged, "another method of a named service is the rules'");
+    assert_eq!(standing("/lmeval.Other/Update"), Standing::PassedOn);
+    assert_eq!(standing("/lmeval.Status/Update/x"), Standing::PassedOn, "not a gRPC method's path");
+}
