@@ -1948,7 +1948,10 @@ spec:
     assert_eq!(anonymous.status, 401, "{}", anonymous.text());
 
     // A path the upstream could decode into a named one is refused, never passed on.
-    let encoded = f.call(false, None, bearer(http_get("/api/v1/evaluations/jobs/job-a/%65vents"), "job-token")).await;
+    // Refused before any token is looked at: this one the API server would not know.
+    let reviews = f.api.counts();
+    let encoded = f.call(false, None, bearer(http_get("/api/v1/evaluations/jobs/job-a/%65vents"), "made-up")).await;
+    assert_eq!(f.api.counts(), reviews);
     assert_eq!(
         (encoded.status, encoded.text().as_str()),
         (403, "keyward gate: path \"/api/v1/evaluations/jobs/job-a/%65vents\" holds a percent-encoding, which the upstream may decode into a path this gate's rules name, and no rule names it as sent; send it unencoded\n")
