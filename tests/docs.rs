@@ -404,3 +404,37 @@ fn every_flag_the_docs_give_a_command_is_one_it_takes() {
     // The docs show 95 commands (2026-12-07): a parser that finds few checks nothing.
     assert!(checked > 80, "only {checked} keyward commands found in the docs");
 }
+
+/// BENCHMARKS.md opens with its answer (issue 57): before any other section, one table of the
+/// current targets, each row with its figure, the reference from the same run, whether it is
+/// met, and the run; and its history is a line or three a run, not the runs again.
+#[test]
+fn the_benchmarks_page_opens_with_its_targets_and_keeps_a_short_history() {
+    let text = page("BENCHMARKS.md");
+    let sections: Vec<&str> = text.lines().filter(|l| l.starts_with("## ")).collect();
+    assert_eq!(sections.first().copied(), Some("## Where keyward stands"), "{sections:?}");
+    let opening = between(&text, "## Where keyward stands\n", "\n## ");
+    let rows: Vec<&str> = opening.lines().filter(|l| l.starts_with('|')).collect();
+    assert_eq!(rows.first().copied(), Some("| target | figure | reference, same run | met | run |"));
+    assert!(rows.len() >= 2 + 11, "{} rows: one a target of issue 59", rows.len() - 2);
+    for row in &rows[2..] {
+        let cells: Vec<&str> = row.trim_matches('|').split(" | ").map(str::trim).collect();
+        assert_eq!(cells.len(), 5, "{row}");
+        let met = cells[3];
+        assert!(
+            ["**met**", "**not met**", "**not measured**"].contains(&met),
+            "{row}: say met, not met or not measured"
+        );
+        let names_a_run = cells[4]
+            .split(|c: char| !c.is_ascii_alphanumeric())
+            .any(|w| w.len() == 7 && w.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        assert!(names_a_run || met == "**not measured**", "{row}: name the run's commit");
+        assert!(cells[1] != "—" || met == "**not measured**", "{row}: give the figure");
+    }
+    let history = between(&text, "## History\n", "\n### ");
+    let entries: Vec<&str> = history.split("\n- ").skip(1).collect();
+    assert!(entries.len() >= 10, "{} runs in the history", entries.len());
+    for entry in entries {
+        assert!(entry.trim_end().lines().count() <= 3, "a history entry of more than three lines: {entry}");
+    }
+}

@@ -343,7 +343,8 @@ impl Endpoint {
 
     /// As [`Self::connect`], with Nagle's algorithm on the client's socket when `nagle` (the
     /// apiserver's client never has it: Go sets TCP_NODELAY on every TCP connection). For the
-    /// benchmark that shows what it costs a large body (BENCHMARKS.md, "The 200 KB pod's tail").
+    /// benchmark that shows what it costs a large body (`git show be0eae7:BENCHMARKS.md`, "The
+    /// 200 KB pod's tail").
     pub async fn connect_nagle(&self, nagle: bool) -> Result<(Http1, String), String> {
         let tcp = TcpStream::connect(self.addr).await.map_err(|e| format!("connect: {e}"))?;
         tcp.set_nodelay(!nagle).map_err(|e| format!("TCP_NODELAY: {e}"))?;
