@@ -44,6 +44,23 @@ fn assert_one_line_error(o: &Output, expected: &str) {
 
 const FMS_POD: &str = "tests/fixtures/lmeval-fms-driver-pod.json";
 
+/// issue 58: `explain --help` names every field of its JSON (the object for one pod; `cluster`
+/// comes with --cluster, which needs a cluster).
+#[test]
+fn explain_help_names_every_field_of_its_json() {
+    let o = keyward(&["explain", "--user", OPERATOR, "-o", "json", FMS_POD], None);
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let help = stdout(&keyward(&["explain", "--help"], None));
+    let listed = help.split("One JSON object per pod").nth(1).unwrap().split("yaml:").next().unwrap();
+    let listed: Vec<String> =
+        listed.split(|c: char| !c.is_ascii_alphanumeric()).filter(|w| !w.is_empty()).map(str::to_string).collect();
+    let mut keys: Vec<&String> = v.as_object().unwrap().keys().collect();
+    keys.sort();
+    let missing: Vec<&&String> = keys.iter().filter(|k| !listed.contains(k)).collect();
+    assert!(missing.is_empty(), "explain --help does not name {missing:?}:\n{help}");
+    assert!(listed.iter().any(|w| w == "cluster"), "{help}");
+}
+
 #[test]
 fn explain_json_on_a_pod() {
     let o = keyward(&["explain", "--user", OPERATOR, "-o", "json", FMS_POD], None);

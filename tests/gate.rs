@@ -241,7 +241,21 @@ async fn the_gate_docs_try_it_runs_as_written() {
         .output()
         .unwrap();
     assert!(minted.status.success(), "{}", String::from_utf8_lossy(&minted.stderr));
-    let gate_args: Vec<&str> = cargo[1][1..].iter().map(String::as_str).collect();
+    // issue 58: the laptop's gate listens on loopback only, both ports. The harness gives it
+    // free ports of its own (the metrics port always, so the block's goes).
+    let flag = |name: &str| cargo[1].iter().position(|w| w == name).map(|i| cargo[1][i + 1].as_str());
+    assert_eq!((flag("--listen"), flag("--metrics-listen")), (Some("127.0.0.1:8444"), Some("127.0.0.1:9091")));
+    let mut gate_args: Vec<&str> = Vec::new();
+    let mut words = cargo[1][1..].iter().map(String::as_str);
+    while let Some(word) = words.next() {
+        match word {
+            "--metrics-listen" => {
+                words.next();
+            }
+            "127.0.0.1:8444" => gate_args.push("127.0.0.1:0"),
+            other => gate_args.push(other),
+        }
+    }
     let mut gate = Server::start_gate(&gate_args, std::fs::read(dir.path().join("serving/ca.crt")).unwrap(), false);
     let client = Minted {
         cert_pem: std::fs::read_to_string(dir.path().join("client/tls.crt")).unwrap(),

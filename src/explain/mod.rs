@@ -26,7 +26,8 @@ pub enum OutputFormat {
     /// A readable summary.
     Text,
     /// One JSON object per pod (a list of them when there are several): subject, namespace,
-    /// requester, allowed, profile, reason, patch, pod, warnings, message, requires, trace.
+    /// requester, allowed, reason, profile, message, warnings, patch, attestation, pod,
+    /// auditAnnotations, injected, requires, trace (and cluster, with --cluster).
     Json,
     /// The same object as YAML.
     Yaml,
