@@ -911,13 +911,16 @@ fn the_gate_sidecar_runs_the_recipe_restricted_behind_its_own_port_only() {
     let names = |list: &Value| -> Vec<String> {
         list.as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap().to_string()).collect()
     };
-    // A native sidecar: started and ready (its startup probe) before the operator, which stays
-    // containers/0.
+    // A native sidecar: started (its startup probe) before the operator, which stays
+    // containers/0; its startup asks only that it serves, its readiness that it is ready (issue
+    // 58: a startup probe on /readyz kept the operator from starting while the gate waited for
+    // its client CA, and restarted the gate in a loop).
     assert_eq!(names(&pod["containers"]), ["operator"]);
     assert_eq!(names(&pod["initContainers"]), ["keyward-gate"]);
     let gate = &pod["initContainers"][0];
     assert_eq!(gate["restartPolicy"], "Always");
-    assert_eq!(gate["startupProbe"]["httpGet"], json!({"path": "/readyz", "port": "gate-metrics"}));
+    assert_eq!(gate["startupProbe"]["httpGet"], json!({"path": "/healthz", "port": "gate-metrics"}));
+    assert_eq!(gate["readinessProbe"]["httpGet"], json!({"path": "/readyz", "port": "gate-metrics"}));
     assert_eq!(deployment["spec"]["template"]["metadata"]["labels"]["keyward.io/gate"], "sidecar");
     let security = &gate["securityContext"];
     assert_eq!(security["allowPrivilegeEscalation"], false);

@@ -40,7 +40,7 @@ fn the_gate_takes_evalhubs_port_and_kube_rbac_proxy_moves_behind_it() {
             "--log-format=json"
         ],
         "ports": [{"name": "gate-metrics", "containerPort": 9091, "protocol": "TCP"}],
-        "startupProbe": {"httpGet": {"path": "/readyz", "port": 9091}, "periodSeconds": 1, "failureThreshold": 60},
+        "startupProbe": {"httpGet": {"path": "/healthz", "port": 9091}, "periodSeconds": 1, "failureThreshold": 60},
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": 9091}, "periodSeconds": 5, "failureThreshold": 2},
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": 9091}, "periodSeconds": 10, "failureThreshold": 3},
         "resources": {"requests": {"cpu": "20m", "memory": "24Mi"}, "limits": {"memory": "128Mi"}},

@@ -142,9 +142,11 @@ impl Kind for Gate {
                 "--log-format=json",
             ],
             "ports": [{"name": "gate-metrics", "containerPort": self.metrics_port, "protocol": "TCP"}],
-            // The pod's containers start once this passes: certificate, gate file and the
-            // callers' pods loaded.
-            "startupProbe": {"httpGet": {"path": "/readyz", "port": self.metrics_port}, "periodSeconds": 1, "failureThreshold": 60},
+            // The pod's containers start once the gate serves, not once it is ready: a gate that
+            // waits for its pod watch (its RBAC missing, say) must not keep the server from
+            // starting, nor restart in a loop. Its readiness keeps the pod out of its Service
+            // until it is ready (a native sidecar's readiness counts for the pod's).
+            "startupProbe": {"httpGet": {"path": "/healthz", "port": self.metrics_port}, "periodSeconds": 1, "failureThreshold": 60},
             "readinessProbe": {"httpGet": {"path": "/readyz", "port": self.metrics_port}, "periodSeconds": 5, "failureThreshold": 2},
             "livenessProbe": {"httpGet": {"path": "/healthz", "port": self.metrics_port}, "periodSeconds": 10, "failureThreshold": 3},
             "resources": {"requests": {"cpu": "20m", "memory": "24Mi"}, "limits": {"memory": "128Mi"}},
