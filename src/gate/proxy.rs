@@ -170,9 +170,12 @@ async fn decide(
     body: Body,
     grpc: bool,
 ) -> Result<Allowed, (Stop, Option<String>)> {
+    // Read once, refused only after the caller is known (as before `unmatched`).
+    let path = parts.uri.path();
+    let parsed = RequestPath::parse(path);
     // A path no rule names, with `unmatched: upstream`: the upstream authenticates, not the gate.
-    if let Ok(checked) = RequestPath::parse(parts.uri.path()) {
-        match gate.standing(parts.uri.path(), &checked) {
+    if let Ok(checked) = &parsed {
+        match gate.standing(path, checked) {
             Standing::Judged => {}
             Standing::PassedOn => {
                 return Ok((Caller::Anonymous, Vec::new(), PASSED_ON.into(), Outgoing::Streamed(body)))
@@ -190,8 +193,7 @@ async fn decide(
             OwnerRefusal::NotListed(why) => fail(Decision::Unavailable, why),
         })?;
     }
-    let path = parts.uri.path();
-    let checked = RequestPath::parse(path).map_err(|e| fail(Decision::Refused, e.to_string()))?;
+    let checked = parsed.map_err(|e| fail(Decision::Refused, e.to_string()))?;
     let method = parts.method.as_str();
     let (message, body) = if gate.reads_body(&caller, method, &checked) {
         let held =
