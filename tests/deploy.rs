@@ -325,6 +325,23 @@ fn the_controller_is_leader_elected_least_privileged_and_mounts_the_client_ca() 
         signer["rules"][2]["resourceNames"][0],
         "the rule names the signers the code serves"
     );
+    // The built-in profiles' Secret CA sources, each watched by name (list and watch with a
+    // metadata.name field selector, which RBAC checks against resourceNames): exactly their
+    // names, and nothing else on Secrets.
+    let sources = keyward_controller::desired::ca_sources(
+        &keyward_engine::ProfileSet::builtin().unwrap(),
+        &std::collections::BTreeMap::new(),
+    );
+    let secret_sources: Vec<&str> = sources.iter().filter(|s| !s.config_map).map(|s| s.name.as_str()).collect();
+    assert_eq!(secret_sources, ["grpc-server-cert"], "a new built-in source needs its name in the rule below");
+    assert_eq!(
+        find(&docs, "ClusterRole", "keyward-controller-ca-sources")["rules"],
+        json!([{"apiGroups": [""], "resources": ["secrets"], "resourceNames": secret_sources, "verbs": ["list", "watch"]}])
+    );
+    assert_eq!(
+        find(&docs, "ClusterRoleBinding", "keyward-controller-ca-sources")["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "keyward-controller", "namespace": "keyward-system"}])
+    );
     let lease = find(&docs, "Role", "keyward-controller-lease");
     assert_eq!(lease["metadata"]["namespace"], "keyward-system");
     assert_eq!(lease["rules"][1]["resourceNames"], json!(["keyward-controller"]));

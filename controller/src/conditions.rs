@@ -14,15 +14,20 @@ pub enum Condition {
     ClientCaNamespaceMissing,
     /// A profile's server CA source is missing, or holds no usable certificate.
     ServerCaSourceUnusable,
+    /// The controller may not watch a server CA source (403): a change reaches namespaces
+    /// only at the next resync.
+    ServerCaSourceUnwatched,
 }
 
 impl Condition {
-    pub const ALL: [Condition; 2] = [Self::ClientCaNamespaceMissing, Self::ServerCaSourceUnusable];
+    pub const ALL: [Condition; 3] =
+        [Self::ClientCaNamespaceMissing, Self::ServerCaSourceUnusable, Self::ServerCaSourceUnwatched];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Self::ClientCaNamespaceMissing => "client-ca-namespace-missing",
             Self::ServerCaSourceUnusable => "server-ca-source-unusable",
+            Self::ServerCaSourceUnwatched => "server-ca-source-unwatched",
         }
     }
 }

@@ -5,7 +5,7 @@
 //! that selects a live pod — re-evaluated here on the pod as it is, since a label or an
 //! annotation on a pod proves nothing.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use keyward_engine::attest;
@@ -210,6 +210,21 @@ pub struct WantedBundle {
     pub name: String,
     pub profile: String,
     pub source: SourceKey,
+}
+
+/// Every server CA source the profiles name, for copies per namespace and for trust bundles,
+/// with `--operator-namespace` applied.
+pub fn ca_sources(profiles: &ProfileSet, operator_namespaces: &BTreeMap<String, String>) -> BTreeSet<SourceKey> {
+    let (wanted, _) = for_namespace(profiles, "x", operator_namespaces);
+    let (bundles, _) = trust_bundles(profiles, operator_namespaces);
+    wanted
+        .into_iter()
+        .filter_map(|d| match d.want {
+            Want::ServerCa { source, .. } => Some(source),
+            _ => None,
+        })
+        .chain(bundles.into_iter().map(|b| b.source))
+        .collect()
 }
 
 /// The server CA bundles the profiles want keyward to publish.

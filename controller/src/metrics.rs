@@ -227,7 +227,7 @@ impl Default for Metrics {
         let conditions = Family::<ConditionLabels, Gauge>::default();
         registry.register(
             "conditions",
-            "Conditions in force that keyward reports and works around rather than fails on, by condition (client-ca-namespace-missing|server-ca-source-unusable); each is logged when it starts and ends",
+            "Conditions in force that keyward reports and works around rather than fails on, by condition (client-ca-namespace-missing|server-ca-source-unusable|server-ca-source-unwatched); each is logged when it starts and ends",
             conditions.clone(),
         );
         for condition in crate::conditions::Condition::ALL {

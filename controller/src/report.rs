@@ -67,6 +67,7 @@ impl Context {
             let reason = match condition {
                 Condition::ClientCaNamespaceMissing => "ClientCaNamespaceMissing",
                 Condition::ServerCaSourceUnusable => "ServerCaSourceUnusable",
+                Condition::ServerCaSourceUnwatched => "ServerCaSourceUnwatched",
             };
             self.event(reason, note, "Provision", &regarding).await;
         }

@@ -33,7 +33,7 @@ use crate::keys::{key_label, Key};
 use crate::leader::Leadership;
 use crate::queue::{Outcome, Queue};
 pub use crate::watches::pod_selectors;
-use crate::watches::{list_pods, namespace_events, pod_events, touch, unwatched, watch_managed, Index};
+use crate::watches::{list_pods, namespace_events, pod_events, touch, unwatched, watch_managed, watch_sources, Index};
 use crate::{namespaces, owners, signing, singletons, trust};
 use keyward_engine::ProfileSet;
 
@@ -239,6 +239,9 @@ pub async fn run(
         let stream = watcher::watcher(api, watcher::Config::default().labels(&managed).page_size(500));
         touch(stream, &[Key::PublishClientCa, Key::ServerCaBundles], &tx, &mut tasks);
     }
+    // The server CA sources, each by name: one that appears or rotates reaches every opted-in
+    // namespace (and its ClusterTrustBundle) at once, not at the next resync.
+    watch_sources(&client, &ca_sources(&reconciler), &reconciler, &tx, &mut tasks);
     // The cluster facts the webhook reads, by name: likewise.
     let fields = format!("metadata.name={}", keyward_engine::cluster::CONFIG_MAP);
     let api = Api::<ConfigMap>::namespaced(client.clone(), &reconciler.settings().namespace);
@@ -484,15 +487,5 @@ async fn work(
 
 /// Every server CA source the profiles name.
 pub fn ca_sources(reconciler: &Context) -> BTreeSet<SourceKey> {
-    let pins = &reconciler.settings().operator_namespaces;
-    let (wanted, _) = desired::for_namespace(reconciler.profiles(), "x", pins);
-    let (bundles, _) = desired::trust_bundles(reconciler.profiles(), pins);
-    wanted
-        .into_iter()
-        .filter_map(|d| match d.want {
-            desired::Want::ServerCa { source, .. } => Some(source),
-            _ => None,
-        })
-        .chain(bundles.into_iter().map(|b| b.source))
-        .collect()
+    desired::ca_sources(reconciler.profiles(), &reconciler.settings().operator_namespaces)
 }

@@ -5,8 +5,9 @@
 use std::collections::{BTreeSet, HashSet};
 use std::sync::{Arc, Mutex};
 
+use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::api::ListParams;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, Event};
@@ -15,8 +16,9 @@ use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
+use crate::conditions::Condition;
 use crate::context::{lock, Context};
-use crate::desired::{self, OPT_IN};
+use crate::desired::{self, SourceKey, OPT_IN};
 use crate::index::{PodIndex, PodKey};
 use crate::keys::Key;
 use crate::watched_pod::WatchedPod;
@@ -52,6 +54,84 @@ pub(crate) fn touch<K>(
             }
         }
     });
+}
+
+/// The server CA sources, each watched by name in its own namespace (a `metadata.name` field
+/// selector, which RBAC authorizes against `resourceNames`): a source that appears, rotates or
+/// goes is read again at once (`Key::Sources`), not at the next resync. A source the
+/// controller may not watch (403) is still read at every resync, and a condition says which
+/// rule is missing; it ends when the watch lists.
+pub(crate) fn watch_sources(
+    client: &Client,
+    sources: &BTreeSet<SourceKey>,
+    reconciler: &Arc<Context>,
+    tx: &mpsc::UnboundedSender<Key>,
+    tasks: &mut JoinSet<()>,
+) {
+    // One watch per object: two keys of one Secret are one source to watch.
+    let objects: BTreeSet<(bool, &str, &str)> =
+        sources.iter().map(|s| (s.config_map, s.namespace.as_str(), s.name.as_str())).collect();
+    for (config_map, namespace, name) in objects {
+        let fields = format!("metadata.name={name}");
+        let config = watcher::Config::default().fields(&fields);
+        let stream: BoxStream<'static, watcher::Result<bool>> = if config_map {
+            let api = Api::<ConfigMap>::namespaced(client.clone(), namespace);
+            watcher(api, config).default_backoff().map(|e| e.map(|e| is_change(&e))).boxed()
+        } else {
+            let api = Api::<Secret>::namespaced(client.clone(), namespace);
+            watcher(api, config).default_backoff().map(|e| e.map(|e| is_change(&e))).boxed()
+        };
+        let kind = if config_map { "ConfigMap" } else { "Secret" };
+        let subject = format!("{kind} {namespace}/{name}");
+        let note = format!(
+            "keyward may not watch the serverCA source {subject}, so a change to it reaches opted-in namespaces only at the next resync; grant list and watch on it by name: add {name:?} to the resourceNames of the ClusterRole keyward-controller-ca-sources (deploy/base/controller.yaml)"
+        );
+        let (tx, reconciler) = (tx.clone(), reconciler.clone());
+        tasks.spawn(source_events(stream, subject, note, tx, reconciler));
+    }
+}
+
+/// Whether a watch event may mean a change: an object applied or deleted, or the end of a list
+/// (a list reports what exists, never what went: see [`touch`]).
+fn is_change<K>(event: &Event<K>) -> bool {
+    matches!(event, Event::Apply(_) | Event::Delete(_) | Event::InitDone)
+}
+
+/// One source's watch: a change queues `Key::Sources`; a 403 raises the condition, and the
+/// watch retries with backoff (the right may be granted later).
+async fn source_events(
+    stream: impl Stream<Item = watcher::Result<bool>>,
+    subject: String,
+    forbidden: String,
+    tx: mpsc::UnboundedSender<Key>,
+    reconciler: Arc<Context>,
+) {
+    futures::pin_mut!(stream);
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(true) => {
+                reconciler.resolve(Condition::ServerCaSourceUnwatched, &subject);
+                let _ = tx.send(Key::Sources);
+            }
+            Ok(false) => {}
+            Err(e) if is_forbidden(&e) => {
+                reconciler.raise(Condition::ServerCaSourceUnwatched, &subject, &forbidden, None).await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, source = %subject, "serverCA source watch failed; retrying with backoff")
+            }
+        }
+    }
+}
+
+fn is_forbidden(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status)) => status.is_forbidden(),
+        watcher::Error::WatchError(status) => status.is_forbidden(),
+        _ => false,
+    }
 }
 
 pub(crate) fn watcher<K>(api: Api<K>, config: watcher::Config) -> impl Stream<Item = watcher::Result<Event<K>>> + Send

@@ -375,13 +375,6 @@ spec:
       bindings: [{kind: ClusterRole, name: "system:auth-delegator"}]
 "#;
 
-fn server_ca_source(fake: &FakeApi, pem: &str) {
-    use base64::Engine as _;
-    fake.seed(json!({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
-        "metadata": {"name": "grpc-server-cert", "namespace": "lm-eval"},
-        "data": {"ca.crt": base64::engine::general_purpose::STANDARD.encode(pem), "tls.crt": "", "tls.key": ""}}));
-}
-
 fn builtins_and_account() -> ProfileSet {
     ProfileSet::builtin()
         .unwrap()

@@ -12,6 +12,7 @@ mod support;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use keyward_certs::pki::Ca;
 use keyward_controller::metrics::Refusal;
 use keyward_controller::{run, LeaderElector, Leadership, LeaseConfig, Settings};
 use keyward_engine::ProfileSet;
@@ -31,6 +32,17 @@ const LEASES: &str = "coordination.k8s.io/v1/leases";
 
 fn is_lease(c: &Call) -> bool {
     c.resource == LEASES
+}
+
+/// Until the loop has nothing left to do: three Lease renewals since its last request that
+/// was neither the Lease nor a watch.
+async fn settled(fake: &FakeApi) {
+    fake.until(LIMIT, |f| {
+        let c = f.calls();
+        let last = c.iter().rposition(|c| !is_lease(c) && !c.query.contains("watch=true"))?;
+        (c[last..].iter().filter(|c| is_lease(c) && c.method == "PUT").count() >= 3).then_some(())
+    })
+    .await;
 }
 
 /// A replica as `keyward controller` runs one: an elector and the loop, on one client.
@@ -349,6 +361,128 @@ async fn after_410_gone_and_an_api_server_restart_what_changed_meanwhile_is_done
     fake.until(LIMIT, router).await;
 }
 
+// === server CA sources, by watch ===
+
+fn server_ca_copy(namespace: &str) -> impl Fn(&FakeApi) -> Option<String> + '_ {
+    move |f| {
+        let copy = f.get("v1", "ConfigMap", namespace, "keyward-lmeval-server-ca")?;
+        copy["data"]["ca.crt"].as_str().map(str::to_string)
+    }
+}
+
+/// Installed before fms-lm-eval-service, keyward finds no server CA; the operator's
+/// Certificate is issued later, and later still cert-manager rotates it. Each reaches every
+/// opted-in namespace by the source's watch, with the shipped RBAC (list and watch of that one
+/// Secret by name), long before the hour-long resync of this loop would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ca_source_that_arrives_late_or_rotates_reaches_every_opted_in_namespace_at_once() {
+    let fake = FakeApi::default();
+    fake.list_only_by_name("/v1/secrets", &["grpc-server-cert"]);
+    fake.seed(opted_in("team-a"));
+    fake.seed(opted_in("team-b"));
+    let ca = client_ca();
+    let r = reconciler(&fake, "keyward", ProfileSet::builtin().unwrap(), &ca, Leadership::always());
+    let _task = start(&fake, r.clone(), Leadership::always(), &ca, "keyward");
+    let unusable = keyward_controller::conditions::Condition::ServerCaSourceUnusable;
+    fake.until(LIMIT, |_| (r.metrics().conditions(unusable) == 2).then_some(())).await;
+    assert_eq!(server_ca_copy("team-a")(&fake), None);
+
+    let first = Ca::mint("gRPC 1", now(), Duration::from_secs(86400)).unwrap();
+    server_ca_source(&fake, first.cert_pem());
+    for ns in ["team-a", "team-b"] {
+        fake.until(LIMIT, |f| server_ca_copy(ns)(f).filter(|pem| pem == first.cert_pem())).await;
+    }
+    fake.until(LIMIT, |_| (r.metrics().conditions(unusable) == 0).then_some(())).await;
+
+    let second = Ca::mint("gRPC 2", now(), Duration::from_secs(86400)).unwrap();
+    server_ca_source(&fake, second.cert_pem());
+    for ns in ["team-a", "team-b"] {
+        fake.until(LIMIT, |f| server_ca_copy(ns)(f).filter(|pem| pem == second.cert_pem())).await;
+    }
+    // The watch is one Secret's, by name, in the source's namespace; nothing was refused.
+    let secret_reads: BTreeSet<(String, String)> = fake
+        .calls()
+        .iter()
+        .filter(|c| c.resource == "/v1/secrets" && c.method == "GET" && c.name.is_empty())
+        .map(|c| (c.namespace.clone(), c.query.contains("watch=true").to_string()))
+        .collect();
+    assert_eq!(secret_reads, BTreeSet::from([("lm-eval".into(), "false".into()), ("lm-eval".into(), "true".into())]));
+    let refused: Vec<Call> = fake.calls().into_iter().filter(|c| c.status == 403).collect();
+    assert!(refused.is_empty(), "{refused:#?}");
+}
+
+/// Without the right to watch the source (a profile of one's own, its Secret's name not in
+/// the ClusterRole), keyward says so as a condition naming the rule to add, and provisions
+/// everything else; once the right is granted, the watch retries, lists, the condition ends
+/// and the source reaches the namespaces without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ca_source_keyward_may_not_watch_is_a_condition_that_ends_when_the_right_is_granted() {
+    let fake = FakeApi::default();
+    fake.list_only_by_name("/v1/secrets", &[]);
+    fake.seed(opted_in("team-a"));
+    let ca = client_ca();
+    let r = reconciler(&fake, "keyward", builtins_and_account(), &ca, Leadership::always());
+    let _task = start(&fake, r.clone(), Leadership::always(), &ca, "keyward");
+    let unwatched = keyward_controller::conditions::Condition::ServerCaSourceUnwatched;
+    let subject = "Secret lm-eval/grpc-server-cert";
+    let note = fake.until(LIMIT, |_| r.conditions().message(unwatched, subject)).await;
+    assert_eq!(
+        note,
+        "keyward may not watch the serverCA source Secret lm-eval/grpc-server-cert, so a change to it reaches opted-in namespaces only at the next resync; grant list and watch on it by name: add \"grpc-server-cert\" to the resourceNames of the ClusterRole keyward-controller-ca-sources (deploy/base/controller.yaml)"
+    );
+    fake.until(LIMIT, |_| (r.metrics().conditions(unwatched) == 1).then_some(())).await;
+    assert!(r.metrics().render().contains("keyward_controller_conditions{condition=\"server-ca-source-unwatched\"} 1"));
+    fake.until(LIMIT, |f| f.get("v1", "ServiceAccount", "team-a", "keyward-router")).await;
+
+    let pem = Ca::mint("gRPC", now(), Duration::from_secs(86400)).unwrap();
+    server_ca_source(&fake, pem.cert_pem());
+    fake.list_only_by_name("/v1/secrets", &["grpc-server-cert"]);
+    fake.until(LIMIT, |f| server_ca_copy("team-a")(f).filter(|copy| copy == pem.cert_pem())).await;
+    fake.until(LIMIT, |_| (r.metrics().conditions(unwatched) == 0).then_some(())).await;
+    assert_eq!(r.conditions().message(unwatched, subject), None);
+}
+
+/// A rotation while the source's watch was down (the API server's storage unavailable, and
+/// the history compacted meanwhile: 410 Gone): no event reports it, the new list just shows the new CA, and the end of that list
+/// counts as a change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ca_source_rotated_while_its_watch_was_down_is_read_when_the_watch_lists_again() {
+    let fake = FakeApi::default();
+    fake.list_only_by_name("/v1/secrets", &["grpc-server-cert"]);
+    fake.seed(opted_in("team-a"));
+    let first = Ca::mint("gRPC 1", now(), Duration::from_secs(86400)).unwrap();
+    server_ca_source(&fake, first.cert_pem());
+    let ca = client_ca();
+    let a = replica(&fake, "replica-a", &ca, Duration::from_secs(10));
+    until_leading(&a.leadership).await;
+    fake.until(LIMIT, |f| server_ca_copy("team-a")(f).filter(|pem| pem == first.cert_pem())).await;
+    // Settled first, so that no read of the source left over from starting can see the
+    // rotation below.
+    settled(&fake).await;
+
+    // The watch goes down, and is seen to be refused; the rotation happens meanwhile, and the
+    // history is compacted before it comes back.
+    fake.take_down("/v1/secrets");
+    fake.until(LIMIT, |f| f.calls().iter().any(|c| c.resource == "/v1/secrets" && c.status == 503).then_some(())).await;
+    let second = Ca::mint("gRPC 2", now(), Duration::from_secs(86400)).unwrap();
+    server_ca_source(&fake, second.cert_pem());
+    fake.clear_calls();
+    fake.bring_up("/v1/secrets");
+    fake.until(LIMIT, |f| server_ca_copy("team-a")(f).filter(|pem| pem == second.cert_pem())).await;
+    // Read because a new list ended, not because an event said so.
+    let reads: Vec<String> = fake
+        .calls()
+        .into_iter()
+        .filter(|c| c.resource == "/v1/secrets" && c.status == 200 && !c.query.contains("watch=true"))
+        .map(|c| format!("{} {}", c.name, c.query))
+        .collect();
+    assert_eq!(
+        reads,
+        [" &fieldSelector=metadata.name%3Dgrpc-server-cert&limit=500", "grpc-server-cert "],
+        "a list, then the read of the source"
+    );
+}
+
 // === what it costs ===
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -366,12 +500,7 @@ async fn steady_state_is_watches_and_the_lease_and_a_new_owner_costs_two_request
         fake.until(LIMIT, secret_of(&format!("job-{i}"))).await;
     }
     // A new owner, with the loop settled: verify the owner, create the Secret.
-    fake.until(LIMIT, |f| {
-        let c = f.calls();
-        let last = c.iter().rposition(|c| !is_lease(c) && !c.query.contains("watch=true"))?;
-        (c[last..].iter().filter(|c| is_lease(c) && c.method == "PUT").count() >= 3).then_some(())
-    })
-    .await;
+    settled(&fake).await;
     fake.clear_calls();
     new_job(&fake, &keys, "new-owner");
     fake.until(LIMIT, secret_of("new-owner")).await;

@@ -88,6 +88,12 @@ struct State {
     /// apiserver does (off by default: most tests do not seed their namespaces).
     require_namespaces: bool,
     hangs: Vec<Hang>,
+    /// Resources listed and watched only by name, as RBAC with `resourceNames` allows: a list
+    /// or watch of one of these is forbidden (403) unless its field selector is exactly
+    /// `metadata.name=` a name given here.
+    by_name_only: BTreeMap<String, Vec<String>>,
+    /// Resources whose lists and watches are refused (503), as while their storage is down.
+    down: Vec<String>,
     /// Requests in these namespaces are answered this much later.
     delays: BTreeMap<String, Duration>,
     /// Watches from a resourceVersion older than this get 410 Gone (the history was
@@ -203,6 +209,28 @@ impl FakeApi {
         self.notify.notify_waiters();
     }
 
+    /// The lists and watches of `resource` are down: its open watches end, and until
+    /// [`FakeApi::bring_up`] every list or watch of it is refused with 503 (a GET by name
+    /// still answers).
+    pub fn take_down(&self, resource: &str) {
+        {
+            let mut state = self.state.lock().unwrap();
+            state.down.push(resource.to_string());
+            *state.resource_epochs.entry(resource.to_string()).or_default() += 1;
+        }
+        self.restarts.send_modify(|e| *e += 1);
+        self.notify.notify_waiters();
+    }
+
+    /// Lists and watches of `resource` answer again, the history compacted meanwhile: a watch
+    /// resumed from before gets 410 Gone and must list again.
+    pub fn bring_up(&self, resource: &str) {
+        let mut state = self.state.lock().unwrap();
+        state.down.retain(|r| r != resource);
+        state.compacted = state.rv;
+        state.history.clear();
+    }
+
     /// Stores an object as if created (uid and resourceVersion assigned), as the test's setup.
     pub fn seed(&self, mut object: Value) -> Value {
         let resource = resource_of(object["apiVersion"].as_str().unwrap(), object["kind"].as_str().unwrap());
@@ -267,6 +295,15 @@ impl FakeApi {
     /// `namespaces "NAME" not found`, as it does on a real apiserver.
     pub fn require_namespaces(&self) {
         self.state.lock().unwrap().require_namespaces = true;
+    }
+
+    /// RBAC that grants list and watch of `resource` only on `names` (`resourceNames`): the API
+    /// server authorizes a list or watch by name only when its field selector is exactly
+    /// `metadata.name=NAME` (kubernetes/apiserver 24a394e51,
+    /// pkg/endpoints/request/requestinfo.go l.245-250); anything else is 403 Forbidden.
+    pub fn list_only_by_name(&self, resource: &str, names: &[&str]) {
+        let names = names.iter().map(|n| n.to_string()).collect();
+        self.state.lock().unwrap().by_name_only.insert(resource.into(), names);
     }
 
     /// The next `times` calls of `method` on `resource` fail with `code`.
@@ -423,7 +460,26 @@ impl FakeApi {
         // object also sees the call that wrote it.
         let (status, response) = {
             let mut state = self.state.lock().unwrap();
-            let (status, response) = if watch {
+            let forbidden = method == "GET" && name.is_empty() && {
+                let by_name = params.get("fieldSelector").and_then(|f| f.strip_prefix("metadata.name="));
+                state
+                    .by_name_only
+                    .get(&resource)
+                    .is_some_and(|names| by_name.is_none_or(|n| !names.iter().any(|a| a == n)))
+            };
+            let down = method == "GET" && name.is_empty() && state.down.contains(&resource);
+            let (status, response) = if down {
+                (503, Some(status(503, "ServiceUnavailable", "the server is currently unable to handle the request")))
+            } else if forbidden {
+                let verb = if watch { "watch" } else { "list" };
+                let plural = resource.rsplit('/').next().unwrap_or_default();
+                let scope = match namespace.as_str() {
+                    "" => "at the cluster scope".to_string(),
+                    ns => format!("in the namespace \"{ns}\""),
+                };
+                let message = format!("{plural} is forbidden: User \"system:serviceaccount:keyward-system:keyward-controller\" cannot {verb} resource \"{plural}\" in API group \"\" {scope}");
+                (403, Some(status(403, "Forbidden", &message)))
+            } else if watch {
                 (200, None)
             } else {
                 let object =
@@ -444,7 +500,7 @@ impl FakeApi {
             (status, response)
         };
         self.notify.notify_waiters();
-        if watch {
+        if watch && status == 200 {
             let since: u64 = params.get("resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);
             return self.watch(resource, namespace, params, since);
         }
@@ -1150,6 +1206,15 @@ pub fn start_with(
     tokio::spawn(
         async move { run::run(client, r, leadership, settings, status, reloads, std::future::pending()).await },
     )
+}
+
+/// The lmeval built-in's server CA source as cert-manager writes it (the operator's
+/// Certificate grpc-server-cert, in lm-eval), its `ca.crt` being `pem`: created, or replaced
+/// as a rotation replaces it.
+pub fn server_ca_source(fake: &FakeApi, pem: &str) {
+    fake.seed(json!({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+        "metadata": {"name": "grpc-server-cert", "namespace": "lm-eval"},
+        "data": {"ca.crt": b64(pem), "tls.crt": "", "tls.key": ""}}));
 }
 
 pub fn secret_data(secret: &Value, key: &str) -> String {
