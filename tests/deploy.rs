@@ -832,7 +832,7 @@ fn render_dir(dir: &str) -> Vec<Value> {
 fn the_lmeval_gate_serves_the_name_the_driver_dials_signed_by_the_ca_the_profile_injects() {
     let docs = render_dir("deploy/gate/example");
     let service =
-        docs.iter().find(|d| d["kind"] == "Service" && d["spec"]["ports"][0]["targetPort"] == "gate").unwrap();
+        docs.iter().find(|d| d["kind"] == "Service" && d["spec"]["ports"][0]["targetPort"] == 8444).unwrap();
     let dialled = format!(
         "{}.{}.svc:{}",
         service["metadata"]["name"].as_str().unwrap(),
@@ -981,14 +981,14 @@ fn the_gate_sidecar_runs_the_recipe_restricted_behind_its_own_port_only() {
     let help = Command::new(env!("CARGO_BIN_EXE_keyward")).args(["gate", "--help"]).output().unwrap();
     let help = String::from_utf8(help.stdout).unwrap();
     assert!(help.contains("[default: [::]:8444]") && help.contains("[default: [::]:9091]"), "{help}");
-    assert_eq!(find(&docs, "Service", "lm-eval-grpc")["spec"]["ports"][0]["targetPort"], "gate");
+    assert_eq!(find(&docs, "Service", "lm-eval-grpc")["spec"]["ports"][0]["targetPort"], 8444);
     let policy = find(&docs, "NetworkPolicy", "lm-eval-controller-manager-through-the-gate");
     assert_eq!(
         policy["spec"]["ingress"],
         json!([
-            {"ports": [{"port": "gate", "protocol": "TCP"}]},
+            {"ports": [{"port": 8444, "protocol": "TCP"}]},
             {"from": [{"namespaceSelector": {"matchLabels": {"keyward.io/metrics-scraper": "true"}}}],
-             "ports": [{"port": "gate-metrics", "protocol": "TCP"}]}
+             "ports": [{"port": 9091, "protocol": "TCP"}]}
         ])
     );
     // The monitoring component scrapes it by the label the sidecar puts on the pod.
@@ -1047,6 +1047,44 @@ fn the_release_pins_its_actions_and_ships_an_sbom_of_the_crates() {
 /// /etc/keyward-gate/...`, where its Deployment mounts nothing. Every path under `/etc/keyward`
 /// that a gate install names (in its arguments or in the words beside them) is under a
 /// directory one of its files mounts.
+/// A native sidecar's named ports are resolved for a Service only from Kubernetes 1.33
+/// (kubernetes PR #128850, issue #127958), and not by every CNI for a NetworkPolicy: on the
+/// 1.29–1.32 clusters the docs claim, a Service whose targetPort names the gate's port has no
+/// endpoint. No gate install names a port that only an init container declares.
+#[test]
+fn no_gate_install_reaches_a_native_sidecar_by_a_port_name() {
+    for dir in ["deploy/gate/example", "deploy/gate/inference-graph", "deploy/gate/evalhub", "deploy/e2e/gate"] {
+        let docs = render_dir(dir);
+        let init_port_names: Vec<String> = docs
+            .iter()
+            .filter(|d| d["kind"] == "Deployment")
+            .flat_map(|d| d["spec"]["template"]["spec"]["initContainers"].as_array().cloned().unwrap_or_default())
+            .flat_map(|c| c["ports"].as_array().cloned().unwrap_or_default())
+            .filter_map(|p| p["name"].as_str().map(str::to_string))
+            .collect();
+        for doc in &docs {
+            let named: Vec<&Value> = match doc["kind"].as_str() {
+                Some("Service") => doc["spec"]["ports"].as_array().unwrap().iter().map(|p| &p["targetPort"]).collect(),
+                Some("NetworkPolicy") => doc["spec"]["ingress"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .flat_map(|rule| rule["ports"].as_array().unwrap().iter().map(|p| &p["port"]))
+                    .collect(),
+                _ => continue,
+            };
+            for port in named.into_iter().filter_map(Value::as_str) {
+                assert!(
+                    !init_port_names.iter().any(|n| n == port),
+                    "{dir}: {} {} reaches the native sidecar's port {port:?} by name",
+                    doc["kind"],
+                    doc["metadata"]["name"]
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn every_path_a_gate_install_names_is_mounted_there() {
     let mut checked = 0;
