@@ -1041,15 +1041,37 @@ fn the_release_pins_its_actions_and_ships_an_sbom_of_the_crates() {
     // The private-package stop comes before the release is published.
     let visibility = workflow.find("The image can be pulled without credentials").unwrap();
     assert!(visibility < workflow.find("gh release create").unwrap());
+
+    // issue 58: nothing is built, pushed or signed before the tagged commit passes .ci/run,
+    // whatever the tag (a suffixed one is a pre-release).
+    let jobs = keyward_engine::yaml::documents(&workflow).unwrap().remove(0).value["jobs"].clone();
+    assert_eq!(jobs["release"]["needs"], "test");
+    let test_steps: Vec<String> =
+        jobs["test"]["steps"].as_array().unwrap().iter().filter_map(|s| s["run"].as_str().map(str::to_string)).collect();
+    assert_eq!(test_steps.last().map(String::as_str), Some("bash .ci/run"));
+    assert!(workflow.contains("gh release create \"$GITHUB_REF_NAME\" dist/* --verify-tag \"${prerelease[@]}\""));
+    assert!(workflow.contains("if [[ \"$GITHUB_REF_NAME\" == *-* ]]; then\n            prerelease=(--prerelease)"));
+    // The index and every platform's image are signed.
+    assert!(workflow.contains("cosign sign --yes --recursive \"${IMAGE}@${DIGEST}\""), "sign recursively");
+    // The installs are rendered as CI renders them: its kubectl (so its kustomize), its PyYAML.
+    let pyyaml = std::fs::read_to_string(format!("{}/deploy/requirements.txt", root())).unwrap();
+    let pyyaml = pyyaml.lines().find(|l| l.starts_with("PyYAML")).unwrap();
+    assert!(pyyaml.starts_with("PyYAML=="), "CI pins PyYAML: {pyyaml}");
+    assert!(workflow.contains(&format!("pip install --quiet {pyyaml}\n")), "the release installs CI's {pyyaml}");
+    let installer = std::fs::read_to_string(format!("{}/scripts/install-kubectl.sh", root())).unwrap();
+    let pinned = installer.lines().find_map(|l| l.strip_prefix("version=")).unwrap().split(' ').next().unwrap();
+    let ours = support::tool("kubectl").args(["version", "--client"]).output().unwrap();
+    let ours = String::from_utf8(ours.stdout).unwrap();
+    let minor = |v: &str| v.trim_start_matches('v').split('.').take(2).collect::<Vec<_>>().join(".");
+    let ours_version = ours.lines().find_map(|l| l.strip_prefix("Client Version: ")).unwrap();
+    assert_eq!(minor(pinned), minor(ours_version), "the release's kubectl is CI's: {ours}");
+    assert!(workflow.contains("scripts/install-kubectl.sh \"$RUNNER_TEMP/bin\""));
+    assert!(workflow.contains("scripts/install-kubectl.sh /usr/local/bin"));
 }
 
-/// issue 58: the inference-graph gate file told people to give `--upstream-ca
-/// /etc/keyward-gate/...`, where its Deployment mounts nothing. Every path under `/etc/keyward`
-/// that a gate install names (in its arguments or in the words beside them) is under a
-/// directory one of its files mounts.
 /// A native sidecar's named ports are resolved for a Service only from Kubernetes 1.33
 /// (kubernetes PR #128850, issue #127958), and not by every CNI for a NetworkPolicy: on the
-/// 1.29–1.32 clusters the docs claim, a Service whose targetPort names the gate's port has no
+/// 1.30–1.32 clusters the docs claim, a Service whose targetPort names the gate's port has no
 /// endpoint. No gate install names a port that only an init container declares.
 #[test]
 fn no_gate_install_reaches_a_native_sidecar_by_a_port_name() {
@@ -1085,6 +1107,10 @@ fn no_gate_install_reaches_a_native_sidecar_by_a_port_name() {
     }
 }
 
+/// issue 58: the inference-graph gate file told people to give `--upstream-ca
+/// /etc/keyward-gate/...`, where its Deployment mounts nothing. Every path under `/etc/keyward`
+/// that a gate install names (in its arguments or in the words beside them) is under a
+/// directory one of its files mounts.
 #[test]
 fn every_path_a_gate_install_names_is_mounted_there() {
     let mut checked = 0;
