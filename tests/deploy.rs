@@ -798,6 +798,13 @@ fn the_audit_runs_the_installs_image_and_any_uid() {
         ["containers"][0]["image"];
     assert_eq!(image, "ghcr.io/keyward/keyward:unreleased");
     assert_eq!(find(&alone, "CronJob", "keyward-audit")["metadata"]["namespace"], "keyward-system");
+    // issue 58: which is no release's image, so nothing calls it one.
+    let kustomization = std::fs::read_to_string(format!("{}/deploy/audit/kustomization.yaml", root())).unwrap();
+    for (file, text) in [("deploy/audit/kustomization.yaml", &kustomization), ("docs/audit-and-explain.md", &docs)] {
+        let text = text.replace("\n# ", " ").replace('\n', " ");
+        assert!(!text.contains("(the release's image)") && !text.contains("with the release's image"), "{file}");
+        assert!(text.contains("ghcr.io/keyward/keyward:unreleased"), "{file} names the placeholder it renders");
+    }
 }
 
 /// Every alert's `runbook` names its section of docs/operations.md, which exists.
@@ -1067,6 +1074,29 @@ fn the_release_pins_its_actions_and_ships_an_sbom_of_the_crates() {
     assert_eq!(minor(pinned), minor(ours_version), "the release's kubectl is CI's: {ours}");
     assert!(workflow.contains("scripts/install-kubectl.sh \"$RUNNER_TEMP/bin\""));
     assert!(workflow.contains("scripts/install-kubectl.sh /usr/local/bin"));
+}
+
+/// issue 58: the sidecar component's image `keyward` pulls nothing until an install maps it,
+/// and a native sidecar that cannot be pulled keeps the whole pod from starting; the docs say
+/// how to map it, by digest, and the examples map it.
+#[test]
+fn the_sidecar_components_image_is_mapped_by_every_example_and_the_docs_say_how() {
+    let sidecar = std::fs::read_to_string(format!("{}/deploy/gate/sidecar/sidecar.yaml", root())).unwrap();
+    assert!(sidecar.contains("          image: keyward\n"), "the name the docs tell people to map");
+    for dir in ["deploy/gate/example", "deploy/e2e/gate"] {
+        let docs = render_dir(dir);
+        for d in docs.iter().filter(|d| d["kind"] == "Deployment") {
+            for c in d["spec"]["template"]["spec"]["initContainers"].as_array().into_iter().flatten() {
+                assert_ne!(c["image"], "keyward", "{dir}: the sidecar's image is not mapped");
+            }
+        }
+    }
+    let guide = std::fs::read_to_string(format!("{}/docs/gate.md", root())).unwrap();
+    let section = &guide[guide.find("## As a sidecar").unwrap()..];
+    assert!(
+        section.contains("images:\n    - name: keyward\n      newName: ghcr.io/<owner>/keyward\n      digest: sha256:"),
+        "docs/gate.md says how to map the sidecar's image"
+    );
 }
 
 /// A native sidecar's named ports are resolved for a Service only from Kubernetes 1.33
