@@ -1099,6 +1099,34 @@ fn the_sidecar_components_image_is_mapped_by_every_example_and_the_docs_say_how(
     );
 }
 
+/// issue 58: OpenShift's user-workload monitoring ignores a PodMonitor's namespaceSelector and
+/// kube-prometheus lists pods only where its RBAC says, so the cluster-wide gate PodMonitor sees
+/// nothing there. deploy/gate/monitoring scrapes a namespace's gates from that namespace, as the
+/// same job, by a port their sidecar declares.
+#[test]
+fn a_gates_own_namespace_can_scrape_it_with_the_same_job_as_the_cluster_wide_monitor() {
+    // As an overlay of the operator's adds it, in the operator's namespace.
+    let docs = render_own(json!({"namespace": "lm-eval", "resources": ["deploy/gate/example"],
+        "components": ["deploy/gate/monitoring"]}));
+    let monitor = find(&docs, "PodMonitor", "keyward-gate");
+    assert_eq!(monitor["metadata"]["namespace"], "lm-eval", "beside the gate");
+    assert_eq!(monitor["spec"]["namespaceSelector"], Value::Null, "its own namespace only");
+    let pod = &find(&docs, "Deployment", "lm-eval-controller-manager")["spec"]["template"];
+    assert!(pod["metadata"]["labels"]["keyward.io/gate"].is_string(), "selected by keyward.io/gate");
+    assert_eq!(monitor["spec"]["selector"], json!({"matchExpressions": [{"key": "keyward.io/gate", "operator": "Exists"}]}));
+    let endpoint = &monitor["spec"]["podMetricsEndpoints"][0];
+    let sidecar = pod["spec"]["initContainers"].as_array().unwrap().iter().find(|c| c["name"] == "keyward-gate").unwrap();
+    let port = sidecar["ports"].as_array().unwrap().iter().find(|p| p["name"] == endpoint["port"]).unwrap();
+    assert_eq!(port["containerPort"], 9091, "the gate's metrics port");
+    // The cluster-wide one, as the alerts know it: same endpoint, same job.
+    let monitors = render_own(json!({"resources": ["deploy/overlays/cert-manager"],
+        "components": ["deploy/components/monitoring"]}));
+    let cluster_wide = find(&monitors, "PodMonitor", "keyward-gate");
+    assert_eq!(cluster_wide["spec"]["podMetricsEndpoints"], monitor["spec"]["podMetricsEndpoints"]);
+    let rules = std::fs::read_to_string(format!("{}/deploy/components/monitoring/rules.yaml", root())).unwrap();
+    assert!(rules.contains("up{job=\"keyward-gate\"}"), "the alerts name the job both set");
+}
+
 /// A native sidecar's named ports are resolved for a Service only from Kubernetes 1.33
 /// (kubernetes PR #128850, issue #127958), and not by every CNI for a NetworkPolicy: on the
 /// 1.30–1.32 clusters the docs claim, a Service whose targetPort names the gate's port has no
