@@ -17,7 +17,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 use keyward_certs::pki::Ca;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -93,7 +93,29 @@ fn its_gate_and_components_steps_run_what_ships() {
     let example = render_dir("deploy/gate/example");
     let kinds = |docs: &[Value]| docs.iter().map(|d| d["kind"].as_str().unwrap().to_string()).collect::<Vec<_>>();
     assert!(kinds(&example).contains(&"Certificate".to_string()));
-    assert!(!kinds(&e2e).contains(&"Certificate".to_string()) && !kinds(&e2e).contains(&"Issuer".to_string()));
+    // issue 58: the example's own Issuer and Certificate are exercised, not deleted: kind.sh
+    // applies them first by their label, and the Certificate names what the e2e dials besides
+    // the drivers' names.
+    let label = "e2e.keyward.io/step=operator-certificate";
+    assert!(script.contains(&format!("apply -k \"$ROOT/deploy/e2e/gate\" -l {label}\n")));
+    assert!(script.contains("wait certificate/lm-eval-grpc-server-cert --for=condition=Ready"));
+    let (key, value) = label.split_once('=').unwrap();
+    let labelled: Vec<&Value> = e2e.iter().filter(|d| d["metadata"]["labels"][key] == value).collect();
+    for doc in &labelled {
+        let mut shipped = example
+            .iter()
+            .find(|d| d["kind"] == doc["kind"] && d["metadata"]["name"] == doc["metadata"]["name"])
+            .unwrap()
+            .clone();
+        shipped["metadata"]["labels"] = json!({key: value});
+        if doc["kind"] == "Certificate" {
+            let names = shipped["spec"]["dnsNames"].as_array_mut().unwrap();
+            names.extend([json!("lm-eval-grpc.lm-eval.svc"), json!("tls-echo.lm-eval.svc")]);
+        }
+        assert_eq!(**doc, shipped, "the example's {} as it ships, but for the e2e's label and names", doc["kind"]);
+    }
+    let labelled_kinds: Vec<&str> = labelled.iter().map(|d| d["kind"].as_str().unwrap()).collect();
+    assert_eq!(labelled_kinds, ["Certificate", "Issuer"]);
     let pod =
         |docs: &[Value]| docs.iter().find(|d| d["kind"] == "Deployment").unwrap()["spec"]["template"]["spec"].clone();
     let (mut ran, shipped) = (pod(&e2e), pod(&example));
@@ -102,8 +124,7 @@ fn its_gate_and_components_steps_run_what_ships() {
     assert_eq!(ran["initContainers"], shipped["initContainers"], "the gate runs as it ships");
     assert_eq!(ran["containers"][0]["image"], "docker.io/nginxinc/nginx-unprivileged:1.27-alpine");
     assert_eq!(ran["securityContext"], shipped["securityContext"]);
-    // The certificate the gate serves names the Service curl dials.
-    assert!(script.contains("dnsNames: [tls-echo.lm-eval.svc, lm-eval-grpc.lm-eval.svc]"));
+    assert!(!script.contains("kind: Certificate"), "kind.sh issues no certificate of its own for the operator");
     assert!(script.contains("https://lm-eval-grpc.lm-eval.svc:8082/LMEvalJobUpdateService/UpdateStatus"));
 }
 
@@ -190,6 +211,46 @@ fn jsonpath_of_volume(pod: &Path, volume: &str, field: &str) -> String {
     let out = with_lib(&script);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout).unwrap()
+}
+
+/// issue 58: kind.sh's PodMonitor check passed on a label match alone, with a wrong port or
+/// scope. Its port lookup, run here as kind.sh runs it on the gate's pod: the PodMonitor's port
+/// finds the sidecar's 9091, and a port the sidecar does not declare finds nothing. And its
+/// image build carries no provenance attestation, which `kind load` cannot take from Docker's
+/// containerd image store (kind #3795).
+#[test]
+fn the_podmonitor_check_finds_the_sidecars_metrics_port_and_nothing_for_another() {
+    let script = std::fs::read_to_string(root().join("deploy/e2e/kind.sh")).unwrap();
+    assert!(script.contains("docker build --provenance=false -t \"$IMAGE\""));
+    let lookup = r#"{.items[0].spec.initContainers[?(@.name==\"keyward-gate\")].ports[?(@.name==\"$gate_port\")].containerPort}"#;
+    assert!(script.contains(lookup), "kind.sh's lookup changed: change it here too");
+    assert!(script.contains("get podmonitor keyward-gate -o jsonpath='{.spec.namespaceSelector.any}'"));
+    let docs = render_dir("deploy/e2e/gate");
+    let template = &docs.iter().find(|d| d["kind"] == "Deployment").unwrap()["spec"]["template"];
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "gate", "namespace": "lm-eval"},
+        "spec": template["spec"]});
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), serde_json::to_vec(&pod).unwrap()).unwrap();
+    let port_of = |name: &str| {
+        // kind.sh reads the first pod of a list; a local patch prints the one pod itself.
+        let jsonpath = lookup.replace("\\\"", "\"").replace("$gate_port", name).replace(".items[0]", "");
+        let out = support::tool("kubectl")
+            .env("KUBECONFIG", "/dev/null")
+            .args(["patch", "--local", "-f"])
+            .arg(file.path())
+            .args(["--type=merge", "-p", "{}", "-o", &format!("jsonpath={jsonpath}")])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let monitor = render("local-self-managed");
+    assert!(monitor.iter().all(|d| d["kind"] != "PodMonitor"), "the monitors come with the component");
+    let install = render_dir("deploy/e2e/install");
+    let monitor = install.iter().find(|d| d["kind"] == "PodMonitor" && d["metadata"]["name"] == "keyward-gate").unwrap();
+    assert_eq!(monitor["spec"]["namespaceSelector"]["any"], true);
+    assert_eq!(port_of(monitor["spec"]["podMetricsEndpoints"][0]["port"].as_str().unwrap()), "9091");
+    assert_eq!(port_of("metrics"), "", "a port the sidecar does not declare");
 }
 
 #[test]

@@ -83,31 +83,19 @@ say "cert-manager $CERT_MANAGER_VERSION"
 wait_for_cert_manager "${K[@]}" || fail "cert-manager is not ready"
 
 say "build and load $IMAGE"
-DOCKER_BUILDKIT=1 docker build -t "$IMAGE" --build-arg VERSION="e2e-$(git -C "$ROOT" describe --tags --always --dirty 2>/dev/null || echo unknown)" "$ROOT"
+# No provenance attestation: with Docker's containerd image store, `kind load` fails on an
+# image that carries one (kind #3795).
+DOCKER_BUILDKIT=1 docker build --provenance=false -t "$IMAGE" --build-arg VERSION="e2e-$(git -C "$ROOT" describe --tags --always --dirty 2>/dev/null || echo unknown)" "$ROOT"
 kind load docker-image "$IMAGE" --name "$CLUSTER"
 
 say "the fms-lm-eval-service operator's side: its namespace and gRPC serving certificate"
-# As fms-lm-eval-service's config/certmanager does it: a self-signed certificate whose Secret
-# (grpc-server-cert, with ca.crt) keyward copies into each opted-in namespace.
+# deploy/gate/example's own Issuer and Certificate (as fms-lm-eval-service's config/certmanager
+# makes them: a self-signed certificate whose Secret grpc-server-cert, with ca.crt, keyward
+# copies into each opted-in namespace), taken from the gate step's install by its label, so
+# that they exist before keyward does, as the operator's would.
 "${K[@]}" create namespace lm-eval
-"${K[@]}" apply -f - <<YAML
-apiVersion: cert-manager.io/v1
-kind: Issuer
-metadata: {name: selfsigned, namespace: lm-eval}
-spec: {selfSigned: {}}
----
-apiVersion: cert-manager.io/v1
-kind: Certificate
-metadata: {name: grpc-server-cert, namespace: lm-eval}
-spec:
-  secretName: grpc-server-cert
-  # tls-echo's; and the gate's Service (deploy/e2e/gate serves this certificate), by the name
-  # curl dials.
-  dnsNames: [tls-echo.lm-eval.svc, lm-eval-grpc.lm-eval.svc]
-  privateKey: {algorithm: ECDSA, size: 256}
-  issuerRef: {kind: Issuer, name: selfsigned}
-YAML
-"${K[@]}" -n lm-eval wait certificate/grpc-server-cert --for=condition=Ready --timeout=120s
+"${K[@]}" apply -k "$ROOT/deploy/e2e/gate" -l e2e.keyward.io/step=operator-certificate
+"${K[@]}" -n lm-eval wait certificate/lm-eval-grpc-server-cert --for=condition=Ready --timeout=120s
 
 say "apply deploy/overlays/local (the cert-manager install, with $IMAGE)"
 "${K[@]}" apply -k "$ROOT/deploy/overlays/local"
@@ -535,6 +523,14 @@ expect_output "the alerts and the monitors" "keyward keyward keyward-controller 
   "${K[@]}" -n keyward-system get prometheusrules,servicemonitors,podmonitors -o jsonpath='{.items[*].metadata.name}'
 expect_output "the pods the gate's PodMonitor selects" "lm-eval" \
   "${K[@]}" get pods -A -l keyward.io/gate -o jsonpath='{.items[*].metadata.namespace}'
+# And it would scrape them: its scope reaches their namespace, and its port is one their gate
+# container declares (a label match alone passes with a wrong port or scope).
+expect_output "the gate's PodMonitor reaches every namespace" "true" \
+  "${K[@]}" -n keyward-system get podmonitor keyward-gate -o jsonpath='{.spec.namespaceSelector.any}'
+gate_port="$("${K[@]}" -n keyward-system get podmonitor keyward-gate -o jsonpath='{.spec.podMetricsEndpoints[0].port}')"
+expect_output "the gate's PodMonitor scrapes the sidecar's metrics port" "9091" \
+  "${K[@]}" -n lm-eval get pods -l keyward.io/gate \
+  -o jsonpath="{.items[0].spec.initContainers[?(@.name==\"keyward-gate\")].ports[?(@.name==\"$gate_port\")].containerPort}"
 "${K[@]}" -n keyward-system create job e2e-audit --from=cronjob/keyward-audit
 audit_done() {
   [[ -n "$("${K[@]}" -n keyward-system get job e2e-audit -o jsonpath='{.status.succeeded}{.status.failed}')" ]]
