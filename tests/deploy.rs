@@ -838,8 +838,7 @@ fn render_dir(dir: &str) -> Vec<Value> {
 #[test]
 fn the_lmeval_gate_serves_the_name_the_driver_dials_signed_by_the_ca_the_profile_injects() {
     let docs = render_dir("deploy/gate/example");
-    let service =
-        docs.iter().find(|d| d["kind"] == "Service" && d["spec"]["ports"][0]["targetPort"] == 8444).unwrap();
+    let service = docs.iter().find(|d| d["kind"] == "Service" && d["spec"]["ports"][0]["targetPort"] == 8444).unwrap();
     let dialled = format!(
         "{}.{}.svc:{}",
         service["metadata"]["name"].as_str().unwrap(),
@@ -1053,8 +1052,12 @@ fn the_release_pins_its_actions_and_ships_an_sbom_of_the_crates() {
     // whatever the tag (a suffixed one is a pre-release).
     let jobs = keyward_engine::yaml::documents(&workflow).unwrap().remove(0).value["jobs"].clone();
     assert_eq!(jobs["release"]["needs"], "test");
-    let test_steps: Vec<String> =
-        jobs["test"]["steps"].as_array().unwrap().iter().filter_map(|s| s["run"].as_str().map(str::to_string)).collect();
+    let test_steps: Vec<String> = jobs["test"]["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["run"].as_str().map(str::to_string))
+        .collect();
     assert_eq!(test_steps.last().map(String::as_str), Some("bash .ci/run"));
     assert!(workflow.contains("gh release create \"$GITHUB_REF_NAME\" dist/* --verify-tag \"${prerelease[@]}\""));
     assert!(workflow.contains("if [[ \"$GITHUB_REF_NAME\" == *-* ]]; then\n            prerelease=(--prerelease)"));
@@ -1113,9 +1116,13 @@ fn a_gates_own_namespace_can_scrape_it_with_the_same_job_as_the_cluster_wide_mon
     assert_eq!(monitor["spec"]["namespaceSelector"], Value::Null, "its own namespace only");
     let pod = &find(&docs, "Deployment", "lm-eval-controller-manager")["spec"]["template"];
     assert!(pod["metadata"]["labels"]["keyward.io/gate"].is_string(), "selected by keyward.io/gate");
-    assert_eq!(monitor["spec"]["selector"], json!({"matchExpressions": [{"key": "keyward.io/gate", "operator": "Exists"}]}));
+    assert_eq!(
+        monitor["spec"]["selector"],
+        json!({"matchExpressions": [{"key": "keyward.io/gate", "operator": "Exists"}]})
+    );
     let endpoint = &monitor["spec"]["podMetricsEndpoints"][0];
-    let sidecar = pod["spec"]["initContainers"].as_array().unwrap().iter().find(|c| c["name"] == "keyward-gate").unwrap();
+    let sidecar =
+        pod["spec"]["initContainers"].as_array().unwrap().iter().find(|c| c["name"] == "keyward-gate").unwrap();
     let port = sidecar["ports"].as_array().unwrap().iter().find(|p| p["name"] == endpoint["port"]).unwrap();
     assert_eq!(port["containerPort"], 9091, "the gate's metrics port");
     // The cluster-wide one, as the alerts know it: same endpoint, same job.

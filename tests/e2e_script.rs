@@ -247,7 +247,8 @@ fn the_podmonitor_check_finds_the_sidecars_metrics_port_and_nothing_for_another(
     let monitor = render("local-self-managed");
     assert!(monitor.iter().all(|d| d["kind"] != "PodMonitor"), "the monitors come with the component");
     let install = render_dir("deploy/e2e/install");
-    let monitor = install.iter().find(|d| d["kind"] == "PodMonitor" && d["metadata"]["name"] == "keyward-gate").unwrap();
+    let monitor =
+        install.iter().find(|d| d["kind"] == "PodMonitor" && d["metadata"]["name"] == "keyward-gate").unwrap();
     assert_eq!(monitor["spec"]["namespaceSelector"]["any"], true);
     assert_eq!(port_of(monitor["spec"]["podMetricsEndpoints"][0]["port"].as_str().unwrap()), "9091");
     assert_eq!(port_of("metrics"), "", "a port the sidecar does not declare");
