@@ -28,6 +28,16 @@ pub struct ProfileArgs {
     /// Use only the profiles from --profiles, not the built-in ones.
     #[arg(long, env = "KEYWARD_NO_DEFAULT_PROFILES", requires = "profiles")]
     pub no_default_profiles: bool,
+    /// Only these built-in profiles, by system (lmeval, kfp) or by profile name; all of them
+    /// unless given. A cluster that runs Kubeflow Pipelines alone: --builtin-profiles kfp.
+    #[arg(
+        long = "builtin-profiles",
+        env = "KEYWARD_BUILTIN_PROFILES",
+        value_delimiter = ',',
+        value_name = "NAME",
+        conflicts_with = "no_default_profiles"
+    )]
+    pub builtin_profiles: Vec<String>,
     /// PROFILE=NAMESPACE: only the operator's service account in NAMESPACE may create the
     /// profile's pods (its `system:serviceaccount:*:NAME` requesters get that namespace).
     /// Repeat, or comma-separate, for several profiles.
@@ -52,6 +62,7 @@ impl ProfileArgs {
         ProfileSource {
             dir: self.profiles.clone(),
             with_builtin: !self.no_default_profiles,
+            builtins: self.builtin_profiles.clone(),
             operator_namespaces: self.operator_namespaces.clone(),
             facts: match &self.cluster_facts {
                 Some(file) => FactsSource::File(file.clone()),
@@ -76,6 +87,8 @@ fn parse_pin(s: &str) -> Result<(String, String), String> {
 pub struct ProfileSource {
     pub dir: Option<PathBuf>,
     pub with_builtin: bool,
+    /// The built-ins chosen, by system or profile name; empty: all of them.
+    pub builtins: Vec<String>,
     /// `(profile, namespace)`: the operator namespace pinned in that profile's requesters.
     pub operator_namespaces: Vec<(String, String)>,
     /// What `delivery: auto` resolves against.
@@ -118,12 +131,17 @@ impl ProfileSource {
     /// The set from the files read from `--profiles`, over the built-ins, with the pins,
     /// `delivery: auto` resolved against the facts.
     fn build(&self, files: &Files) -> anyhow::Result<ProfileSet> {
-        let builtin = if self.with_builtin { ProfileSet::builtin()? } else { ProfileSet::default() };
+        let builtin = if self.with_builtin { chosen_builtins(&self.builtins)? } else { ProfileSet::default() };
         let mut set = match &self.dir {
             None => builtin,
             Some(_) => builtin.overlay(ProfileSet::from_sources(files.profiles.iter().cloned())?)?,
         };
         for (profile, namespace) in &self.operator_namespaces {
+            if self.left_out(profile) {
+                // It selects nothing here, so its pin restricts nothing: the shipped
+                // Deployments' pins need no edit when --builtin-profiles leaves one out.
+                continue;
+            }
             set.pin_operator_namespace(profile, namespace)
                 .map_err(|e| anyhow::anyhow!("--operator-namespace {profile}={namespace}: {e}"))?;
         }
@@ -138,6 +156,14 @@ impl ProfileSource {
         Ok(set)
     }
 
+    /// Whether `profile` is a built-in that `--builtin-profiles` left out.
+    fn left_out(&self, profile: &str) -> bool {
+        !self.builtins.is_empty()
+            && self.with_builtin
+            && ProfileSet::builtin().is_ok_and(|all| all.get(profile).is_some())
+            && chosen_builtins(&self.builtins).is_ok_and(|chosen| chosen.get(profile).is_none())
+    }
+
     /// Where the facts come from, for the log.
     pub fn describe_facts(&self) -> String {
         match &self.facts {
@@ -147,12 +173,46 @@ impl ProfileSource {
     }
 
     pub fn describe(&self) -> String {
+        let builtin = match self.builtins.as_slice() {
+            [] => "built-in".to_string(),
+            chosen => format!("built-in {}", chosen.join(",")),
+        };
         match (&self.dir, self.with_builtin) {
-            (None, _) => "built-in".into(),
-            (Some(d), true) => format!("built-in + {}", d.display()),
+            (None, _) => builtin,
+            (Some(d), true) => format!("{builtin} + {}", d.display()),
             (Some(d), false) => d.display().to_string(),
         }
     }
+}
+
+/// The built-in profiles `chosen` names, each by its system (the file it ships in: `lmeval`,
+/// `kfp`) or its own name; all of them when none is named. A name that is neither is refused,
+/// with the choices.
+fn chosen_builtins(chosen: &[String]) -> anyhow::Result<ProfileSet> {
+    let all = ProfileSet::builtin()?;
+    if chosen.is_empty() {
+        return Ok(all);
+    }
+    let system =
+        |p: &keyward_engine::Profile| p.source.trim_start_matches("builtin:").trim_end_matches(".yaml").to_string();
+    let names = |p: &keyward_engine::Profile| [system(p), p.name.clone()];
+    for wanted in chosen {
+        if !all.iter().any(|p| names(p).contains(wanted)) {
+            let mut systems: Vec<(String, Vec<String>)> = Vec::new();
+            for p in all.iter() {
+                match systems.iter_mut().find(|(s, _)| *s == system(p)) {
+                    Some((_, profiles)) => profiles.push(p.name.clone()),
+                    None => systems.push((system(p), vec![p.name.clone()])),
+                }
+            }
+            let systems: Vec<String> = systems.iter().map(|(s, ps)| format!("{s} ({})", ps.join(", "))).collect();
+            bail!(
+                "--builtin-profiles {wanted:?}: no built-in system or profile of that name; give a system, or a profile in parentheses: {}",
+                systems.join("; ")
+            );
+        }
+    }
+    Ok(all.retain(|p| names(p).iter().any(|n| chosen.contains(n))))
 }
 
 /// `profiles` with `delivery: auto` resolved as keyward's controller resolves it in the cluster
@@ -516,6 +576,7 @@ mod tests {
         ProfileSource {
             dir: Some(dir.to_path_buf()),
             with_builtin: false,
+            builtins: vec![],
             operator_namespaces: vec![],
             facts: FactsSource::Known(ClusterFacts::default()),
         }
@@ -669,6 +730,7 @@ mod tests {
                 ProfileSource {
                     dir: None,
                     with_builtin: true,
+                    builtins: vec![],
                     operator_namespaces: vec![],
                     facts: FactsSource::File("/nonexistent/keyward/facts.json".into()),
                 },
@@ -690,6 +752,7 @@ mod tests {
             ProfileSource {
                 dir: None,
                 with_builtin: true,
+                builtins: vec![],
                 operator_namespaces: vec![],
                 facts: FactsSource::Known(ClusterFacts::default()),
             },

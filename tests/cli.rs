@@ -353,6 +353,51 @@ fn check_profiles_reports_every_problem_with_file_and_field() {
     assert!(stdout(&o).starts_with("1 profiles OK"), "{}", stdout(&o));
 }
 
+/// issue 58: a cluster that runs one of the systems gets that system's built-ins alone (a
+/// KFP-only cluster no lmeval objects), without giving up the built-ins for files of its own;
+/// the shipped Deployments' lmeval pin needs no edit; a name that is no built-in is refused
+/// with the choices.
+#[test]
+fn builtin_profiles_chooses_the_built_ins_by_system_or_name() {
+    let names = |o: &Output| -> Vec<String> {
+        stdout(o)
+            .lines()
+            .skip(1)
+            .filter(|l| l.starts_with("  ") && !l.starts_with("   "))
+            .map(|l| l.split_whitespace().next().unwrap().to_string())
+            .collect()
+    };
+    let o = keyward(&["check-profiles", "--builtin-profiles", "kfp", "--operator-namespace", "lmeval=lm-eval"], None);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).starts_with("2 profiles OK (built-in kfp):"), "{}", stdout(&o));
+    assert_eq!(names(&o), ["kfp-persistence-agent", "kfp-scheduled-workflow"]);
+    let o = keyward(&["check-profiles", "--builtin-profiles", "lmeval,kfp-scheduled-workflow"], None);
+    assert_eq!(names(&o), ["lmeval", "kfp-scheduled-workflow"]);
+    // The environment, as a Deployment sets it.
+    let mut env = Command::new(env!("CARGO_BIN_EXE_keyward"));
+    let o = env
+        .args(["check-profiles"])
+        .env_remove("KEYWARD_PROFILES")
+        .env("KEYWARD_BUILTIN_PROFILES", "lmeval")
+        .output()
+        .unwrap();
+    assert_eq!(names(&o), ["lmeval"]);
+    // An LMEvalJob driver on a KFP-only cluster: no profile selects it, nothing injected.
+    let o = keyward(&["explain", "--builtin-profiles", "kfp", "--user", OPERATOR, "-o", "json", FMS_POD], None);
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!((&v["profile"], &v["patch"]), (&Value::Null, &json!([])), "{v:#}");
+    // A pin of a profile that does not exist is still refused.
+    let o = keyward(&["check-profiles", "--builtin-profiles", "kfp", "--operator-namespace", "mine=x"], None);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("--operator-namespace mine=x: no profile named \"mine\""), "{}", stderr(&o));
+    let o = keyward(&["check-profiles", "--builtin-profiles", "kfp,ray"], None);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        stderr(&o),
+        "keyward: error: --builtin-profiles \"ray\": no built-in system or profile of that name; give a system, or a profile in parentheses: lmeval (lmeval); kfp (kfp-persistence-agent, kfp-scheduled-workflow)\n"
+    );
+}
+
 #[test]
 fn check_profiles_reports_every_parse_error_in_file_order_and_profiles_that_compete() {
     let tmp = tempfile::tempdir().unwrap();

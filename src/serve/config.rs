@@ -309,6 +309,7 @@ mod tests {
             ProfileSource {
                 dir: None,
                 with_builtin: true,
+                builtins: vec![],
                 operator_namespaces: vec![],
                 facts: crate::profiles::FactsSource::Known(Default::default())
             }

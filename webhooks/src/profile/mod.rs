@@ -124,6 +124,12 @@ impl ProfileSet {
         self.profiles.iter()
     }
 
+    /// This set with only the profiles `keep` accepts (`--builtin-profiles`).
+    pub fn retain(mut self, keep: impl Fn(&Profile) -> bool) -> Self {
+        self.profiles.retain(|p| keep(p));
+        Self::new(self.profiles)
+    }
+
     pub fn len(&self) -> usize {
         self.profiles.len()
     }
