@@ -22,6 +22,41 @@ fn render(overlay: &str) -> Vec<Value> {
     keyward_engine::yaml::documents(&text).unwrap().into_iter().map(|d| d.value).collect()
 }
 
+/// Every install under deploy/overlays, so that a new one is checked by every test that walks
+/// them.
+fn overlays() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(format!("{}/deploy/overlays", root()))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert!(names.len() >= 7, "{names:?}");
+    names
+}
+
+/// issue 58: the OpenShift install had no variant for a build of one's own, as `local` and
+/// `local-self-managed` are for the others. `local-openshift` is the OpenShift install but for
+/// the image, which it pulls from the cluster's internal registry in keyward's own namespace
+/// (whose accounts may pull from it by default).
+#[test]
+fn the_local_openshift_install_is_the_openshift_one_with_an_image_from_the_internal_registry() {
+    let (local, shipped) = (render("local-openshift"), render("openshift"));
+    assert_eq!(local.len(), shipped.len());
+    let mut images = Vec::new();
+    for (mut ours, theirs) in local.into_iter().zip(shipped) {
+        if ours["kind"] == "Deployment" {
+            for c in ours["spec"]["template"]["spec"]["containers"].as_array_mut().unwrap() {
+                images.push(c["image"].as_str().unwrap().to_string());
+                c["image"] = json!("ghcr.io/keyward/keyward:unreleased");
+            }
+        }
+        assert_eq!(ours, theirs, "only the image differs");
+    }
+    let namespace = find(&render("openshift"), "Deployment", "keyward")["metadata"]["namespace"].clone();
+    let want = format!("image-registry.openshift-image-registry.svc:5000/{}/keyward:dev", namespace.as_str().unwrap());
+    assert_eq!(images, [want.clone(), want]);
+}
+
 fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
     docs.iter()
         .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
@@ -205,11 +240,7 @@ fn cert_manager_issues_an_ecdsa_serving_certificate_that_rotates_its_key() {
 /// cert-manager's default approver. No install, no component, has one.
 #[test]
 fn no_issuer_in_any_install_signs_with_keywards_client_ca() {
-    let mut installs: Vec<(String, Vec<Value>)> =
-        ["cert-manager", "local", "local-pod-certificates", "local-self-managed", "openshift", "self-managed"]
-            .into_iter()
-            .map(|o| (o.to_string(), render(o)))
-            .collect();
+    let mut installs: Vec<(String, Vec<Value>)> = overlays().into_iter().map(|o| (o.clone(), render(&o))).collect();
     for component in ["account-provisioning", "audit", "monitoring"] {
         let docs = render_own(
             json!({"resources": ["deploy/overlays/cert-manager"], "components": [format!("deploy/components/{component}")]}),
@@ -381,10 +412,8 @@ fn the_webhook_mounts_the_attestation_key_the_controller_makes() {
 #[test]
 fn the_webhook_reads_the_cluster_facts_the_controller_writes_in_every_overlay() {
     use keyward_engine::cluster::{CONFIG_MAP, FILE_NAME};
-    for overlay in
-        ["cert-manager", "self-managed", "local", "local-self-managed", "local-pod-certificates", "openshift"]
-    {
-        let docs = render(overlay);
+    for overlay in overlays() {
+        let docs = render(&overlay);
         let pod = &find(&docs, "Deployment", "keyward")["spec"]["template"]["spec"];
         let c = &pod["containers"][0];
         let file = format!("/etc/keyward/cluster/{FILE_NAME}");
@@ -675,10 +704,8 @@ fn the_policy_mirrors_the_webhooks_scope_and_is_cluster_scoped_in_every_install(
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
     ];
-    for overlay in
-        ["cert-manager", "self-managed", "openshift", "local", "local-self-managed", "local-pod-certificates"]
-    {
-        let docs = render(overlay);
+    for overlay in overlays() {
+        let docs = render(&overlay);
         assert_eq!(docs.iter().filter(|d| d["kind"] == "ValidatingAdmissionPolicy").count(), 1, "{overlay}");
         for d in docs.iter().filter(|d| cluster_scoped.contains(&d["kind"].as_str().unwrap_or_default())) {
             assert!(
