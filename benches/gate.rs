@@ -90,6 +90,21 @@ fn cpu_seconds(pid: u32) -> f64 {
     (fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap()) / 100.0
 }
 
+/// Resident memory of a process now, in KiB: all of it (VmRSS), and its anonymous part
+/// (RssAnon: heap and stacks, what no other process shares; the rest is mapped files, the
+/// binary's own pages first, which the page cache shares and can drop).
+fn rss_kib(pid: u32) -> (f64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| -> f64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap()
+    };
+    (field("VmRSS:"), field("RssAnon:"))
+}
+
 /// How often any thread of a process went to sleep or was put aside (voluntary and
 /// involuntary context switches, summed over `/proc/PID/task/*/status`). Per request, this is
 /// the wake-ups a server pays for, which CPU time alone does not show. (`/proc/PID/io`'s
@@ -652,6 +667,10 @@ async fn run() {
             ca_file.to_str().unwrap(),
             "--tls-dir",
             tls.path(),
+            // Room for the memory section's clients, as a sidecar for that many would be set
+            // (nginx's worker_connections and HAProxy's maxconn allow them too).
+            "--max-connections",
+            "4096",
         ],
         tls.ca.cert_pem().as_bytes().to_vec(),
         true,
@@ -887,5 +906,62 @@ async fn run() {
         let gate = median(per_connection[1].iter().copied());
         let better = median(per_connection[2].iter().copied()).min(median(per_connection[3].iter().copied()));
         println!("- the gate / the better proxy: {:.2}×", gate / better);
+    }
+
+    // Memory, as a sidecar's limit must allow: each proxy's resident set with no client
+    // connected (after everything above), and with OPEN clients connected at once, each with its
+    // certificate verified and one request answered.
+    let open = env_or("KEYWARD_BENCH_OPEN_CONNECTIONS", 1000);
+    let proxies: Vec<(&str, Target, u32)> = targets.into_iter().skip(1).map(|(n, t, p)| (n, t, p[0])).collect();
+    // Per proxy, per round: (RSS, anonymous) with no client, then with `open` clients.
+    let mut idle: Vec<Vec<(f64, f64)>> = proxies.iter().map(|_| Vec::new()).collect();
+    let mut loaded: Vec<Vec<(f64, f64)>> = proxies.iter().map(|_| Vec::new()).collect();
+    for round in 0..rounds {
+        for i in rotated(proxies.len(), round) {
+            let (_, target, pid) = &proxies[i];
+            idle[i].push(rss_kib(*pid));
+            let mut connections = Vec::with_capacity(open);
+            for _ in 0..open {
+                let mut conn = target.connect().await;
+                assert!(conn.send(&http).await);
+                connections.push(conn);
+            }
+            loaded[i].push(rss_kib(*pid));
+            drop(connections);
+        }
+    }
+    println!();
+    println!("resident memory of each proxy, with no client connected and with {open} TLS clients connected at once (each with its certificate verified and one HTTP/1.1 request answered): all of it (VmRSS) and its anonymous part (RssAnon: heap and stacks; the rest is mapped files, which the page cache shares and can drop); median of {rounds} interleaved rounds (lowest–highest):");
+    println!();
+    println!("| through | RSS, no client | RSS, {open} clients | anonymous, no client | anonymous, {open} clients | anonymous per client |");
+    println!("|---|---|---|---|---|---|");
+    let mib = |kib: &[f64]| spread(kib, 1.0 / 1024.0, "MiB");
+    let part = |runs: &[(f64, f64)], anon: bool| -> Vec<f64> {
+        runs.iter().map(|(rss, a)| if anon { *a } else { *rss }).collect()
+    };
+    for ((through, _, _), (idle, loaded)) in proxies.iter().zip(idle.iter().zip(&loaded)) {
+        let per_client: Vec<f64> = idle.iter().zip(loaded).map(|(i, l)| (l.1 - i.1) / open as f64).collect();
+        println!(
+            "| {through} | {} | {} | {} | {} | {} |",
+            mib(&part(idle, false)),
+            mib(&part(loaded, false)),
+            mib(&part(idle, true)),
+            mib(&part(loaded, true)),
+            spread(&per_client, 1.0, "KiB")
+        );
+    }
+    if proxies.len() == 3 {
+        let ratio = |figures: &[Vec<(f64, f64)>], anon: bool| {
+            let m = |i: usize| median(part(&figures[i], anon).into_iter());
+            m(0) / m(1).min(m(2))
+        };
+        println!();
+        println!(
+            "- the gate / the better proxy: RSS {:.2}× with no client, {:.2}× with {open} clients; anonymous {:.2}× with no client, {:.2}× with {open} clients",
+            ratio(&idle, false),
+            ratio(&loaded, false),
+            ratio(&idle, true),
+            ratio(&loaded, true)
+        );
     }
 }

@@ -63,6 +63,15 @@ fn compact(review: &Value) -> Vec<u8> {
     serde_json::to_vec(review).unwrap()
 }
 
+/// The LMEval review with the driver's labels replaced by a web server's: a pod no profile
+/// selects (in an opted-in namespace, sent by a `matchConditions` that matched on its
+/// annotations or a selector keyward then refuses in full), which keyward allows unchanged.
+fn unselected_review() -> Value {
+    let mut review: Value = serde_json::from_slice(&fixture("admissionreview-lmeval.json")).unwrap();
+    review["request"]["object"]["metadata"]["labels"] = json!({"app": "web"});
+    review
+}
+
 /// The LMEval review with a pod grown to ~200 KB: 20 containers, and the large
 /// `kubectl.kubernetes.io/last-applied-configuration` annotation `kubectl apply` leaves.
 fn large_review() -> Value {
@@ -395,6 +404,7 @@ async fn run() {
     let lmeval = Arc::new(compact(&serde_json::from_slice(&fixture("admissionreview-lmeval.json")).unwrap()));
     let kuberay = Arc::new(compact(&serde_json::from_slice(&fixture("admissionreview-kuberay-worker.json")).unwrap()));
     let large = Arc::new(compact(&large_review()));
+    let unselected = Arc::new(compact(&unselected_review()));
     // The 200 KB pod at 100/s: 20 MB/s of pods, more than a busy cluster creates.
     let fixtures = [
         ("LMEvalJob driver", &lmeval, 1000.0),
@@ -404,11 +414,17 @@ async fn run() {
     // keyward's answers, for the floor to send back.
     let answers = tempfile::tempdir().unwrap();
     let (mut client, _) = keyward.endpoint.connect().await.unwrap();
-    for (_, body, _) in &fixtures {
+    for body in fixtures.iter().map(|(_, body, _)| *body).chain([&unselected]) {
         let (status, answer) = client.request("POST", "/mutate?timeout=10s", body.to_vec()).await.unwrap();
         assert_eq!(status, 200);
-        std::fs::write(answers.path().join(format!("{}.json", body.len())), answer).unwrap();
+        let path = answers.path().join(format!("{}.json", body.len()));
+        assert!(!path.exists(), "two reviews of one length: the floor tells answers apart by length");
+        std::fs::write(path, answer).unwrap();
     }
+    // The pod no profile selects is allowed unchanged.
+    let (_, answer) = client.request("POST", "/mutate?timeout=10s", unselected.to_vec()).await.unwrap();
+    let answer: Value = serde_json::from_slice(&answer).unwrap();
+    assert_eq!((&answer["response"]["allowed"], &answer["response"]["patch"]), (&json!(true), &Value::Null));
     let floor = Floor::start(answers.path());
     let kube_rs = Floor::start_kube_rs();
     // The peer answers as its example does: allowed, with a patch.
@@ -437,13 +453,14 @@ async fn run() {
     }
 
     // Warm up all four (TLS session caches, allocator, the page cache).
-    for body in [&lmeval, &kuberay] {
+    for body in [&lmeval, &kuberay, &unselected] {
         closed_loop(&keyward.endpoint, body, 2000).await;
         closed_loop(&floor.endpoint, body, 2000).await;
         closed_loop(&served_engine.endpoint, body, 2000).await;
         closed_loop(&kube_rs.endpoint, body, 2000).await;
     }
     let (_, idle_rss) = process_usage(pid);
+    let (_, peer_idle_rss) = process_usage(kube_rs.pid());
     // For `scripts/profile.sh serve-lmeval|floor-lmeval`: one server, one case, nothing else.
     if let Ok(only) = std::env::var("KEYWARD_BENCH_ONLY") {
         let (endpoint, server_pid) = match only.as_str() {
@@ -538,6 +555,32 @@ async fn run() {
             served_cpu / (floor_cpu + engine.hot)
         );
     }
+    // A pod no profile selects: keyward's whole cost is parsing the review and answering, so
+    // the floor (the same I/O, keyward's answer sent back) is its reference.
+    let floor_cpu = cpu_per_request(&floor.endpoint, floor.pid(), &unselected, CPU_RATE, seconds).await;
+    let keyward_cpu = cpu_per_request(&keyward.endpoint, pid, &unselected, CPU_RATE, seconds).await;
+    let ratio = keyward_cpu / floor_cpu;
+    println!();
+    println!(
+        "a pod no profile selects ({} bytes, allowed unchanged) at {CPU_RATE:.0} requests/s: keyward {keyward_cpu:.1} µs, the floor {floor_cpu:.1} µs: {ratio:.2}× (target ≤ 1.25×: {})",
+        unselected.len(),
+        if ratio <= 1.25 { "met" } else { "not met" }
+    );
+    // Memory beside the peer: each process's peak resident set (VmHWM) after the warm-up and
+    // after the CPU rows above, which both served alike (the latency runs below are keyward's).
+    let (_, keyward_rss) = process_usage(pid);
+    let (_, peer_rss) = process_usage(kube_rs.pid());
+    let mib = |kib: u64| kib as f64 / 1024.0;
+    println!();
+    println!(
+        "memory beside the kube-rs peer (peak RSS): after the warm-up keyward {:.1} MiB, the peer {:.1} MiB ({:.2}×); after the CPU rows keyward {:.1} MiB, the peer {:.1} MiB ({:.2}×)",
+        mib(idle_rss),
+        mib(peer_idle_rss),
+        idle_rss as f64 / peer_idle_rss as f64,
+        mib(keyward_rss),
+        mib(peer_rss),
+        keyward_rss as f64 / peer_rss as f64
+    );
     println!();
     println!("### Latency at a fixed rate over {CONNECTIONS} connections, for {seconds} s, from each request's scheduled start");
     println!();
