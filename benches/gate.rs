@@ -913,25 +913,24 @@ async fn run() {
     // certificate verified and one request answered.
     let open = env_or("KEYWARD_BENCH_OPEN_CONNECTIONS", 1000);
     let proxies: Vec<(&str, Target, u32)> = targets.into_iter().skip(1).map(|(n, t, p)| (n, t, p[0])).collect();
-    // Per proxy, per round: (RSS, anonymous) with no client, then with `open` clients.
+    // Per proxy: (RSS, anonymous) with no client, then with `open` clients. One pass: no
+    // allocator gives all of it back when the clients leave, so a second round would start
+    // from the first one's high-water mark, not from no client.
     let mut idle: Vec<Vec<(f64, f64)>> = proxies.iter().map(|_| Vec::new()).collect();
     let mut loaded: Vec<Vec<(f64, f64)>> = proxies.iter().map(|_| Vec::new()).collect();
-    for round in 0..rounds {
-        for i in rotated(proxies.len(), round) {
-            let (_, target, pid) = &proxies[i];
-            idle[i].push(rss_kib(*pid));
-            let mut connections = Vec::with_capacity(open);
-            for _ in 0..open {
-                let mut conn = target.connect().await;
-                assert!(conn.send(&http).await);
-                connections.push(conn);
-            }
-            loaded[i].push(rss_kib(*pid));
-            drop(connections);
+    for (i, (_, target, pid)) in proxies.iter().enumerate() {
+        idle[i].push(rss_kib(*pid));
+        let mut connections = Vec::with_capacity(open);
+        for _ in 0..open {
+            let mut conn = target.connect().await;
+            assert!(conn.send(&http).await);
+            connections.push(conn);
         }
+        loaded[i].push(rss_kib(*pid));
+        drop(connections);
     }
     println!();
-    println!("resident memory of each proxy, with no client connected and with {open} TLS clients connected at once (each with its certificate verified and one HTTP/1.1 request answered): all of it (VmRSS) and its anonymous part (RssAnon: heap and stacks; the rest is mapped files, which the page cache shares and can drop); median of {rounds} interleaved rounds (lowest–highest):");
+    println!("resident memory of each proxy, with no client connected (after the runs above) and with {open} TLS clients connected at once (each with its certificate verified and one HTTP/1.1 request answered): all of it (VmRSS) and its anonymous part (RssAnon: heap and stacks; the rest is mapped files, which the page cache shares and can drop); one pass:");
     println!();
     println!("| through | RSS, no client | RSS, {open} clients | anonymous, no client | anonymous, {open} clients | anonymous per client |");
     println!("|---|---|---|---|---|---|");
