@@ -281,7 +281,7 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     if let Some(problem) = lease.problem() {
         bail!("leader election: {problem}");
     }
-    let client = kube_client(args.api_timeout).await?;
+    let client = crate::kubeconfig::in_cluster_client(args.api_timeout).await?;
     // `delivery: auto` is decided by what this controller signs, from its own discovery (and
     // written as the cluster facts for the webhook, which makes no API call).
     let pod_certificates = pod_certificate_api(&client, args.pod_certificates).await?;
@@ -397,18 +397,6 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     let _ = stop_election.send(());
     let _ = tokio::time::timeout(Duration::from_secs(12), election).await;
     Ok(())
-}
-
-/// The Kubernetes client (in a pod: its ServiceAccount; elsewhere: KUBECONFIG), with every
-/// request bounded by `timeout` until its answer starts.
-pub(crate) async fn kube_client(timeout: Duration) -> anyhow::Result<kube::Client> {
-    let hint = "in a pod, its ServiceAccount token must be mounted; elsewhere, set KUBECONFIG";
-    let config = kube::Config::infer()
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot configure the Kubernetes client ({e}); {hint}"))?;
-    let builder = kube::client::ClientBuilder::try_from(config)
-        .map_err(|e| anyhow::anyhow!("cannot build the Kubernetes client ({e}); {hint}"))?;
-    Ok(builder.with_layer(&keyward_controller::client::Deadline { limit: timeout }).build())
 }
 
 /// The profiles that issue client certificates, in Secrets or as a signer (they need the

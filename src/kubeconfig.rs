@@ -1,5 +1,6 @@
-//! The flags that reach a cluster as kubectl does (`--kubeconfig`, `--context`), for the
-//! commands that read one with the user's own credentials (`audit`, `explain --cluster`).
+//! How keyward reaches a cluster: as kubectl does, with the user's own credentials
+//! (`--kubeconfig`, `--context`, for `audit` and `explain --cluster`), or as a process in the
+//! cluster does (its ServiceAccount, for `controller` and `gate`).
 
 use std::path::PathBuf;
 
@@ -122,4 +123,17 @@ pub fn innermost(error: &dyn std::error::Error) -> String {
         error = source;
     }
     error.to_string()
+}
+
+/// The Kubernetes client of a process that runs in the cluster (in a pod: its
+/// ServiceAccount; elsewhere: KUBECONFIG), with every request bounded by `timeout` until its
+/// answer starts. The controller's and the gate's.
+pub async fn in_cluster_client(timeout: std::time::Duration) -> anyhow::Result<kube::Client> {
+    let hint = "in a pod, its ServiceAccount token must be mounted; elsewhere, set KUBECONFIG";
+    let config = kube::Config::infer()
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot configure the Kubernetes client ({e}); {hint}"))?;
+    let builder = kube::client::ClientBuilder::try_from(config)
+        .map_err(|e| anyhow::anyhow!("cannot build the Kubernetes client ({e}); {hint}"))?;
+    Ok(builder.with_layer(&keyward_controller::client::Deadline { limit: timeout }).build())
 }

@@ -36,11 +36,26 @@ fn modules(src: &str) -> BTreeMap<String, Vec<PathBuf>> {
     modules
 }
 
-/// The code of a file without its comments and its test module: what it imports to build.
+/// The code of a file without its comments and its test modules: what it imports to build.
+/// An inline test module (`#[cfg(test)] mod tests {`) ends the code; a test module declared
+/// in another file (`#[cfg(test)] mod tests;`) is skipped, and the code after it kept.
 fn code(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap();
-    let text = text.split("#[cfg(test)]").next().unwrap();
-    text.lines().map(|l| l.split("//").next().unwrap()).collect::<Vec<_>>().join("\n")
+    let mut kept = Vec::new();
+    let mut lines = text.lines().peekable();
+    while let Some(line) = lines.next() {
+        if line.trim() == "#[cfg(test)]" {
+            match lines.peek().map(|next| next.trim()) {
+                Some(next) if next.starts_with("mod ") && next.ends_with(';') => {
+                    lines.next();
+                    continue;
+                }
+                _ => break,
+            }
+        }
+        kept.push(line.split("//").next().unwrap());
+    }
+    kept.join("\n")
 }
 
 /// The top-level modules `code` names through `crate::` (`crate::a::b`, `crate::{a, b::c}`).
@@ -190,6 +205,15 @@ fn run_calls_each_controller_only_through_its_entry_points() {
             assert!(entry_points.contains(&name), "run.rs uses {controller}::{name}, not one of {entry_points:?}");
         }
     }
+}
+
+/// issue 59: the gate is a sidecar of its own; it shares how keyward reaches a cluster
+/// (`kubeconfig`) and the serving layer, never the controller's command.
+#[test]
+fn the_gate_builds_nothing_from_the_controllers_command() {
+    let graph = graph("src");
+    assert!(graph["gate"].contains("kubeconfig"), "{:?}", graph["gate"]);
+    assert!(!graph["gate"].contains("controller"), "the gate imports src/controller.rs: {:?}", graph["gate"]);
 }
 
 #[test]

@@ -101,7 +101,7 @@ impl Gate {
         let client = match reviews_client {
             Some(client) => Some(client),
             None if loaded.gate.asks_api_server() => {
-                Some(crate::controller::kube_client(config.review_timeout).await.context(
+                Some(crate::kubeconfig::in_cluster_client(config.review_timeout).await.context(
                     "the gate file reviews tokens, asks SubjectAccessReviews or watches owners, so the gate needs the API server",
                 )?)
             }
