@@ -137,9 +137,10 @@ impl ProfileSource {
             Some(_) => builtin.overlay(ProfileSet::from_sources(files.profiles.iter().cloned())?)?,
         };
         for (profile, namespace) in &self.operator_namespaces {
-            if self.left_out(profile) {
-                // It selects nothing here, so its pin restricts nothing: the shipped
-                // Deployments' pins need no edit when --builtin-profiles leaves one out.
+            if set.get(profile).is_none() && self.left_out(profile) {
+                // No profile of that name is loaded, so the pin restricts nothing: the shipped
+                // Deployments' pins need no edit when --builtin-profiles leaves one out. A
+                // profile of one's own with that name is pinned as any other.
                 continue;
             }
             set.pin_operator_namespace(profile, namespace)
@@ -156,12 +157,11 @@ impl ProfileSource {
         Ok(set)
     }
 
-    /// Whether `profile` is a built-in that `--builtin-profiles` left out.
+    /// Whether `profile`, not in the set, is a built-in that `--builtin-profiles` left out.
     fn left_out(&self, profile: &str) -> bool {
         !self.builtins.is_empty()
             && self.with_builtin
             && ProfileSet::builtin().is_ok_and(|all| all.get(profile).is_some())
-            && chosen_builtins(&self.builtins).is_ok_and(|chosen| chosen.get(profile).is_none())
     }
 
     /// Where the facts come from, for the log.

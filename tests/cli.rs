@@ -386,6 +386,20 @@ fn builtin_profiles_chooses_the_built_ins_by_system_or_name() {
     let o = keyward(&["explain", "--builtin-profiles", "kfp", "--user", OPERATOR, "-o", "json", FMS_POD], None);
     let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!((&v["profile"], &v["patch"]), (&Value::Null, &json!([])), "{v:#}");
+    // A profile of one's own named like a built-in left out is pinned as any other: an
+    // account of that name in another namespace gets nothing.
+    let own = tempfile::tempdir().unwrap();
+    std::fs::copy("webhooks/profiles/lmeval.yaml", own.path().join("lmeval.yaml")).unwrap();
+    let dir = own.path().to_str().unwrap();
+    let as_user = |user: &str| -> Value {
+        let args =
+            ["explain", "--builtin-profiles", "kfp", "--profiles", dir, "--operator-namespace", "lmeval=lm-eval"];
+        let o = keyward(&[&args[..], &["--user", user, "-o", "json", FMS_POD]].concat(), None);
+        serde_json::from_str(&stdout(&o)).unwrap()
+    };
+    let copied = as_user("system:serviceaccount:attacker:lm-eval-controller-manager");
+    assert_eq!((&copied["allowed"], &copied["patch"]), (&json!(false), &json!([])), "{copied:#}");
+    assert_eq!(as_user(OPERATOR)["reason"], "injected");
     // A pin of a profile that does not exist is still refused.
     let o = keyward(&["check-profiles", "--builtin-profiles", "kfp", "--operator-namespace", "mine=x"], None);
     assert_eq!(o.status.code(), Some(1));
