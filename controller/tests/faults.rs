@@ -399,6 +399,24 @@ async fn a_ca_source_that_arrives_late_or_rotates_reaches_every_opted_in_namespa
     for ns in ["team-a", "team-b"] {
         fake.until(LIMIT, |f| server_ca_copy(ns)(f).filter(|pem| pem == second.cert_pem())).await;
     }
+    // A namespace user's Secret of the source's name, in their own namespace, with a CA of
+    // their own: the watch is the source namespace's, and the copies stay the source's.
+    let theirs = Ca::mint("not the operator's", now(), Duration::from_secs(86400)).unwrap();
+    fake.seed(json!({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+        "metadata": {"name": "grpc-server-cert", "namespace": "team-a"},
+        "data": {"ca.crt": b64(theirs.cert_pem()), "tls.crt": "", "tls.key": ""}}));
+    let third = Ca::mint("gRPC 3", now(), Duration::from_secs(86400)).unwrap();
+    server_ca_source(&fake, third.cert_pem());
+    for ns in ["team-a", "team-b"] {
+        fake.until(LIMIT, |f| server_ca_copy(ns)(f).filter(|pem| pem == third.cert_pem())).await;
+    }
+    // No write ever carried their CA (a copy in JSON has its line breaks escaped).
+    let carried = |pem: &str| {
+        let in_json = pem.replace('\n', "\\n");
+        fake.writes().iter().any(|c| c.body.as_ref().is_some_and(|b| b.to_string().contains(&in_json)))
+    };
+    assert!(carried(third.cert_pem()), "the matcher finds the source's copies");
+    assert!(!carried(theirs.cert_pem()), "a write carried the look-alike Secret's CA");
     // The watch is one Secret's, by name, in the source's namespace; nothing was refused.
     let secret_reads: BTreeSet<(String, String)> = fake
         .calls()
