@@ -41,15 +41,12 @@ pub(crate) fn touch<K>(
         futures::pin_mut!(stream);
         while let Some(event) = stream.next().await {
             match event {
-                // A list reports what exists, never what went: an object deleted while the
-                // watch was down (before it first listed, or across a 410 Gone) shows only as
-                // a list that ends without it. So the end of every list counts as a change.
-                Ok(Event::Apply(_) | Event::Delete(_) | Event::InitDone) => {
+                Ok(event) if is_change(&event) => {
                     for key in &keys {
                         let _ = tx.send(key.clone());
                     }
                 }
-                Ok(Event::Init | Event::InitApply(_)) => {}
+                Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, ?keys, "watch failed; retrying with backoff"),
             }
         }
@@ -74,12 +71,10 @@ pub(crate) fn watch_sources(
     for (config_map, namespace, name) in objects {
         let fields = format!("metadata.name={name}");
         let config = watcher::Config::default().fields(&fields);
-        let stream: BoxStream<'static, watcher::Result<bool>> = if config_map {
-            let api = Api::<ConfigMap>::namespaced(client.clone(), namespace);
-            watcher(api, config).default_backoff().map(|e| e.map(|e| is_change(&e))).boxed()
+        let stream = if config_map {
+            changes(Api::<ConfigMap>::namespaced(client.clone(), namespace), config)
         } else {
-            let api = Api::<Secret>::namespaced(client.clone(), namespace);
-            watcher(api, config).default_backoff().map(|e| e.map(|e| is_change(&e))).boxed()
+            changes(Api::<Secret>::namespaced(client.clone(), namespace), config)
         };
         let kind = if config_map { "ConfigMap" } else { "Secret" };
         let subject = format!("{kind} {namespace}/{name}");
@@ -91,10 +86,21 @@ pub(crate) fn watch_sources(
     }
 }
 
-/// Whether a watch event may mean a change: an object applied or deleted, or the end of a list
-/// (a list reports what exists, never what went: see [`touch`]).
+/// Whether a watch event may mean a change: an object applied or deleted, or the end of a
+/// list. A list reports what exists, never what went: an object deleted while the watch was
+/// down (before it first listed, or across a 410 Gone) shows only as a list that ends without
+/// it, and one changed meanwhile only as its new contents. So the end of every list counts.
 fn is_change<K>(event: &Event<K>) -> bool {
     matches!(event, Event::Apply(_) | Event::Delete(_) | Event::InitDone)
+}
+
+/// A watch of `api` as a stream of "may have changed", with the watches' backoff.
+fn changes<K>(api: Api<K>, config: watcher::Config) -> BoxStream<'static, watcher::Result<bool>>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    K::DynamicType: Default,
+{
+    watcher(api, config).default_backoff().map(|e| e.map(|e| is_change(&e))).boxed()
 }
 
 /// One source's watch: a change queues `Key::Sources`; a 403 raises the condition, and the
